@@ -1,0 +1,98 @@
+// Core types of optimized-ops: dtypes, devices, the non-owning tensor view, the error type and
+// the execution context. Torch-free and CUDA-free so that any C++ program can include it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace optimized {
+
+enum class DType : uint8_t { kF32, kF16, kBF16, kF8E4M3, kI32, kI64 };
+
+std::string_view dtype_name(DType dtype);  // "fp32", "fp16", "bf16", "fp8_e4m3", "int32", "int64"
+size_t dtype_size(DType dtype);             // bytes per element
+DType parse_dtype(std::string_view name);   // inverse of dtype_name; throws Error on unknown names
+
+enum class DeviceType : uint8_t { kCpu, kCuda };
+
+struct Device {
+  DeviceType type = DeviceType::kCpu;
+  int index = 0;  // CUDA ordinal; 0 for the CPU
+
+  static Device cpu() { return {DeviceType::kCpu, 0}; }
+  static Device cuda(int ordinal = 0) { return {DeviceType::kCuda, ordinal}; }
+  bool is_cuda() const { return type == DeviceType::kCuda; }
+  bool operator==(const Device&) const = default;
+};
+
+std::string device_name(Device device);  // "cpu", "cuda:0"
+
+// What went wrong, for callers that branch on it (the C API maps these to status codes).
+enum class Status : int {
+  kOk = 0,
+  kInvalidArgument = 1,  // a shape, dtype, device, stride or alignment the op cannot take
+  kUnsupported = 2,      // valid input, but not for this variant or this build (e.g. no CUDA)
+  kCudaError = 3,        // a CUDA runtime or library call failed
+  kOutOfMemory = 4,
+  kInternal = 5,
+};
+
+std::string_view status_name(Status status);
+
+// The one error type. Messages name the argument, what was expected and what was given.
+class Error : public std::runtime_error {
+ public:
+  Error(Status status, const std::string& message) : std::runtime_error(message), status_(status) {}
+  Status status() const { return status_; }
+
+ private:
+  Status status_;
+};
+
+// Non-owning view of a strided tensor. Shape and strides are in elements.
+struct TensorView {
+  static constexpr int kMaxRank = 6;
+
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  Device device = Device::cpu();
+  int rank = 0;
+  int64_t shape[kMaxRank] = {};
+  int64_t strides[kMaxRank] = {};
+
+  TensorView() = default;
+  // Contiguous row-major view.
+  TensorView(void* data, DType dtype, Device device, std::initializer_list<int64_t> shape);
+  // Explicit strides (same length as shape).
+  TensorView(void* data, DType dtype, Device device, std::initializer_list<int64_t> shape,
+             std::initializer_list<int64_t> strides);
+  // Row-major matrix (rows, cols) whose rows are `ld` elements apart.
+  static TensorView matrix(void* data, DType dtype, Device device, int64_t rows, int64_t cols,
+                           int64_t ld);
+
+  int64_t numel() const;
+  bool is_contiguous() const;
+  std::string describe() const;  // "bf16[17, 33] strides [40, 1] on cuda:0"
+};
+
+// Where and how an op runs. cuda_stream is a cudaStream_t (nullptr: the legacy default stream);
+// cpu_threads = 0 lets the CPU backend use all hardware threads.
+struct ExecutionContext {
+  void* cuda_stream = nullptr;
+  int cpu_threads = 0;
+};
+
+// Build and machine facts.
+bool built_with_cuda();
+// Number of CUDA devices usable by this process; 0 when the build has no CUDA, no driver is
+// loaded or no device is present. Never throws.
+int cuda_device_count();
+// Why no CUDA device can be used ("built without CUDA", "cudaGetDeviceCount: no CUDA-capable
+// device is detected"); empty when cuda_device_count() > 0.
+std::string cuda_unavailable_reason();
+
+}  // namespace optimized

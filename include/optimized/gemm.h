@@ -1,0 +1,55 @@
+// GEMM: C = alpha * A @ B + beta * C on row-major matrices with leading dimensions.
+//
+//   A: (M, K) or (batch, M, K)   B: (K, N) or (batch, K, N)   C: (M, N) or (batch, M, N)
+//
+// The last dimension of each operand must have unit stride; rows may be further apart than the
+// width (leading dimension >= width). A batch dimension may have stride 0 on A or B (broadcast).
+// A, B and C share one dtype (fp32, fp16 or bf16); products accumulate in fp32, alpha and beta are
+// fp32. When beta == 0, C is not read (BLAS convention): NaN in the old C does not propagate.
+#pragma once
+
+#include <span>
+#include <string_view>
+
+#include "optimized/core.h"
+
+namespace optimized {
+
+// The ladder, from naive to best. Each rung is a named, selectable variant.
+enum class GemmVariant : uint8_t {
+  kAuto,             // best for the device, dtype and shape
+  kCpuNaive,         // triple loop, fp32 accumulate
+  kCpuBlocked,       // cache-blocked loops over packed-free tiles
+  kCpuPacked,        // packed panels + AVX2/AVX-512 microkernel (picked at run time) + threads
+  kCudaNaive,        // one thread per C element, threads of a warp walk down a column of C
+  kCudaCoalesced,    // one thread per C element, threads of a warp walk along a row of C
+  kCudaSmemTiled,    // square tiles of A and B staged through shared memory
+  kCudaRegisterTiled,// 2D register tile per thread, 16-byte vector loads
+  kCudaWmma,         // tensor cores through WMMA fragments (fp16/bf16 only)
+  kCudaMmaPipeline,  // mma.sync + ldmatrix + multi-stage cp.async pipeline (fp16/bf16 only)
+};
+
+std::string_view gemm_variant_name(GemmVariant variant);  // "cpu_naive", ..., "mma_pipeline"
+GemmVariant parse_gemm_variant(std::string_view name);    // throws Error naming the choices
+std::span<const GemmVariant> all_gemm_variants();          // every variant but kAuto, in order
+bool gemm_variant_is_cuda(GemmVariant variant);
+// Empty when `variant` can run this dtype; otherwise why not ("wmma supports fp16, bf16; given fp32").
+std::string gemm_variant_rejects_dtype(GemmVariant variant, DType dtype);
+
+// The variant kAuto resolves to for these operands.
+GemmVariant resolve_gemm_variant(const TensorView& a, const TensorView& b, const TensorView& c);
+
+// C = alpha * A @ B + beta * C. Validates every argument (throws Error with kInvalidArgument or
+// kUnsupported), then runs on the device of the operands. CUDA work is enqueued on
+// ctx.cuda_stream and is asynchronous; launch errors are reported (kCudaError).
+void matmul(const TensorView& a, const TensorView& b, const TensorView& c, float alpha = 1.0f,
+            float beta = 0.0f, GemmVariant variant = GemmVariant::kAuto,
+            const ExecutionContext& ctx = {});
+
+// float64 reference on host memory: C = alpha * A @ B + beta * C with double accumulation and
+// double output. a, b: host views of any supported dtype; c_in may be null when beta == 0.
+// c_out: (batch, M, N) contiguous doubles.
+void matmul_reference_f64(const TensorView& a, const TensorView& b, const TensorView* c_in,
+                          double alpha, double beta, double* c_out);
+
+}  // namespace optimized

@@ -1,0 +1,225 @@
+// Owning host/device buffer, and the host-side fp16/bf16 conversions.
+#include <bit>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "optimized/buffer.h"
+
+#if OPTIMIZED_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace optimized {
+
+namespace {
+
+#if OPTIMIZED_WITH_CUDA
+void check_cuda(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  cudaGetLastError();
+  throw Error(e == cudaErrorMemoryAllocation ? Status::kOutOfMemory : Status::kCudaError,
+              std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// Makes `device` current for the duration of a scope, restoring the previous one after.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceGuard() { cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+#endif
+
+void require_cuda_build() {
+#if !OPTIMIZED_WITH_CUDA
+  throw Error(Status::kUnsupported, "device: a CUDA buffer needs a CUDA build; this build is CPU-only");
+#endif
+}
+
+}  // namespace
+
+Buffer::Buffer(DType dtype, int64_t count, Device device) : dtype_(dtype), count_(count), device_(device) {
+  if (count < 0)
+    throw Error(Status::kInvalidArgument, "count: expected >= 0; given " + std::to_string(count));
+  const size_t size = bytes() == 0 ? 1 : bytes();
+  if (device.is_cuda()) {
+    require_cuda_build();
+#if OPTIMIZED_WITH_CUDA
+    DeviceGuard guard(device.index);
+    check_cuda(cudaMalloc(&data_, size), "cudaMalloc");
+#endif
+  } else {
+    const size_t rounded = (size + 255) / 256 * 256;
+    data_ = std::aligned_alloc(256, rounded);
+    if (!data_)
+      throw Error(Status::kOutOfMemory, "host allocation of " + std::to_string(rounded) + " bytes failed");
+  }
+}
+
+Buffer::~Buffer() { release(); }
+
+Buffer::Buffer(Buffer&& other) noexcept
+    : data_(other.data_), dtype_(other.dtype_), count_(other.count_), device_(other.device_) {
+  other.data_ = nullptr;
+  other.count_ = 0;
+}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    release();
+    data_ = other.data_;
+    dtype_ = other.dtype_;
+    count_ = other.count_;
+    device_ = other.device_;
+    other.data_ = nullptr;
+    other.count_ = 0;
+  }
+  return *this;
+}
+
+void Buffer::release() noexcept {
+  if (!data_) return;
+#if OPTIMIZED_WITH_CUDA
+  if (device_.is_cuda()) {
+    int previous = 0;
+    cudaGetDevice(&previous);
+    cudaSetDevice(device_.index);
+    cudaFree(data_);
+    cudaSetDevice(previous);
+    data_ = nullptr;
+    return;
+  }
+#endif
+  std::free(data_);
+  data_ = nullptr;
+}
+
+void Buffer::copy_from_host(const void* src) {
+  if (device_.is_cuda()) {
+#if OPTIMIZED_WITH_CUDA
+    DeviceGuard guard(device_.index);
+    check_cuda(cudaMemcpy(data_, src, bytes(), cudaMemcpyHostToDevice), "cudaMemcpy to device");
+#endif
+  } else {
+    std::memcpy(data_, src, bytes());
+  }
+}
+
+void Buffer::copy_to_host(void* dst) const {
+  if (device_.is_cuda()) {
+#if OPTIMIZED_WITH_CUDA
+    DeviceGuard guard(device_.index);
+    check_cuda(cudaMemcpy(dst, data_, bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy to host");
+#endif
+  } else {
+    std::memcpy(dst, data_, bytes());
+  }
+}
+
+void Buffer::fill_bytes(uint8_t byte) {
+  if (device_.is_cuda()) {
+#if OPTIMIZED_WITH_CUDA
+    DeviceGuard guard(device_.index);
+    check_cuda(cudaMemset(data_, byte, bytes()), "cudaMemset");
+#endif
+  } else {
+    std::memset(data_, byte, bytes());
+  }
+}
+
+TensorView Buffer::matrix(int64_t rows, int64_t cols, int64_t ld) const {
+  if (rows > 0 && (rows - 1) * ld + cols > count_)
+    throw Error(Status::kInvalidArgument, "matrix: a (" + std::to_string(rows) + ", " +
+                                              std::to_string(cols) + ") view with ld " +
+                                              std::to_string(ld) + " needs more than the " +
+                                              std::to_string(count_) + " elements of the buffer");
+  return TensorView::matrix(data_, dtype_, device_, rows, cols, ld);
+}
+
+TensorView Buffer::view(std::initializer_list<int64_t> shape) const {
+  TensorView v(data_, dtype_, device_, shape);
+  if (v.numel() > count_)
+    throw Error(Status::kInvalidArgument, "view: shape needs " + std::to_string(v.numel()) +
+                                              " elements; the buffer holds " + std::to_string(count_));
+  return v;
+}
+
+TensorView Buffer::view(std::initializer_list<int64_t> shape, std::initializer_list<int64_t> strides) const {
+  TensorView v(data_, dtype_, device_, shape, strides);
+  int64_t last = 0;
+  for (int i = 0; i < v.rank; ++i) last += (v.shape[i] - 1) * v.strides[i];
+  if (v.numel() > 0 && last >= count_)
+    throw Error(Status::kInvalidArgument, "view: strided view reaches element " + std::to_string(last) +
+                                              "; the buffer holds " + std::to_string(count_));
+  return v;
+}
+
+// ---- fp16 / bf16 <-> float, round to nearest even ---------------------------------------------
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1f;
+  const uint32_t man = h & 0x3ff;
+  if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (man << 13));  // Inf/NaN
+  if (exp == 0) {  // zero or subnormal: man * 2^-24
+    const float v = std::ldexp(static_cast<float>(man), -24);
+    return sign ? -v : v;
+  }
+  return std::bit_cast<float>(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+uint16_t float_to_half(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000);
+  const uint32_t absx = x & 0x7fffffffu;
+  if (absx > 0x7f800000u) return sign | 0x7e00 | static_cast<uint16_t>((absx >> 13) & 0x3ff);  // NaN stays NaN
+  if (absx >= 0x477ff000u) return sign | 0x7c00;  // rounds to >= 65520: Inf
+  if (absx < 0x38800000u) {                       // below the smallest normal 2^-14: subnormal or zero
+    // value / 2^-24, rounded to nearest even by the FPU.
+    const float scaled = std::bit_cast<float>(absx) * 16777216.0f;  // exact (power of two)
+    return sign | static_cast<uint16_t>(std::nearbyint(scaled));
+  }
+  // Normal: drop 13 mantissa bits with round-to-nearest-even; a carry rolls into the exponent.
+  const uint32_t rounded = absx + 0xfffu + ((absx >> 13) & 1u);
+  return sign | static_cast<uint16_t>((rounded - 0x38000000u) >> 13);
+}
+
+float bf16_to_float(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+
+uint16_t float_to_bf16(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40);  // quiet NaN
+  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+double load_as_double(const void* data, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kF32: return static_cast<const float*>(data)[i];
+    case DType::kF16: return half_to_float(static_cast<const uint16_t*>(data)[i]);
+    case DType::kBF16: return bf16_to_float(static_cast<const uint16_t*>(data)[i]);
+    case DType::kI32: return static_cast<const int32_t*>(data)[i];
+    case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    case DType::kF8E4M3: break;
+  }
+  throw Error(Status::kUnsupported, "dtype: load_as_double does not read " + std::string(dtype_name(dtype)));
+}
+
+void store_from_double(void* data, DType dtype, int64_t i, double v) {
+  switch (dtype) {
+    case DType::kF32: static_cast<float*>(data)[i] = static_cast<float>(v); return;
+    case DType::kF16: static_cast<uint16_t*>(data)[i] = float_to_half(static_cast<float>(v)); return;
+    case DType::kBF16: static_cast<uint16_t*>(data)[i] = float_to_bf16(static_cast<float>(v)); return;
+    case DType::kI32: static_cast<int32_t*>(data)[i] = static_cast<int32_t>(v); return;
+    case DType::kI64: static_cast<int64_t*>(data)[i] = static_cast<int64_t>(v); return;
+    case DType::kF8E4M3: break;
+  }
+  throw Error(Status::kUnsupported, "dtype: store_from_double does not write " + std::string(dtype_name(dtype)));
+}
+
+}  // namespace optimized

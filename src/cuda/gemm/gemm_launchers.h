@@ -1,0 +1,42 @@
+// CUDA backend for GEMM: one launcher per rung of the ladder. Launchers take validated
+// GemmParams and a stream, enqueue the kernel, and return the launch's cudaError_t (they never
+// exit or throw). Compiled only when the build has CUDA.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "gemm/gemm_params.h"
+
+namespace optimized::cuda {
+
+// What the compiler and the occupancy calculator say of the kernel a launcher would run for p.
+struct KernelResources {
+  const char* kernel_name = "";      // e.g. "gemm_register_tiled<bf16, 128x128x8, 8x8>"
+  int registers_per_thread = 0;
+  int static_smem_bytes = 0;
+  int dynamic_smem_bytes = 0;
+  int threads_per_block = 0;
+  int blocks_per_sm = 0;             // cudaOccupancyMaxActiveBlocksPerMultiprocessor
+  double theoretical_occupancy = 0;  // active warps per SM / max warps per SM
+  int local_bytes_per_thread = 0;    // spills show up here
+};
+
+cudaError_t gemm_naive(const GemmParams& p, cudaStream_t stream);
+cudaError_t gemm_coalesced(const GemmParams& p, cudaStream_t stream);
+cudaError_t gemm_smem_tiled(const GemmParams& p, cudaStream_t stream);
+cudaError_t gemm_register_tiled(const GemmParams& p, cudaStream_t stream);
+cudaError_t gemm_wmma(const GemmParams& p, cudaStream_t stream);          // fp16/bf16 only
+cudaError_t gemm_mma_pipeline(const GemmParams& p, cudaStream_t stream);  // fp16/bf16 only
+
+cudaError_t gemm_naive_resources(const GemmParams& p, KernelResources* out);
+cudaError_t gemm_coalesced_resources(const GemmParams& p, KernelResources* out);
+cudaError_t gemm_smem_tiled_resources(const GemmParams& p, KernelResources* out);
+cudaError_t gemm_register_tiled_resources(const GemmParams& p, KernelResources* out);
+cudaError_t gemm_wmma_resources(const GemmParams& p, KernelResources* out);
+cudaError_t gemm_mma_pipeline_resources(const GemmParams& p, KernelResources* out);
+
+// Fills `out` from cudaFuncGetAttributes and the occupancy calculator (shared by the launchers).
+cudaError_t describe_kernel(const void* kernel, const char* name, int threads_per_block,
+                            int dynamic_smem_bytes, KernelResources* out);
+
+}  // namespace optimized::cuda

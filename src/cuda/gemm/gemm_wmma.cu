@@ -1,0 +1,276 @@
+// GEMM rung 5 of the CUDA ladder: tensor cores through WMMA (fp16/bf16 in, fp32 accumulate).
+//
+//   C = alpha * A @ B + beta * C      A (M, K), B (K, N), C (M, N), row-major with leading dims
+//
+// What this rung changes versus the register-tiled rung before it:
+//   - The inner product runs on the tensor cores. One wmma::mma_sync multiplies a 16x16 tile of
+//     A by a 16x16 tile of B for the whole warp (8192 multiply-adds, compiled to two HMMA
+//     instructions on sm_80/sm_90) instead of one FFMA per thread per multiply-add.
+//   - Each thread no longer owns named C elements: the warp owns opaque accumulator fragments
+//     (here 4x2 of them, a 64x32 sub-tile) and the hardware decides which lane holds what. So
+//     the epilogue first stores the fragments to shared memory, then each lane reads back
+//     elements it can name, applies alpha/beta and writes C with bounds checks.
+//   - Tiles of A and B are staged through shared memory (as before), with 8 elements of padding
+//     per row so that the fragment loads hit distinct banks, and the next K-tile is fetched
+//     into registers while the tensor cores work on the current one (double buffering).
+//
+// Kept out on purpose, for the next rung (mma_pipeline): cp.async, ldmatrix by hand, more than
+// two stages, swizzled shared memory, fragment double buffering.
+//
+// Block tile 128x128x32, 8 warps as 2 (M) x 4 (N), each warp 64x32 = 4x2 fragments of 16x16.
+#include <mma.h>
+
+#include <cstdint>
+
+#include "cuda/gemm/gemm_common.cuh"
+#include "cuda/gemm/gemm_launchers.h"
+
+namespace optimized::cuda {
+namespace {
+
+namespace wmma = nvcuda::wmma;
+
+// ---- config ----------------------------------------------------------------------------------
+constexpr int kBlockM = 128;  // rows of C per block
+constexpr int kBlockN = 128;  // columns of C per block
+constexpr int kBlockK = 32;   // depth of one K-tile staged in shared memory
+constexpr int kWarpM = 64;    // rows of C per warp
+constexpr int kWarpN = 32;    // columns of C per warp
+constexpr int kFrag = 16;     // the WMMA shape: m = n = k = 16
+
+constexpr int kWarpsM = kBlockM / kWarpM;   // 2
+constexpr int kWarpsN = kBlockN / kWarpN;   // 4
+constexpr int kWarps = kWarpsM * kWarpsN;   // 8
+constexpr int kThreads = kWarps * 32;       // 256
+constexpr int kFragsM = kWarpM / kFrag;     // 4 fragments down a warp tile
+constexpr int kFragsN = kWarpN / kFrag;     // 2 fragments across a warp tile
+
+// Shared-memory rows are padded by 8 elements (16 bytes). Row strides of 80 bytes (A) and 272
+// bytes (B) put the 8 rows a fragment load reads at once in 8 different 16-byte bank groups.
+constexpr int kPad = 8;
+constexpr int kLdA = kBlockK + kPad;  // 40 elements: A tile is (kBlockM, kLdA)
+constexpr int kLdB = kBlockN + kPad;  // 136 elements: B tile is (kBlockK, kLdB)
+constexpr int kLdC = kWarpN + 4;      // 36 floats: per-warp fp32 staging of 16 rows of C
+
+// Global loads move 8 16-bit elements (16 bytes) at a time.
+constexpr int kVec = 8;
+constexpr int kVecsPerRowA = kBlockK / kVec;                          // 4
+constexpr int kVecsPerRowB = kBlockN / kVec;                          // 16
+constexpr int kVecsPerThreadA = kBlockM * kBlockK / kVec / kThreads;  // 2
+constexpr int kVecsPerThreadB = kBlockK * kBlockN / kVec / kThreads;  // 2
+
+// Shared memory: two stages of (A tile, B tile) for the main loop; the epilogue reuses the
+// same bytes for the fp32 staging of the accumulators.
+constexpr int kElemBytes = 2;
+constexpr int kTileABytes = kBlockM * kLdA * kElemBytes;  // 10240
+constexpr int kTileBBytes = kBlockK * kLdB * kElemBytes;  // 8704
+constexpr int kStageBytes = kTileABytes + kTileBBytes;    // 18944
+constexpr int kStages = 2;
+constexpr int kMainLoopBytes = kStages * kStageBytes;                          // 37888
+constexpr int kEpilogueBytes = kWarps * kFrag * kLdC * int(sizeof(float));    // 18432
+constexpr int kSmemBytes = kMainLoopBytes > kEpilogueBytes ? kMainLoopBytes : kEpilogueBytes;
+
+static_assert(kBlockM % kWarpM == 0 && kBlockN % kWarpN == 0, "warp tiles must cover the block");
+static_assert(kWarpM % kFrag == 0 && kWarpN % kFrag == 0 && kBlockK % kFrag == 0,
+              "warp tile and K-tile must be multiples of the 16x16x16 WMMA shape");
+static_assert(kWarpN == 32, "the epilogue maps lane i to column i of the warp tile");
+static_assert(kBlockM * kBlockK % (kVec * kThreads) == 0 &&
+                  kBlockK * kBlockN % (kVec * kThreads) == 0,
+              "every thread must load the same number of 16-byte vectors per tile");
+static_assert(kLdA % 8 == 0 && kLdB % 8 == 0,
+              "wmma::load_matrix_sync needs ldm a multiple of 8 for 16-bit types");
+static_assert(kLdC % 4 == 0, "wmma::store_matrix_sync needs ldm a multiple of 4 for float");
+static_assert((kFrag * kLdA * kElemBytes) % 32 == 0 && (kFrag * kElemBytes) % 32 == 0 &&
+                  (kFrag * kLdB * kElemBytes) % 32 == 0 && kTileABytes % 32 == 0 &&
+                  kStageBytes % 32 == 0 && (kFrag * kLdC * 4) % 32 == 0,
+              "every fragment pointer into shared memory must be 256-bit aligned");
+static_assert(kSmemBytes <= 48 * 1024, "static shared memory is capped at 48 KiB");
+
+// ---- device helpers --------------------------------------------------------------------------
+
+// The 8 elements of row `row`, columns [col, col + 8), of a (rows, cols) matrix with row stride
+// `ld`, as one 16-byte vector. Elements outside the matrix read as zero (bit pattern 0 is +0.0
+// in fp16 and bf16), so partial tiles at the M, N and K edges contribute nothing. `vec_ok` says
+// the base pointer and ld allow a single aligned 16-byte load; otherwise, and at the right edge,
+// the elements are loaded one by one.
+__device__ __forceinline__ uint4 load_vec8(const uint16_t* base, int64_t ld, int64_t row,
+                                           int64_t col, int64_t rows, int64_t cols, bool vec_ok) {
+  if (row >= rows) return make_uint4(0, 0, 0, 0);
+  const uint16_t* src = base + row * ld + col;
+  if (vec_ok && col + kVec <= cols) return *reinterpret_cast<const uint4*>(src);
+  uint32_t word[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t lo = col + 2 * i < cols ? src[2 * i] : 0u;
+    const uint32_t hi = col + 2 * i + 1 < cols ? src[2 * i + 1] : 0u;
+    word[i] = lo | (hi << 16);  // little-endian: the lower address is the lower half
+  }
+  return make_uint4(word[0], word[1], word[2], word[3]);
+}
+
+// ---- the kernel ------------------------------------------------------------------------------
+// grid: (tiles_m * tiles_n, 1, batches in this launch); block: kThreads.
+// blockIdx.x walks the tiles of one row of C tiles before moving down, so blocks running at the
+// same time share their A row panel in L2.
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 2)
+    gemm_wmma_kernel(GemmParams p, int64_t batch_offset, int64_t tiles_n, bool vec_a, bool vec_b) {
+  __shared__ __align__(128) unsigned char smem[kSmemBytes];
+
+  const BatchOperands<T> ops = batch_operands<T>(p, batch_offset + blockIdx.z);
+  // The main loop only moves bits; the tensor cores read them as T from shared memory.
+  const uint16_t* a = reinterpret_cast<const uint16_t*>(ops.a);
+  const uint16_t* b = reinterpret_cast<const uint16_t*>(ops.b);
+
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) / tiles_n * kBlockM;  // block's first row
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) % tiles_n * kBlockN;  // block's first col
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int warp_row = warp / kWarpsN * kWarpM;  // warp tile's first row within the block tile
+  const int warp_col = warp % kWarpsN * kWarpN;  // warp tile's first column within the block
+
+  auto tile_a = [&](int stage) { return reinterpret_cast<T*>(smem + stage * kStageBytes); };
+  auto tile_b = [&](int stage) {
+    return reinterpret_cast<T*>(smem + stage * kStageBytes + kTileABytes);
+  };
+
+  // Global -> registers: this thread's vectors of the K-tile starting at column/row k0.
+  uint4 a_regs[kVecsPerThreadA];
+  uint4 b_regs[kVecsPerThreadB];
+  auto load_tile = [&](int64_t k0) {
+#pragma unroll
+    for (int i = 0; i < kVecsPerThreadA; ++i) {
+      const int v = threadIdx.x + i * kThreads;
+      const int row = v / kVecsPerRowA, col = v % kVecsPerRowA * kVec;  // in the (128, 32) tile
+      a_regs[i] = load_vec8(a, p.lda, m0 + row, k0 + col, p.m, p.k, vec_a);
+    }
+#pragma unroll
+    for (int i = 0; i < kVecsPerThreadB; ++i) {
+      const int v = threadIdx.x + i * kThreads;
+      const int row = v / kVecsPerRowB, col = v % kVecsPerRowB * kVec;  // in the (32, 128) tile
+      b_regs[i] = load_vec8(b, p.ldb, k0 + row, n0 + col, p.k, p.n, vec_b);
+    }
+  };
+  // Registers -> shared memory stage `stage`.
+  auto store_tile = [&](int stage) {
+#pragma unroll
+    for (int i = 0; i < kVecsPerThreadA; ++i) {
+      const int v = threadIdx.x + i * kThreads;
+      const int row = v / kVecsPerRowA, col = v % kVecsPerRowA * kVec;
+      *reinterpret_cast<uint4*>(tile_a(stage) + row * kLdA + col) = a_regs[i];
+    }
+#pragma unroll
+    for (int i = 0; i < kVecsPerThreadB; ++i) {
+      const int v = threadIdx.x + i * kThreads;
+      const int row = v / kVecsPerRowB, col = v % kVecsPerRowB * kVec;
+      *reinterpret_cast<uint4*>(tile_b(stage) + row * kLdB + col) = b_regs[i];
+    }
+  };
+
+  // The warp's 64x32 slice of C: 4x2 fp32 accumulator fragments of 16x16.
+  wmma::fragment<wmma::accumulator, kFrag, kFrag, kFrag, float> acc[kFragsM][kFragsN];
+#pragma unroll
+  for (int i = 0; i < kFragsM; ++i)
+#pragma unroll
+    for (int j = 0; j < kFragsN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+
+  // ---- main loop: one __syncthreads per K-tile --------------------------------------------
+  // Iteration kt computes on stage kt % 2 while the loads of K-tile kt + 1 are in flight; those
+  // land in the other stage, which every warp finished reading before the previous barrier.
+  const int64_t k_tiles = (p.k + kBlockK - 1) / kBlockK;
+  load_tile(0);
+  store_tile(0);
+  __syncthreads();
+  for (int64_t kt = 0; kt < k_tiles; ++kt) {
+    const int stage = static_cast<int>(kt & 1);
+    const bool has_next = kt + 1 < k_tiles;
+    if (has_next) load_tile((kt + 1) * kBlockK);  // global loads issue now, are used below
+
+    const T* sa = tile_a(stage);  // (kBlockM, kLdA)
+    const T* sb = tile_b(stage);  // (kBlockK, kLdB)
+#pragma unroll
+    for (int kk = 0; kk < kBlockK; kk += kFrag) {
+      wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, T, wmma::row_major> a_frag[kFragsM];
+      wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, T, wmma::row_major> b_frag[kFragsN];
+#pragma unroll
+      for (int i = 0; i < kFragsM; ++i)  // A rows [warp_row + 16i, +16), cols [kk, kk + 16)
+        wmma::load_matrix_sync(a_frag[i], sa + (warp_row + i * kFrag) * kLdA + kk, kLdA);
+#pragma unroll
+      for (int j = 0; j < kFragsN; ++j)  // B rows [kk, kk + 16), cols [warp_col + 16j, +16)
+        wmma::load_matrix_sync(b_frag[j], sb + kk * kLdB + warp_col + j * kFrag, kLdB);
+#pragma unroll
+      for (int i = 0; i < kFragsM; ++i)
+#pragma unroll
+        for (int j = 0; j < kFragsN; ++j) wmma::mma_sync(acc[i][j], a_frag[i], b_frag[j], acc[i][j]);
+    }
+
+    if (has_next) store_tile(stage ^ 1);
+    __syncthreads();
+  }
+  // The loop's last barrier means no warp reads the A/B tiles any more: reuse the bytes.
+
+  // ---- epilogue: fragments -> shared (fp32) -> alpha/beta -> C ----------------------------
+  // Each warp stages one 16x32 row of fragments at a time in its own (16, kLdC) float area;
+  // lane i then owns column i of it and walks its 16 rows (a warp writes 32 consecutive
+  // elements of one C row per step).
+  float* staging = reinterpret_cast<float*>(smem) + warp * kFrag * kLdC;
+  const int64_t col = n0 + warp_col + lane;
+#pragma unroll
+  for (int i = 0; i < kFragsM; ++i) {
+#pragma unroll
+    for (int j = 0; j < kFragsN; ++j)
+      wmma::store_matrix_sync(staging + j * kFrag, acc[i][j], kLdC, wmma::mem_row_major);
+    __syncwarp();
+    const int64_t row0 = m0 + warp_row + i * kFrag;
+#pragma unroll 4
+    for (int r = 0; r < kFrag; ++r) {
+      const int64_t row = row0 + r;
+      if (row < p.m && col < p.n)
+        store_epilogue(ops.c + row * p.ldc + col, staging[r * kLdC + lane], p.alpha, p.beta);
+    }
+    __syncwarp();  // the next fragment row overwrites the staging area
+  }
+}
+
+// A single aligned 16-byte load is allowed for an operand when every row of every batch starts
+// on a 16-byte boundary: base pointer aligned, and ld and the batch stride multiples of 8.
+bool rows_are_16b_aligned(const void* base, int64_t ld, int64_t batch_stride, int64_t batch) {
+  return reinterpret_cast<uintptr_t>(base) % 16 == 0 && ld % kVec == 0 &&
+         (batch == 1 || batch_stride % kVec == 0);
+}
+
+template <typename T> constexpr const char* kKernelName = "";
+template <> constexpr const char* kKernelName<__half> =
+    "gemm_wmma<fp16, 128x128x32, warp 64x32, 2 stages>";
+template <> constexpr const char* kKernelName<__nv_bfloat16> =
+    "gemm_wmma<bf16, 128x128x32, warp 64x32, 2 stages>";
+
+}  // namespace
+
+// ---- launcher --------------------------------------------------------------------------------
+cudaError_t gemm_wmma(const GemmParams& p, cudaStream_t stream) {
+  return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
+    const int64_t tiles_m = ceil_div(p.m, kBlockM);
+    const int64_t tiles_n = ceil_div(p.n, kBlockN);
+    if (tiles_m * tiles_n > INT32_MAX) return cudaErrorInvalidConfiguration;  // grid.x limit
+    const bool vec_a = rows_are_16b_aligned(p.a, p.lda, p.batch_stride_a, p.batch);
+    const bool vec_b = rows_are_16b_aligned(p.b, p.ldb, p.batch_stride_b, p.batch);
+    // Grid z is capped at 65535: larger batches go in several launches.
+    for (int64_t first = 0; first < p.batch; first += kMaxGridZ) {
+      const int64_t count = p.batch - first < kMaxGridZ ? p.batch - first : kMaxGridZ;
+      const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), 1, static_cast<unsigned>(count));
+      gemm_wmma_kernel<T><<<grid, kThreads, 0, stream>>>(p, first, tiles_n, vec_a, vec_b);
+      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+  });
+}
+
+cudaError_t gemm_wmma_resources(const GemmParams& p, KernelResources* out) {
+  return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
+    return describe_kernel(reinterpret_cast<const void*>(&gemm_wmma_kernel<T>), kKernelName<T>,
+                           kThreads, /*dynamic_smem_bytes=*/0, out);
+  });
+}
+
+}  // namespace optimized::cuda

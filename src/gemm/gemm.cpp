@@ -1,0 +1,232 @@
+// Public GEMM entry: validates the operands, builds GemmParams, and dispatches by device and
+// variant to the CPU backend or a CUDA launcher.
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <sstream>
+
+#include "cpu/cpu_gemm.h"
+#include "gemm/gemm_params.h"
+#include "optimized/gemm.h"
+
+#if OPTIMIZED_WITH_CUDA
+#include "cuda/gemm/gemm_launchers.h"
+#endif
+
+namespace optimized {
+
+namespace {
+
+constexpr std::array kVariants = {
+    GemmVariant::kCpuNaive,       GemmVariant::kCpuBlocked,        GemmVariant::kCpuPacked,
+    GemmVariant::kCudaNaive,      GemmVariant::kCudaCoalesced,     GemmVariant::kCudaSmemTiled,
+    GemmVariant::kCudaRegisterTiled, GemmVariant::kCudaWmma,       GemmVariant::kCudaMmaPipeline,
+};
+
+[[noreturn]] void invalid(const std::string& message) { throw Error(Status::kInvalidArgument, message); }
+
+std::string shape_string(const TensorView& t) {
+  std::ostringstream s;
+  s << "(";
+  for (int i = 0; i < t.rank; ++i) s << (i ? ", " : "") << t.shape[i];
+  s << ")";
+  return s.str();
+}
+
+// One operand seen as (batch, rows, cols) with a row stride and a batch stride.
+struct Operand {
+  int64_t batch, rows, cols, ld, batch_stride;
+};
+
+Operand as_matrix(const TensorView& t, const char* name) {
+  if (!t.data) invalid(std::string(name) + ": expected a non-null data pointer; given null");
+  if (t.rank != 2 && t.rank != 3)
+    invalid(std::string(name) + ": expected rank 2 (rows, cols) or 3 (batch, rows, cols); given rank " +
+            std::to_string(t.rank) + " " + shape_string(t));
+  for (int i = 0; i < t.rank; ++i)
+    if (t.shape[i] < 1)
+      invalid(std::string(name) + ": expected every dimension >= 1; given shape " + shape_string(t));
+  if (reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) != 0)
+    invalid(std::string(name) + ": expected data aligned to " + std::to_string(dtype_size(t.dtype)) +
+            " bytes (the element size); given address " + std::to_string(reinterpret_cast<uintptr_t>(t.data)));
+  const int r = t.rank;
+  Operand op{r == 3 ? t.shape[0] : 1, t.shape[r - 2], t.shape[r - 1], t.strides[r - 2],
+             r == 3 ? t.strides[0] : 0};
+  if (t.strides[r - 1] != 1)
+    invalid(std::string(name) + ": expected unit stride in the last dimension (row-major); given strides of " +
+            t.describe());
+  if (op.ld < op.cols && op.rows > 1)
+    invalid(std::string(name) + ": expected row stride (leading dimension) >= " + std::to_string(op.cols) +
+            "; given " + std::to_string(op.ld));
+  if (op.rows == 1) op.ld = std::max(op.ld, op.cols);  // a single row: its stride is never used
+  if (r == 3 && op.batch > 1 && op.batch_stride < 0)
+    invalid(std::string(name) + ": expected a non-negative batch stride; given " + std::to_string(op.batch_stride));
+  return op;
+}
+
+// Byte range [first, last) that a view touches, for the aliasing check.
+std::pair<uintptr_t, uintptr_t> byte_range(const TensorView& t) {
+  int64_t last = 0;
+  for (int i = 0; i < t.rank; ++i) last += (t.shape[i] - 1) * std::max<int64_t>(t.strides[i], 0);
+  const auto base = reinterpret_cast<uintptr_t>(t.data);
+  return {base, base + static_cast<uintptr_t>(last + 1) * dtype_size(t.dtype)};
+}
+
+bool overlaps(const TensorView& x, const TensorView& y) {
+  auto [x0, x1] = byte_range(x);
+  auto [y0, y1] = byte_range(y);
+  return x0 < y1 && y0 < x1;
+}
+
+GemmParams make_params(const TensorView& a, const TensorView& b, const TensorView& c, float alpha,
+                       float beta) {
+  const Operand A = as_matrix(a, "a"), B = as_matrix(b, "b"), C = as_matrix(c, "c");
+  for (const TensorView* t : {&b, &c})
+    if (t->dtype != a.dtype)
+      invalid(std::string(t == &b ? "b" : "c") + ": expected dtype " + std::string(dtype_name(a.dtype)) +
+              " (same as a); given " + std::string(dtype_name(t->dtype)));
+  if (a.dtype != DType::kF32 && a.dtype != DType::kF16 && a.dtype != DType::kBF16)
+    throw Error(Status::kUnsupported,
+                "a: expected dtype fp32, fp16 or bf16; given " + std::string(dtype_name(a.dtype)));
+  for (const TensorView* t : {&b, &c})
+    if (!(t->device == a.device))
+      invalid(std::string(t == &b ? "b" : "c") + ": expected device " + device_name(a.device) +
+              " (same as a); given " + device_name(t->device));
+  if (A.cols != B.rows)
+    invalid("b: expected " + std::to_string(A.cols) + " rows to match a's columns (K); given shape " +
+            shape_string(b) + " with a " + shape_string(a));
+  if (C.rows != A.rows || C.cols != B.cols)
+    invalid("c: expected (" + std::to_string(A.rows) + ", " + std::to_string(B.cols) +
+            ") rows x cols (M from a, N from b); given " + shape_string(c));
+  for (const auto& [op, name] : {std::pair{A, "a"}, std::pair{B, "b"}})
+    if (op.batch != 1 && op.batch != C.batch)
+      invalid(std::string(name) + ": expected batch " + std::to_string(C.batch) + " (c's) or 1; given " +
+              std::to_string(op.batch));
+  if (C.batch > 1 && C.batch_stride < (C.rows - 1) * C.ld + C.cols)
+    invalid("c: expected batch stride >= " + std::to_string((C.rows - 1) * C.ld + C.cols) +
+            " so that batches do not overlap; given " + std::to_string(C.batch_stride));
+  if (overlaps(c, a) || overlaps(c, b))
+    invalid(std::string("c: expected an output that does not overlap ") + (overlaps(c, a) ? "a" : "b") +
+            "; given overlapping memory");
+  GemmParams p;
+  p.a = a.data;
+  p.b = b.data;
+  p.c = c.data;
+  p.m = A.rows;
+  p.n = B.cols;
+  p.k = A.cols;
+  p.batch = C.batch;
+  p.lda = A.ld;
+  p.ldb = B.ld;
+  p.ldc = C.ld;
+  p.batch_stride_a = A.batch == 1 ? 0 : A.batch_stride;
+  p.batch_stride_b = B.batch == 1 ? 0 : B.batch_stride;
+  p.batch_stride_c = C.batch_stride;
+  p.alpha = alpha;
+  p.beta = beta;
+  p.dtype = a.dtype;
+  return p;
+}
+
+#if OPTIMIZED_WITH_CUDA
+void run_cuda(GemmVariant variant, const GemmParams& p, int device, void* stream_handle) {
+  int previous = 0;
+  if (cudaError_t e = cudaGetDevice(&previous); e != cudaSuccess)
+    throw Error(Status::kCudaError, std::string("cudaGetDevice: ") + cudaGetErrorString(e));
+  if (previous != device) cudaSetDevice(device);
+  auto stream = static_cast<cudaStream_t>(stream_handle);
+  cudaError_t e = cudaErrorInvalidValue;
+  switch (variant) {
+    case GemmVariant::kCudaNaive: e = cuda::gemm_naive(p, stream); break;
+    case GemmVariant::kCudaCoalesced: e = cuda::gemm_coalesced(p, stream); break;
+    case GemmVariant::kCudaSmemTiled: e = cuda::gemm_smem_tiled(p, stream); break;
+    case GemmVariant::kCudaRegisterTiled: e = cuda::gemm_register_tiled(p, stream); break;
+    case GemmVariant::kCudaWmma: e = cuda::gemm_wmma(p, stream); break;
+    case GemmVariant::kCudaMmaPipeline: e = cuda::gemm_mma_pipeline(p, stream); break;
+    default: break;
+  }
+  if (previous != device) cudaSetDevice(previous);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(e == cudaErrorMemoryAllocation ? Status::kOutOfMemory : Status::kCudaError,
+                "matmul (" + std::string(gemm_variant_name(variant)) + "): " + cudaGetErrorString(e));
+  }
+}
+#endif
+
+}  // namespace
+
+std::string_view gemm_variant_name(GemmVariant variant) {
+  switch (variant) {
+    case GemmVariant::kAuto: return "auto";
+    case GemmVariant::kCpuNaive: return "cpu_naive";
+    case GemmVariant::kCpuBlocked: return "cpu_blocked";
+    case GemmVariant::kCpuPacked: return "cpu_packed";
+    case GemmVariant::kCudaNaive: return "naive";
+    case GemmVariant::kCudaCoalesced: return "coalesced";
+    case GemmVariant::kCudaSmemTiled: return "smem_tiled";
+    case GemmVariant::kCudaRegisterTiled: return "register_tiled";
+    case GemmVariant::kCudaWmma: return "wmma";
+    case GemmVariant::kCudaMmaPipeline: return "mma_pipeline";
+  }
+  return "unknown";
+}
+
+GemmVariant parse_gemm_variant(std::string_view name) {
+  if (name == "auto") return GemmVariant::kAuto;
+  std::string choices = "auto";
+  for (GemmVariant v : kVariants) {
+    if (gemm_variant_name(v) == name) return v;
+    choices += ", " + std::string(gemm_variant_name(v));
+  }
+  throw Error(Status::kInvalidArgument,
+              "variant: expected one of " + choices + "; given '" + std::string(name) + "'");
+}
+
+std::span<const GemmVariant> all_gemm_variants() { return kVariants; }
+
+bool gemm_variant_is_cuda(GemmVariant variant) {
+  return variant != GemmVariant::kAuto && variant != GemmVariant::kCpuNaive &&
+         variant != GemmVariant::kCpuBlocked && variant != GemmVariant::kCpuPacked;
+}
+
+std::string gemm_variant_rejects_dtype(GemmVariant variant, DType dtype) {
+  const bool float_type = dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
+  if (!float_type) return "matmul supports fp32, fp16, bf16; given " + std::string(dtype_name(dtype));
+  if ((variant == GemmVariant::kCudaWmma || variant == GemmVariant::kCudaMmaPipeline) && dtype == DType::kF32)
+    return std::string(gemm_variant_name(variant)) + " supports fp16, bf16 (tensor cores); given fp32";
+  return "";
+}
+
+GemmVariant resolve_gemm_variant(const TensorView& a, const TensorView&, const TensorView&) {
+  if (!a.device.is_cuda()) return GemmVariant::kCpuPacked;
+  return a.dtype == DType::kF32 ? GemmVariant::kCudaRegisterTiled : GemmVariant::kCudaMmaPipeline;
+}
+
+void matmul(const TensorView& a, const TensorView& b, const TensorView& c, float alpha, float beta,
+            GemmVariant variant, const ExecutionContext& ctx) {
+  const GemmParams p = make_params(a, b, c, alpha, beta);
+  if (variant == GemmVariant::kAuto) variant = resolve_gemm_variant(a, b, c);
+  if (std::string why = gemm_variant_rejects_dtype(variant, p.dtype); !why.empty())
+    throw Error(Status::kUnsupported, "variant: " + why);
+  const bool cuda_variant = gemm_variant_is_cuda(variant);
+  if (cuda_variant != a.device.is_cuda())
+    invalid("variant: " + std::string(gemm_variant_name(variant)) + " runs on " +
+            (cuda_variant ? "CUDA" : "the CPU") + " tensors; given tensors on " + device_name(a.device));
+  if (!cuda_variant) {
+    switch (variant) {
+      case GemmVariant::kCpuNaive: cpu::gemm_naive(p); return;
+      case GemmVariant::kCpuBlocked: cpu::gemm_blocked(p, ctx.cpu_threads); return;
+      default: cpu::gemm_packed(p, ctx.cpu_threads); return;
+    }
+  }
+#if OPTIMIZED_WITH_CUDA
+  if (std::string why = cuda_unavailable_reason(); !why.empty())
+    throw Error(Status::kUnsupported, "a: CUDA tensors given but " + why);
+  run_cuda(variant, p, a.device.index, ctx.cuda_stream);
+#else
+  throw Error(Status::kUnsupported, "a: CUDA tensors given but this build is CPU-only (built without CUDA)");
+#endif
+}
+
+}  // namespace optimized
