@@ -58,6 +58,8 @@ constexpr int kVecsPerRowA = kBlockK / kVec;                          // 4
 constexpr int kVecsPerRowB = kBlockN / kVec;                          // 16
 constexpr int kVecsPerThreadA = kBlockM * kBlockK / kVec / kThreads;  // 2
 constexpr int kVecsPerThreadB = kBlockK * kBlockN / kVec / kThreads;  // 2
+constexpr int kRowsPerPassA = kThreads / kVecsPerRowA;                // 64
+constexpr int kRowsPerPassB = kThreads / kVecsPerRowB;                // 16
 
 // Shared memory: two stages of (A tile, B tile) for the main loop; the epilogue reuses the
 // same bytes for the fp32 staging of the accumulators.
@@ -74,6 +76,8 @@ static_assert(kBlockM % kWarpM == 0 && kBlockN % kWarpN == 0, "warp tiles must c
 static_assert(kWarpM % kFrag == 0 && kWarpN % kFrag == 0 && kBlockK % kFrag == 0,
               "warp tile and K-tile must be multiples of the 16x16x16 WMMA shape");
 static_assert(kWarpN == 32, "the epilogue maps lane i to column i of the warp tile");
+static_assert(kThreads % kVecsPerRowA == 0 && kThreads % kVecsPerRowB == 0,
+              "a pass of the block over a tile must cover whole rows");
 static_assert(kBlockM * kBlockK % (kVec * kThreads) == 0 &&
                   kBlockK * kBlockN % (kVec * kThreads) == 0,
               "every thread must load the same number of 16-byte vectors per tile");
@@ -88,15 +92,14 @@ static_assert(kSmemBytes <= 48 * 1024, "static shared memory is capped at 48 KiB
 
 // ---- device helpers --------------------------------------------------------------------------
 
-// The 8 elements of row `row`, columns [col, col + 8), of a (rows, cols) matrix with row stride
-// `ld`, as one 16-byte vector. Elements outside the matrix read as zero (bit pattern 0 is +0.0
-// in fp16 and bf16), so partial tiles at the M, N and K edges contribute nothing. `vec_ok` says
-// the base pointer and ld allow a single aligned 16-byte load; otherwise, and at the right edge,
-// the elements are loaded one by one.
-__device__ __forceinline__ uint4 load_vec8(const uint16_t* base, int64_t ld, int64_t row,
-                                           int64_t col, int64_t rows, int64_t cols, bool vec_ok) {
-  if (row >= rows) return make_uint4(0, 0, 0, 0);
-  const uint16_t* src = base + row * ld + col;
+// 8 consecutive elements starting at `src`, which is column `col` of a row of a matrix `cols`
+// wide, as one 16-byte vector. Elements outside the matrix (row_ok false, or columns >= cols)
+// read as zero (bit pattern 0 is +0.0 in fp16 and bf16), so partial tiles at the M, N and K edges
+// contribute nothing. `vec_ok` says the base pointer and the leading dimension allow one aligned
+// 16-byte load; otherwise, and at the right edge, the elements are loaded one by one.
+__device__ __forceinline__ uint4 load_vec8(const uint16_t* src, bool row_ok, int64_t col,
+                                           int64_t cols, bool vec_ok) {
+  if (!row_ok) return make_uint4(0, 0, 0, 0);
   if (vec_ok && col + kVec <= cols) return *reinterpret_cast<const uint4*>(src);
   uint32_t word[4];
 #pragma unroll
@@ -134,37 +137,47 @@ __global__ void __launch_bounds__(kThreads, 2)
     return reinterpret_cast<T*>(smem + stage * kStageBytes + kTileABytes);
   };
 
-  // Global -> registers: this thread's vectors of the K-tile starting at column/row k0.
+  // Global -> registers. Thread t loads the 16-byte vectors t and t + kThreads of each tile:
+  // A rows a_row and a_row + 64 at column a_col; B rows b_row and b_row + 16 at column b_col.
+  // The row pointers are computed once; a K-tile only adds k0 to them.
+  const int a_row = threadIdx.x / kVecsPerRowA, a_col = threadIdx.x % kVecsPerRowA * kVec;
+  const int b_row = threadIdx.x / kVecsPerRowB, b_col = threadIdx.x % kVecsPerRowB * kVec;
+  const uint16_t* a_src[kVecsPerThreadA];  // column 0 of the K-tile, this thread's A rows
+  const uint16_t* b_src[kVecsPerThreadB];  // row 0 of the K-tile, this thread's B columns
+#pragma unroll
+  for (int i = 0; i < kVecsPerThreadA; ++i)
+    a_src[i] = a + (m0 + a_row + i * kRowsPerPassA) * p.lda + a_col;
+#pragma unroll
+  for (int i = 0; i < kVecsPerThreadB; ++i)
+    b_src[i] = b + static_cast<int64_t>(b_row + i * kRowsPerPassB) * p.ldb + n0 + b_col;
+
+  const int64_t b_step = kBlockK * p.ldb;  // B elements between consecutive K-tiles
+  bool a_row_ok[kVecsPerThreadA];          // A rows past M read as zero in every K-tile
+#pragma unroll
+  for (int i = 0; i < kVecsPerThreadA; ++i) a_row_ok[i] = m0 + a_row + i * kRowsPerPassA < p.m;
+
   uint4 a_regs[kVecsPerThreadA];
   uint4 b_regs[kVecsPerThreadB];
-  auto load_tile = [&](int64_t k0) {
+  auto load_tile = [&](int64_t kt) {  // K-tile kt: columns (A) / rows (B) [32 kt, 32 kt + 32)
+    const int64_t k0 = kt * kBlockK;
 #pragma unroll
-    for (int i = 0; i < kVecsPerThreadA; ++i) {
-      const int v = threadIdx.x + i * kThreads;
-      const int row = v / kVecsPerRowA, col = v % kVecsPerRowA * kVec;  // in the (128, 32) tile
-      a_regs[i] = load_vec8(a, p.lda, m0 + row, k0 + col, p.m, p.k, vec_a);
-    }
+    for (int i = 0; i < kVecsPerThreadA; ++i)
+      a_regs[i] = load_vec8(a_src[i] + k0, a_row_ok[i], k0 + a_col, p.k, vec_a);
 #pragma unroll
-    for (int i = 0; i < kVecsPerThreadB; ++i) {
-      const int v = threadIdx.x + i * kThreads;
-      const int row = v / kVecsPerRowB, col = v % kVecsPerRowB * kVec;  // in the (32, 128) tile
-      b_regs[i] = load_vec8(b, p.ldb, k0 + row, n0 + col, p.k, p.n, vec_b);
-    }
+    for (int i = 0; i < kVecsPerThreadB; ++i)
+      b_regs[i] = load_vec8(b_src[i] + kt * b_step, k0 + b_row + i * kRowsPerPassB < p.k,
+                            n0 + b_col, p.n, vec_b);
   };
   // Registers -> shared memory stage `stage`.
   auto store_tile = [&](int stage) {
 #pragma unroll
-    for (int i = 0; i < kVecsPerThreadA; ++i) {
-      const int v = threadIdx.x + i * kThreads;
-      const int row = v / kVecsPerRowA, col = v % kVecsPerRowA * kVec;
-      *reinterpret_cast<uint4*>(tile_a(stage) + row * kLdA + col) = a_regs[i];
-    }
+    for (int i = 0; i < kVecsPerThreadA; ++i)
+      *reinterpret_cast<uint4*>(tile_a(stage) + (a_row + i * kRowsPerPassA) * kLdA + a_col) =
+          a_regs[i];
 #pragma unroll
-    for (int i = 0; i < kVecsPerThreadB; ++i) {
-      const int v = threadIdx.x + i * kThreads;
-      const int row = v / kVecsPerRowB, col = v % kVecsPerRowB * kVec;
-      *reinterpret_cast<uint4*>(tile_b(stage) + row * kLdB + col) = b_regs[i];
-    }
+    for (int i = 0; i < kVecsPerThreadB; ++i)
+      *reinterpret_cast<uint4*>(tile_b(stage) + (b_row + i * kRowsPerPassB) * kLdB + b_col) =
+          b_regs[i];
   };
 
   // The warp's 64x32 slice of C: 4x2 fp32 accumulator fragments of 16x16.
@@ -184,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int64_t kt = 0; kt < k_tiles; ++kt) {
     const int stage = static_cast<int>(kt & 1);
     const bool has_next = kt + 1 < k_tiles;
-    if (has_next) load_tile((kt + 1) * kBlockK);  // global loads issue now, are used below
+    if (has_next) load_tile(kt + 1);  // global loads issue now, are used below
 
     const T* sa = tile_a(stage);  // (kBlockM, kLdA)
     const T* sb = tile_b(stage);  // (kBlockK, kLdB)
