@@ -1,0 +1,141 @@
+// Statistics, the stopping rule and host-side timing of the benchmark harness (see harness.h).
+#include "harness.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <numeric>
+
+#include <unistd.h>
+
+namespace bench {
+
+namespace {
+
+double percentile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const double pos = q * static_cast<double>(sorted.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(lo + 1, sorted.size() - 1);
+  const double frac = pos - static_cast<double>(lo);
+  return sorted[lo] * (1 - frac) + sorted[hi] * frac;
+}
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+int64_t parse_cache_size(const std::string& text) {  // "32768K", "1M"
+  if (text.empty()) return 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (v <= 0) return 0;
+  if (end && (*end == 'K' || *end == 'k')) return v * 1024;
+  if (end && (*end == 'M' || *end == 'm')) return v * 1024 * 1024;
+  return v;
+}
+
+}  // namespace
+
+Stats summarize(std::vector<double> samples_ms) {
+  Stats s;
+  s.samples = static_cast<int>(samples_ms.size());
+  if (samples_ms.empty()) return s;
+  std::sort(samples_ms.begin(), samples_ms.end());
+  s.median = percentile(samples_ms, 0.5);
+  s.p10 = percentile(samples_ms, 0.1);
+  s.p90 = percentile(samples_ms, 0.9);
+  s.mean = std::accumulate(samples_ms.begin(), samples_ms.end(), 0.0) / s.samples;
+  if (s.samples > 1 && s.mean > 0) {
+    double ss = 0;
+    for (double x : samples_ms) ss += (x - s.mean) * (x - s.mean);
+    s.cv = std::sqrt(ss / (s.samples - 1)) / s.mean;
+  }
+  return s;
+}
+
+bool should_stop(const std::vector<double>& samples_ms, double elapsed_s, const MeasureOptions& opt) {
+  const int n = static_cast<int>(samples_ms.size());
+  if (n >= std::max(opt.max_samples, 1)) return true;
+  if (elapsed_s >= opt.max_time_s && n >= kHardMinSamples) return true;
+  if (n < opt.min_samples || elapsed_s < opt.min_time_s) return false;
+  const Stats s = summarize(samples_ms);
+  const double rse = s.cv / std::sqrt(static_cast<double>(n));
+  return rse < opt.target_rse;
+}
+
+int64_t host_llc_bytes() {
+  static const int64_t bytes = [] {
+    int64_t best = 0;
+    for (int index = 0; index < 8; ++index) {
+      std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/size");
+      if (!f) continue;
+      std::string text;
+      f >> text;
+      best = std::max(best, parse_cache_size(text));
+    }
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    if (best == 0) best = std::max<int64_t>(0, sysconf(_SC_LEVEL3_CACHE_SIZE));
+#endif
+    return best > 0 ? best : int64_t{32} << 20;
+  }();
+  return bytes;
+}
+
+void flush_host_cache() {
+  static const size_t bytes = static_cast<size_t>(2 * host_llc_bytes());
+  static std::unique_ptr<unsigned char[]> buffer(new unsigned char[bytes]);
+  static unsigned char value = 0;
+  std::memset(buffer.get(), ++value, bytes);
+  // Keep the compiler from dropping the stores.
+  asm volatile("" : : "r"(buffer.get()) : "memory");
+}
+
+Stats measure_cpu(const std::function<void(int)>& run_once, const MeasureOptions& opt,
+                  const std::function<void()>& between) {
+  int iteration = 0;
+  const auto warm0 = Clock::now();
+  for (int w = 0; w < std::max(opt.max_warmup, 1); ++w) {
+    run_once(iteration++);
+    if (seconds_since(warm0) >= opt.warmup_s) break;
+  }
+  std::vector<double> samples;
+  const auto t0 = Clock::now();
+  while (true) {
+    if (opt.flush_cache) {
+      if (between) between(); else flush_host_cache();
+    }
+    const auto s0 = Clock::now();
+    run_once(iteration++);
+    samples.push_back(std::chrono::duration<double, std::milli>(Clock::now() - s0).count());
+    if (should_stop(samples, seconds_since(t0), opt)) break;
+  }
+  return summarize(std::move(samples));
+}
+
+int rotating_set_count(int64_t set_bytes, int64_t cache_bytes, int64_t budget_bytes, int max_sets) {
+  if (set_bytes <= 0) return 2;
+  int64_t want = (2 * cache_bytes + set_bytes - 1) / set_bytes;
+  want = std::clamp<int64_t>(want, 2, std::max(max_sets, 2));
+  while (want > 1 && want * set_bytes > budget_bytes) --want;
+  return static_cast<int>(want);
+}
+
+std::string format_ms(const Stats& s) {
+  if (!s.valid()) return "-";
+  auto fmt = [](double v) {
+    char buf[32];
+    if (v >= 100) std::snprintf(buf, sizeof buf, "%.1f", v);
+    else if (v >= 1) std::snprintf(buf, sizeof buf, "%.3f", v);
+    else std::snprintf(buf, sizeof buf, "%.4f", v);
+    return std::string(buf);
+  };
+  return fmt(s.median) + " [" + fmt(s.p10) + "-" + fmt(s.p90) + "]";
+}
+
+}  // namespace bench
