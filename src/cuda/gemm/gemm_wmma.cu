@@ -21,6 +21,7 @@
 #include <mma.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/gemm/gemm_common.cuh"
 #include "cuda/gemm/gemm_launchers.h"
@@ -111,6 +112,38 @@ __device__ __forceinline__ uint4 load_vec8(const uint16_t* src, bool row_ok, int
   return make_uint4(word[0], word[1], word[2], word[3]);
 }
 
+// A 16x16 row-major fragment of A or B from shared memory (ldm in elements).
+// fp16: plain wmma::load_matrix_sync, which compiles to one ldmatrix (LDSM) per fragment.
+// bf16: nvcc 13.0 emits wmma.load...bf16 in the generic address space (it marks the fp16 loads
+// .shared, but not these), and ptxas then lowers each fragment to four generic 32-bit loads
+// (plus MOVM transposes for B) instead of one ldmatrix. Spelling out the same PTX instruction
+// with the .shared state space gets ldmatrix for bf16 too. The bf16 fragment holds 8 elements
+// in 4 registers, exactly the 4 .b32 operands of wmma.load for m16n16k16 bf16.
+template <typename Use, typename T>
+__device__ __forceinline__ void load_fragment(
+    wmma::fragment<Use, kFrag, kFrag, kFrag, T, wmma::row_major>& frag, const T* smem_ptr,
+    unsigned ldm) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    static_assert(wmma::fragment<Use, kFrag, kFrag, kFrag, T, wmma::row_major>::num_elements == 8,
+                  "a 16x16 bf16 fragment is 4 registers of 2 elements");
+    uint32_t* reg = reinterpret_cast<uint32_t*>(frag.x);
+    const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_ptr));
+    if constexpr (std::is_same_v<Use, wmma::matrix_a>) {
+      asm volatile("wmma.load.a.sync.aligned.row.m16n16k16.shared.bf16 {%0, %1, %2, %3}, [%4], %5;"
+                   : "=r"(reg[0]), "=r"(reg[1]), "=r"(reg[2]), "=r"(reg[3])
+                   : "r"(addr), "r"(ldm)
+                   : "memory");
+    } else {
+      asm volatile("wmma.load.b.sync.aligned.row.m16n16k16.shared.bf16 {%0, %1, %2, %3}, [%4], %5;"
+                   : "=r"(reg[0]), "=r"(reg[1]), "=r"(reg[2]), "=r"(reg[3])
+                   : "r"(addr), "r"(ldm)
+                   : "memory");
+    }
+  } else {
+    wmma::load_matrix_sync(frag, smem_ptr, ldm);
+  }
+}
+
 // ---- the kernel ------------------------------------------------------------------------------
 // grid: (tiles_m * tiles_n, 1, batches in this launch); block: kThreads.
 // blockIdx.x walks the tiles of one row of C tiles before moving down, so blocks running at the
@@ -139,34 +172,31 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   // Global -> registers. Thread t loads the 16-byte vectors t and t + kThreads of each tile:
   // A rows a_row and a_row + 64 at column a_col; B rows b_row and b_row + 16 at column b_col.
-  // The row pointers are computed once; a K-tile only adds k0 to them.
+  // a_src / b_src point at the thread's first vector of the next K-tile to load; each load
+  // moves them one K-tile on (32 columns of A, 32 rows of B).
   const int a_row = threadIdx.x / kVecsPerRowA, a_col = threadIdx.x % kVecsPerRowA * kVec;
   const int b_row = threadIdx.x / kVecsPerRowB, b_col = threadIdx.x % kVecsPerRowB * kVec;
-  const uint16_t* a_src[kVecsPerThreadA];  // column 0 of the K-tile, this thread's A rows
-  const uint16_t* b_src[kVecsPerThreadB];  // row 0 of the K-tile, this thread's B columns
-#pragma unroll
-  for (int i = 0; i < kVecsPerThreadA; ++i)
-    a_src[i] = a + (m0 + a_row + i * kRowsPerPassA) * p.lda + a_col;
-#pragma unroll
-  for (int i = 0; i < kVecsPerThreadB; ++i)
-    b_src[i] = b + static_cast<int64_t>(b_row + i * kRowsPerPassB) * p.ldb + n0 + b_col;
-
-  const int64_t b_step = kBlockK * p.ldb;  // B elements between consecutive K-tiles
-  bool a_row_ok[kVecsPerThreadA];          // A rows past M read as zero in every K-tile
-#pragma unroll
-  for (int i = 0; i < kVecsPerThreadA; ++i) a_row_ok[i] = m0 + a_row + i * kRowsPerPassA < p.m;
+  const uint16_t* a_src = a + (m0 + a_row) * p.lda + a_col;
+  const uint16_t* b_src = b + static_cast<int64_t>(b_row) * p.ldb + n0 + b_col;
 
   uint4 a_regs[kVecsPerThreadA];
   uint4 b_regs[kVecsPerThreadB];
-  auto load_tile = [&](int64_t kt) {  // K-tile kt: columns (A) / rows (B) [32 kt, 32 kt + 32)
-    const int64_t k0 = kt * kBlockK;
+  // Loads the K-tile of columns (A) / rows (B) [k0, k0 + 32). Called once per K-tile, in order.
+  auto load_tile = [&](int64_t k0) {
 #pragma unroll
-    for (int i = 0; i < kVecsPerThreadA; ++i)
-      a_regs[i] = load_vec8(a_src[i] + k0, a_row_ok[i], k0 + a_col, p.k, vec_a);
+    for (int i = 0; i < kVecsPerThreadA; ++i) {
+      const int row = a_row + i * kRowsPerPassA;  // in the (128, 32) tile
+      a_regs[i] = load_vec8(a_src + i * kRowsPerPassA * p.lda, m0 + row < p.m, k0 + a_col, p.k,
+                            vec_a);
+    }
 #pragma unroll
-    for (int i = 0; i < kVecsPerThreadB; ++i)
-      b_regs[i] = load_vec8(b_src[i] + kt * b_step, k0 + b_row + i * kRowsPerPassB < p.k,
-                            n0 + b_col, p.n, vec_b);
+    for (int i = 0; i < kVecsPerThreadB; ++i) {
+      const int row = b_row + i * kRowsPerPassB;  // in the (32, 128) tile
+      b_regs[i] = load_vec8(b_src + i * kRowsPerPassB * p.ldb, k0 + row < p.k, n0 + b_col, p.n,
+                            vec_b);
+    }
+    a_src += kBlockK;
+    b_src += kBlockK * p.ldb;
   };
   // Registers -> shared memory stage `stage`.
   auto store_tile = [&](int stage) {
@@ -197,7 +227,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int64_t kt = 0; kt < k_tiles; ++kt) {
     const int stage = static_cast<int>(kt & 1);
     const bool has_next = kt + 1 < k_tiles;
-    if (has_next) load_tile(kt + 1);  // global loads issue now, are used below
+    if (has_next) load_tile((kt + 1) * kBlockK);  // global loads issue now, are used below
 
     const T* sa = tile_a(stage);  // (kBlockM, kLdA)
     const T* sb = tile_b(stage);  // (kBlockK, kLdB)
@@ -207,14 +237,15 @@ __global__ void __launch_bounds__(kThreads, 2)
       wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, T, wmma::row_major> b_frag[kFragsN];
 #pragma unroll
       for (int i = 0; i < kFragsM; ++i)  // A rows [warp_row + 16i, +16), cols [kk, kk + 16)
-        wmma::load_matrix_sync(a_frag[i], sa + (warp_row + i * kFrag) * kLdA + kk, kLdA);
+        load_fragment(a_frag[i], sa + (warp_row + i * kFrag) * kLdA + kk, kLdA);
 #pragma unroll
       for (int j = 0; j < kFragsN; ++j)  // B rows [kk, kk + 16), cols [warp_col + 16j, +16)
-        wmma::load_matrix_sync(b_frag[j], sb + kk * kLdB + warp_col + j * kFrag, kLdB);
+        load_fragment(b_frag[j], sb + kk * kLdB + warp_col + j * kFrag, kLdB);
 #pragma unroll
       for (int i = 0; i < kFragsM; ++i)
 #pragma unroll
-        for (int j = 0; j < kFragsN; ++j) wmma::mma_sync(acc[i][j], a_frag[i], b_frag[j], acc[i][j]);
+        for (int j = 0; j < kFragsN; ++j)  // acc[i][j] += a_frag[i] @ b_frag[j]
+          wmma::mma_sync(acc[i][j], a_frag[i], b_frag[j], acc[i][j]);
     }
 
     if (has_next) store_tile(stage ^ 1);
