@@ -27,6 +27,16 @@ double unit_roundoff(DType dtype) {
   }
 }
 
+// Half the spacing of the dtype's subnormals: the rounding error below the normal range, where it
+// no longer scales with the value.
+double half_subnormal_step(DType dtype) {
+  switch (dtype) {
+    case DType::kF16: return std::ldexp(1.0, -25);
+    case DType::kBF16: return std::ldexp(1.0, -134);
+    default: return std::ldexp(1.0, -150);
+  }
+}
+
 }  // namespace
 
 GemmCheckResult check_gemm(const TensorView& a, const TensorView& b, const TensorView* c0,
@@ -39,6 +49,7 @@ GemmCheckResult check_gemm(const TensorView& a, const TensorView& b, const Tenso
   const int64_t m = a.shape[a.rank - 2], k = a.shape[a.rank - 1], n = b.shape[b.rank - 1];
   const int64_t batch = c_out.rank == 3 ? c_out.shape[0] : 1;
   const double out_eps = unit_roundoff(c_out.dtype);
+  const double out_floor = half_subnormal_step(c_out.dtype);
   const double acc_eps = 8.0 * std::sqrt(static_cast<double>(k)) * std::ldexp(1.0, -24);
 
   // Which elements: all, or the corners of every batch plus a fixed-seed sample.
@@ -78,7 +89,7 @@ GemmCheckResult check_gemm(const TensorView& a, const TensorView& b, const Tenso
     const double got = load_as_double(c_out.data, c_out.dtype, offset(c_out, z, i, j));
     ++r.checked;
     bool ok;
-    double allowed = out_eps * std::fabs(ref) + acc_eps * scale + 1e-300;
+    double allowed = out_eps * std::fabs(ref) + out_floor + acc_eps * scale;
     if (std::isnan(ref) || std::isnan(got) || std::isinf(ref)) {
       ok = (std::isnan(ref) && std::isnan(got)) || (std::isinf(ref) && got == ref);
     } else {

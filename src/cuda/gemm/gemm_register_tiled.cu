@@ -1,0 +1,371 @@
+// GEMM rung 4 of the CUDA ladder: 2D register tiling on the CUDA cores (SIMT), 16-byte loads.
+//
+//   C = alpha * A @ B + beta * C      A (M, K), B (K, N), C (M, N), row-major with leading dims
+//
+// What this rung changes versus smem_tiled, and why:
+//   - Each thread computes an 8x8 patch of C instead of one element. Per step k it reads 8
+//     values of A and 8 of B from shared memory into registers and does 8 x 8 = 64 FFMAs on
+//     them: 16 shared loads feed 64 FFMAs (1 load : 4 FFMA, and as 4 LDS.128 instructions
+//     1 : 16), where smem_tiled needed ~1 load per FFMA. The kernel moves from "bound by shared
+//     memory" to "bound by the FFMA pipe", which is where a SIMT GEMM should be.
+//   - The block tile grows to 128x128 (256 threads x 64 outputs), so each element fetched from
+//     global memory is used 128 times per block instead of 32: global/L2 traffic per FFMA drops
+//     another 4x.
+//   - The A tile is stored transposed in shared memory (As[k][m]), so a thread's 4 consecutive
+//     rows of A at one k are 4 consecutive floats: one LDS.128, like B's 4 consecutive columns.
+//     Rows of As are padded by 4 floats (132) so the transposing scalar stores hit 32 different
+//     banks; the 16-byte reads stay aligned and conflict-free.
+//   - Warp tiling: the 8 warps are laid out 2 (M) x 4 (N), each owning a 64x32 piece of the
+//     block tile; inside it lane (lm, ln) = (lane / 4, lane % 4) owns rows {4lm..4lm+3,
+//     32+4lm..32+4lm+3} and columns {4ln..4ln+3, 16+4ln..16+4ln+3} (2 x 2 quads of 4x4). A
+//     warp's LDS.128 of A touches 8 distinct 16-byte words, of B 4, each read by several lanes
+//     (broadcast): no bank conflicts (ncu: ~0 shared-load conflicts at 4096^3).
+//   - Global loads are 16 bytes per thread (LDG.128: 4 floats, or 8 halves/bfloat16s) when the
+//     operands allow it (base pointer, leading dimension and batch stride all multiples of 16
+//     bytes; chosen at launch, a template parameter); otherwise a scalar path loads element by
+//     element. Either way the edge vectors (past M, N or K) are zero-filled per element, so any
+//     M, N, K >= 1 work. 16-bit inputs are converted to fp32 when stored to shared memory, so
+//     the inner loop is the same for all three dtypes. BK = 8 (fp32) or 16 (16-bit) so that one
+//     16-byte vector of A and one of B per thread covers a whole K-tile.
+//   - Double buffering, twice: two shared-memory stages (the next K-tile's global loads are in
+//     flight in registers while the FFMAs run on the current one; one __syncthreads per
+//     K-tile), and two register sets of fragments (step k + 1's LDS.128s are in flight while
+//     step k's 64 FFMAs run, also across the K-tile boundary). See the main loop.
+//   - Register budget: __launch_bounds__(256, 2) caps the kernel at 128 registers so that two
+//     blocks (16 warps) share an SM; 64 accumulators + 2 x 16 fragments + 8 prefetch registers
+//     + addressing just fit, with no spills (checked with ptxas -v; 1 block/SM with up to 167
+//     registers measured ~7% slower).
+//
+// Not here (the next rungs): tensor cores, cp.async, more than two stages.
+//
+// Grid: x -> tiles of C (tiles_m * tiles_n, in groups of 8 tile rows for L2 reuse), z -> batch
+// (launches of at most 65535). K is walked in slices of < 2^30 per launch (32-bit counters).
+#include <cstdint>
+
+#include "cuda/gemm/gemm_common.cuh"
+#include "cuda/gemm/gemm_launchers.h"
+
+namespace optimized::cuda {
+namespace {
+
+// ---- config ----------------------------------------------------------------------------------
+constexpr int kBlockM = 128;  // rows of C per block
+constexpr int kBlockN = 128;  // columns of C per block
+constexpr int kThreads = 256;
+constexpr int kWarpsN = 4;                 // warps laid out 2 (M) x 4 (N)
+constexpr int kWarpsM = kThreads / 32 / kWarpsN;
+constexpr int kWarpM = kBlockM / kWarpsM;  // 64 rows of C per warp
+constexpr int kWarpN = kBlockN / kWarpsN;  // 32 columns of C per warp
+constexpr int kQuad = 4;                   // a thread owns 2 x 2 quads of 4 x 4
+constexpr int kLanesN = kWarpN / (2 * kQuad);  // lanes laid out 8 (M) x 4 (N) in a warp
+constexpr int kQuadStrideM = kWarpM / 2;   // 32: rows between a thread's two row quads
+constexpr int kQuadStrideN = kWarpN / 2;   // 16: columns between its two column quads
+constexpr int kThreadM = 2 * kQuad;        // 8 rows of C per thread
+constexpr int kThreadN = 2 * kQuad;        // 8 columns of C per thread
+constexpr int kLdA = kBlockM + 4;          // transposed A tile row: 132 floats (padding: banks)
+constexpr int kLdB = kBlockN;              // B tile row: 128 floats
+constexpr int kGroupM = 8;                 // tile rows per group of the block order (L2)
+constexpr int64_t kMaxKPerLaunch = int64_t{1} << 30;  // the kernel counts K in an int
+
+static_assert((kBlockM / kWarpM) * (kBlockN / kWarpN) * 32 == kThreads, "8 warps cover the tile");
+static_assert((kWarpM / kThreadM) * (kWarpN / kThreadN) == 32, "32 lanes cover the warp tile");
+static_assert(kWarpN / kThreadN == kLanesN, "lane layout");
+static_assert(kLdA % 4 == 0 && kLdB % 4 == 0, "rows of the tiles must keep float4 alignment");
+
+// Per dtype: a 16-byte vector holds kVec elements. A K-tile of A is (128, kBlockK) and of B
+// (kBlockK, 128); each of the 256 threads moves kVecsA vectors of A and kVecsB of B per K-tile.
+template <typename T>
+struct Tiling {
+  static constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // 4 (fp32) or 8 (fp16/bf16)
+  // fp32: BK = 8, one float4 of A and one of B per thread; 16-bit: BK = 16, one vector of 8 each.
+  // (BK = 16 for fp32 needs 8 more prefetch registers; with the fragment double buffer it
+  // spilled at the 128-register cap and ran at 34.5 TFLOP/s against 43.5 for BK = 8, measured
+  // on an earlier version of this kernel.)
+  static constexpr int kBlockK = 2 * kVec;
+  // The k step at which the prefetched K-tile is written to the other shared-memory stage. As
+  // late as possible gives the global loads the most time (fp32: measured 45.5 TFLOP/s at
+  // 4096^3 against 42.3 at step BK/2); for 16-bit the unpacking needs registers that, at the
+  // last step, push ptxas into a small spill, so there it happens halfway (8 steps x 64 FFMAs
+  // after the loads were issued, still ample).
+  static constexpr int kStoreStep = sizeof(T) == 4 ? kBlockK - 1 : kBlockK / 2;
+  static constexpr int kVecsPerRowA = kBlockK / kVec;             // vectors across a row of A tile
+  static constexpr int kVecsPerRowB = kBlockN / kVec;             // vectors across a row of B tile
+  static constexpr int kVecsA = kBlockM * kVecsPerRowA / kThreads;  // per thread per K-tile
+  static constexpr int kVecsB = kBlockK * kVecsPerRowB / kThreads;
+  static constexpr int kRowStepA = kThreads / kVecsPerRowA;  // rows between a thread's A vectors
+  static constexpr int kRowStepB = kThreads / kVecsPerRowB;  // rows between its B vectors
+  static_assert(kBlockK % kVec == 0 && kVecsA >= 1 && kVecsB >= 1 &&
+                    kVecsA * kThreads == kBlockM * kVecsPerRowA &&
+                    kVecsB * kThreads == kBlockK * kVecsPerRowB,
+                "every thread moves the same whole number of vectors");
+};
+
+// ---- element bits <-> float ------------------------------------------------------------------
+// The register double buffer holds raw 16-byte vectors (4 registers), converted when staged.
+template <typename T> __device__ __forceinline__ uint32_t to_bits(T x);
+template <> __device__ __forceinline__ uint32_t to_bits<float>(float x) { return __float_as_uint(x); }
+template <> __device__ __forceinline__ uint32_t to_bits<__half>(__half x) { return __half_as_ushort(x); }
+template <> __device__ __forceinline__ uint32_t to_bits<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat16_as_ushort(x);
+}
+
+template <typename T> __device__ __forceinline__ float from_bits(uint32_t w);  // low bits
+template <> __device__ __forceinline__ float from_bits<float>(uint32_t w) { return __uint_as_float(w); }
+template <> __device__ __forceinline__ float from_bits<__half>(uint32_t w) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu)));
+}
+template <> __device__ __forceinline__ float from_bits<__nv_bfloat16>(uint32_t w) {
+  return __uint_as_float(w << 16);  // bf16 is the top half of an fp32
+}
+
+// Element i (little-endian order) of a 16-byte vector of T, as float. i is a compile-time
+// constant after unrolling, so this is register selection, not indexing.
+template <typename T>
+__device__ __forceinline__ float vec_elem(const uint4& v, int i) {
+  constexpr int kPerWord = 4 / static_cast<int>(sizeof(T));  // 1 or 2
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+  return from_bits<T>(words[i / kPerWord] >> (16 * (i % kPerWord)));
+}
+
+// kVec consecutive elements starting at `src`, as one raw 16-byte vector. `row_ok` false: the
+// row lies outside the matrix; `valid` < kVec: only the first `valid` elements lie inside (the
+// right edge of the row). Elements outside read as 0 (bit pattern 0 is +0.0 in every dtype), so
+// edge tiles contribute nothing. kVecLoads: the launcher checked that every row start is 16-byte
+// aligned, so a full vector is one LDG.128; edge vectors, and all vectors on the scalar path,
+// are loaded element by element.
+template <typename T, bool kVecLoads>
+__device__ __forceinline__ uint4 load_vec(const T* __restrict__ src, bool row_ok, int64_t valid) {
+  constexpr int kVec = Tiling<T>::kVec;
+  constexpr int kPerWord = 4 / static_cast<int>(sizeof(T));
+  if (!row_ok) return make_uint4(0u, 0u, 0u, 0u);
+  if (kVecLoads && valid >= kVec) return __ldg(reinterpret_cast<const uint4*>(src));
+  uint32_t words[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+  for (int i = 0; i < kVec; ++i)
+    if (i < valid) words[i / kPerWord] |= to_bits<T>(src[i]) << (16 * (i % kPerWord));
+  return make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+// ---- the kernel ------------------------------------------------------------------------------
+// grid: (tiles_m * tiles_n, 1, batches in this launch); block: kThreads.
+template <typename T, bool kVecLoads>
+__global__ void __launch_bounds__(kThreads, 2)  // <= 128 registers: 2 blocks (16 warps) per SM
+    gemm_register_tiled_kernel(GemmParams p, int64_t batch_offset, uint32_t tiles_m,
+                               uint32_t tiles_n) {
+  constexpr int kVec = Tiling<T>::kVec;
+  constexpr int kBlockK = Tiling<T>::kBlockK;
+  constexpr int kVecsPerRowA = Tiling<T>::kVecsPerRowA;
+  constexpr int kVecsPerRowB = Tiling<T>::kVecsPerRowB;
+  constexpr int kVecsA = Tiling<T>::kVecsA, kVecsB = Tiling<T>::kVecsB;
+  constexpr int kRowStepA = Tiling<T>::kRowStepA, kRowStepB = Tiling<T>::kRowStepB;
+  // Two stages; fp32: 2 x (8 x 132 + 8 x 128) x 4 B = 16.3 KiB, 16-bit: 32.5 KiB.
+  __shared__ __align__(16) float As[2][kBlockK][kLdA];  // As[s][k][m] = A(m0 + m, k0 + k)
+  __shared__ __align__(16) float Bs[2][kBlockK][kLdB];  // Bs[s][k][n] = B(k0 + k, n0 + n)
+
+  const BatchOperands<T> ops = batch_operands<T>(p, batch_offset + blockIdx.z);
+  const int tid = threadIdx.x;
+
+  // Block -> tile of C, in groups of kGroupM tile rows: consecutive blocks walk down a group's
+  // column of tiles before moving right, so the blocks running at the same time share A row
+  // panels and B column panels in L2.
+  uint32_t tile_m, tile_n;
+  {
+    const uint32_t per_group = kGroupM * tiles_n;
+    const uint32_t group = blockIdx.x / per_group, in_group = blockIdx.x % per_group;
+    const uint32_t first_m = group * kGroupM;
+    const uint32_t group_rows = min(tiles_m - first_m, static_cast<uint32_t>(kGroupM));
+    tile_m = first_m + in_group % group_rows;
+    tile_n = in_group / group_rows;
+  }
+  const int64_t m0 = static_cast<int64_t>(tile_m) * kBlockM;
+  const int64_t n0 = static_cast<int64_t>(tile_n) * kBlockN;
+  const int rows_left = static_cast<int>(min(p.m - m0, static_cast<int64_t>(kBlockM)));  // 1..128
+  const int cols_left = static_cast<int>(min(p.n - n0, static_cast<int64_t>(kBlockN)));  // 1..128
+
+  // Which vectors of each K-tile this thread moves from global to shared memory: A rows
+  // a_row + i * kRowStepA, columns [a_col, a_col + kVec) of the tile; B rows b_row + i *
+  // kRowStepB, columns [b_col, b_col + kVec).
+  const int a_row = tid / kVecsPerRowA;
+  const int a_col = tid % kVecsPerRowA * kVec;
+  const int b_row = tid / kVecsPerRowB;
+  const int b_col = tid % kVecsPerRowB * kVec;
+  const int b_valid = cols_left - b_col;  // columns of the B vectors inside the matrix
+  const T* a_src = ops.a + (m0 + a_row) * p.lda + a_col;  // int64 offsets; deref only if row ok
+  const T* b_src = ops.b + static_cast<int64_t>(b_row) * p.ldb + n0 + b_col;
+  int k_left = static_cast<int>(p.k);  // K - k0 of the K-tile to load next (launcher: K < 2^30)
+
+  // Which 8x8 patch of the block tile this thread computes (see the header).
+  const int warp = tid / 32, lane = tid % 32;
+  const int tm = warp / kWarpsN * kWarpM + lane / kLanesN * kQuad;  // first row (of 2 quads)
+  const int tn = warp % kWarpsN * kWarpN + lane % kLanesN * kQuad;  // first column
+
+  uint4 a_next[kVecsA], b_next[kVecsB];  // the next K-tile's vectors, in flight during the math
+  auto load_tile = [&]() {
+#pragma unroll
+    for (int i = 0; i < kVecsA; ++i)
+      a_next[i] = load_vec<T, kVecLoads>(a_src + i * kRowStepA * p.lda,
+                                         a_row + i * kRowStepA < rows_left, k_left - a_col);
+#pragma unroll
+    for (int i = 0; i < kVecsB; ++i)
+      b_next[i] = load_vec<T, kVecLoads>(b_src + i * kRowStepB * p.ldb,
+                                         b_row + i * kRowStepB < k_left, b_valid);
+    a_src += kBlockK;
+    b_src += kBlockK * p.ldb;
+    k_left -= kBlockK;
+  };
+  auto store_tile = [&](int s) {
+#pragma unroll
+    for (int i = 0; i < kVecsA; ++i)
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) As[s][a_col + e][a_row + i * kRowStepA] = vec_elem<T>(a_next[i], e);
+#pragma unroll
+    for (int i = 0; i < kVecsB; ++i)
+#pragma unroll
+      for (int e = 0; e < kVec; e += 4)
+        *reinterpret_cast<float4*>(&Bs[s][b_row + i * kRowStepB][b_col + e]) =
+            make_float4(vec_elem<T>(b_next[i], e), vec_elem<T>(b_next[i], e + 1),
+                        vec_elem<T>(b_next[i], e + 2), vec_elem<T>(b_next[i], e + 3));
+  };
+
+  float acc[kThreadM][kThreadN];
+#pragma unroll
+  for (int i = 0; i < kThreadM; ++i)
+#pragma unroll
+    for (int j = 0; j < kThreadN; ++j) acc[i][j] = 0.0f;
+
+  // ---- main loop ---------------------------------------------------------------------------
+  // Two pipelines overlap with the FFMAs. Global -> shared: the next K-tile's vectors are loaded
+  // into registers at the top of an iteration and stored to the other stage just before its
+  // last k step; then one __syncthreads per K-tile. Shared -> registers: the fragments of step
+  // k + 1 (4 LDS.128) are loaded while the 64 FFMAs of step k run (frag[2] double buffer),
+  // including across the K-tile boundary: step 0 of the next tile is read right after the
+  // barrier, before the last step's FFMAs, so no warp waits on shared-memory latency there.
+  //
+  // Why the store to stage s ^ 1 is safe: its last reads (steps 1..BK-1 of the previous tile)
+  // all come before the previous iteration's barrier, which every thread has passed. Why the
+  // reads of stage s are safe: its stores came before that same barrier.
+  constexpr int kStoreStep = Tiling<T>::kStoreStep;
+  float4 frag[2][4];  // [buffer][a_lo, a_hi, b_lo, b_hi]
+  auto load_frags = [&](int buf, int s, int k) {
+    frag[buf][0] = *reinterpret_cast<const float4*>(&As[s][k][tm]);
+    frag[buf][1] = *reinterpret_cast<const float4*>(&As[s][k][tm + kQuadStrideM]);
+    frag[buf][2] = *reinterpret_cast<const float4*>(&Bs[s][k][tn]);
+    frag[buf][3] = *reinterpret_cast<const float4*>(&Bs[s][k][tn + kQuadStrideN]);
+  };
+  load_tile();
+  store_tile(0);
+  __syncthreads();
+  load_frags(0, 0, 0);
+  for (int s = 0;; s ^= 1) {
+    const bool has_next = k_left > 0;
+    if (has_next) load_tile();
+#pragma unroll
+    for (int k = 0; k < kBlockK; ++k) {
+      if (k == kStoreStep && has_next) store_tile(s ^ 1);
+      if (k < kBlockK - 1) {
+        load_frags((k + 1) & 1, s, k + 1);
+      } else if (has_next) {
+        __syncthreads();
+        load_frags((k + 1) & 1, s ^ 1, 0);
+      }
+      const float4* f = frag[k & 1];
+      const float a[kThreadM] = {f[0].x, f[0].y, f[0].z, f[0].w, f[1].x, f[1].y, f[1].z, f[1].w};
+      const float b[kThreadN] = {f[2].x, f[2].y, f[2].z, f[2].w, f[3].x, f[3].y, f[3].z, f[3].w};
+#pragma unroll
+      for (int i = 0; i < kThreadM; ++i)
+#pragma unroll
+        for (int j = 0; j < kThreadN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    }
+    if (!has_next) break;
+  }
+
+  // ---- epilogue: alpha/beta, guarded at the M and N edges ---------------------------------
+  T* c_block = ops.c + m0 * p.ldc + n0;
+#pragma unroll
+  for (int i = 0; i < kThreadM; ++i) {
+    const int r = tm + i / kQuad * kQuadStrideM + i % kQuad;
+    if (r >= rows_left) continue;
+    T* c_row = c_block + static_cast<int64_t>(r) * p.ldc;
+#pragma unroll
+    for (int j = 0; j < kThreadN; ++j) {
+      const int c = tn + j / kQuad * kQuadStrideN + j % kQuad;
+      if (c < cols_left) store_epilogue(c_row + c, acc[i][j], p.alpha, p.beta);
+    }
+  }
+}
+
+// A 16-byte load is allowed for an operand when every row of every batch starts on a 16-byte
+// boundary: base pointer aligned, and ld and the batch stride whole multiples of 16 bytes.
+bool rows_are_16b_aligned(const void* base, int64_t ld, int64_t batch_stride, int64_t batch,
+                          int64_t elem_bytes) {
+  return reinterpret_cast<uintptr_t>(base) % 16 == 0 && (ld * elem_bytes) % 16 == 0 &&
+         (batch == 1 || (batch_stride * elem_bytes) % 16 == 0);
+}
+
+template <typename T>
+bool use_vector_loads(const GemmParams& p) {
+  const int64_t e = sizeof(T);
+  return rows_are_16b_aligned(p.a, p.lda, p.batch_stride_a, p.batch, e) &&
+         rows_are_16b_aligned(p.b, p.ldb, p.batch_stride_b, p.batch, e);
+}
+
+template <typename T, bool kVecLoads> constexpr const char* kKernelName = "";
+template <> constexpr const char* kKernelName<float, true> =
+    "register_tiled<fp32, 128x128x8, 8x8, warp 64x32, vec16>";
+template <> constexpr const char* kKernelName<float, false> =
+    "register_tiled<fp32, 128x128x8, 8x8, warp 64x32, scalar>";
+template <> constexpr const char* kKernelName<__half, true> =
+    "register_tiled<fp16, 128x128x16, 8x8, warp 64x32, vec16>";
+template <> constexpr const char* kKernelName<__half, false> =
+    "register_tiled<fp16, 128x128x16, 8x8, warp 64x32, scalar>";
+template <> constexpr const char* kKernelName<__nv_bfloat16, true> =
+    "register_tiled<bf16, 128x128x16, 8x8, warp 64x32, vec16>";
+template <> constexpr const char* kKernelName<__nv_bfloat16, false> =
+    "register_tiled<bf16, 128x128x16, 8x8, warp 64x32, scalar>";
+
+template <typename T, bool kVecLoads>
+cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
+  const int64_t tiles_m = ceil_div(p.m, kBlockM);
+  const int64_t tiles_n = ceil_div(p.n, kBlockN);
+  // grid.x limit; also keeps the tile arithmetic in the kernel within 32 bits
+  if (tiles_m * tiles_n + kGroupM * tiles_n > INT32_MAX) return cudaErrorInvalidConfiguration;
+  // The kernel counts K in 32 bits. A K of 2^30 or more (rows of A over 2 GiB) runs as several
+  // launches over K slices, the later ones accumulating into C (beta = 1); C is then rounded to
+  // T between slices.
+  for (int64_t k0 = 0; k0 < p.k; k0 += kMaxKPerLaunch) {
+    GemmParams q = p;
+    q.k = p.k - k0 < kMaxKPerLaunch ? p.k - k0 : kMaxKPerLaunch;
+    q.a = static_cast<const T*>(p.a) + k0;
+    q.b = static_cast<const T*>(p.b) + k0 * p.ldb;
+    if (k0 > 0) q.beta = 1.0f;
+    for (int64_t first = 0; first < p.batch; first += kMaxGridZ) {
+      const int64_t count = p.batch - first < kMaxGridZ ? p.batch - first : kMaxGridZ;
+      const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), 1, static_cast<unsigned>(count));
+      gemm_register_tiled_kernel<T, kVecLoads><<<grid, kThreads, 0, stream>>>(
+          q, first, static_cast<uint32_t>(tiles_m), static_cast<uint32_t>(tiles_n));
+      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    }
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
+
+// ---- launcher --------------------------------------------------------------------------------
+cudaError_t gemm_register_tiled(const GemmParams& p, cudaStream_t stream) {
+  return dispatch_float_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
+    return use_vector_loads<T>(p) ? launch<T, true>(p, stream) : launch<T, false>(p, stream);
+  });
+}
+
+cudaError_t gemm_register_tiled_resources(const GemmParams& p, KernelResources* out) {
+  return dispatch_float_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
+    if (use_vector_loads<T>(p))
+      return describe_kernel(reinterpret_cast<const void*>(&gemm_register_tiled_kernel<T, true>),
+                             kKernelName<T, true>, kThreads, /*dynamic_smem_bytes=*/0, out);
+    return describe_kernel(reinterpret_cast<const void*>(&gemm_register_tiled_kernel<T, false>),
+                           kKernelName<T, false>, kThreads, /*dynamic_smem_bytes=*/0, out);
+  });
+}
+
+}  // namespace optimized::cuda

@@ -1,0 +1,101 @@
+// GEMM rung 3 of the CUDA ladder: 32x32 tiles of A and B staged through shared memory.
+//
+//   C = alpha * A @ B + beta * C      A (M, K), B (K, N), C (M, N), row-major with leading dims
+//
+// What this rung changes versus coalesced: data reuse inside the block. In the coalesced rung
+// each of the 1024 threads of a 32x32 patch of C fetched its own copy of a row of A and a column
+// of B from L1/L2, so every element of A and B was requested 32 times per patch. Here the block
+// walks K in steps of 32: all threads cooperatively load one 32x32 tile of A and one 32x32 tile
+// of B (one element each, coalesced: lane x reads column x), park them in shared memory, sync,
+// and then each thread runs 32 multiply-adds out of shared memory. Global traffic per
+// multiply-add drops 32-fold; the work moves to shared memory, which is much faster but still
+// costs one shared load per operand per multiply-add:
+//
+//   - As[ty][kk]: the same address for the whole warp (a warp is one row ty): a broadcast.
+//   - Bs[kk][tx]: 32 consecutive words across the warp: one per bank, conflict-free.
+//
+// So the kernel is now bound by shared-memory load instructions (~1 LDS per FFMA; the compiler
+// merges the broadcast As reads into LDS.128, so ~1.25). Rung 4 (register_tiled) makes each
+// thread compute an 8x8 patch of C so that every value read from shared memory feeds 8 FFMAs.
+//
+// Tiles at the M, N and K edges are zero-filled, so any M, N, K >= 1 work; the store is
+// guarded. The tiles hold fp32 (16-bit inputs are converted once, when staged).
+//
+// Block 32 x 32 threads: x -> 32 columns of C, y -> 32 rows. Grid x covers the N tiles, grid y
+// the M tiles but is capped at 65535, so the block walks M tiles with a grid-stride loop (the
+// loop condition is uniform across the block, so the __syncthreads inside are safe); grid z
+// carries the batch, in launches of at most 65535.
+#include <cstdint>
+
+#include "cuda/gemm/gemm_common.cuh"
+#include "cuda/gemm/gemm_launchers.h"
+
+namespace optimized::cuda {
+namespace {
+
+constexpr int kTile = 32;  // C tile per block is kTile x kTile; K advances kTile per step
+constexpr int kThreads = kTile * kTile;  // 1024: one thread per element of the C tile
+constexpr int64_t kMaxGridY = 65535;
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    gemm_smem_tiled_kernel(GemmParams p, int64_t batch_offset) {
+  __shared__ float As[kTile][kTile];  // A(m0 + ty, k0 + tx)
+  __shared__ float Bs[kTile][kTile];  // B(k0 + ty, n0 + tx)
+
+  const BatchOperands<T> ops = batch_operands<T>(p, batch_offset + blockIdx.z);
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kTile + tx;  // of C and of B
+  const int64_t tiles_m = (p.m + kTile - 1) / kTile;
+
+  for (int64_t tile_m = blockIdx.y; tile_m < tiles_m; tile_m += gridDim.y) {
+    const int64_t row = tile_m * kTile + ty;  // of C and of A
+    const T* a_row = ops.a + row * p.lda;     // only dereferenced when row < M
+    float acc = 0.0f;
+    for (int64_t k0 = 0; k0 < p.k; k0 += kTile) {
+      // Stage the tiles: one element each, zero outside the matrices.
+      const int64_t ka = k0 + tx;  // column of A this thread loads
+      const int64_t kb = k0 + ty;  // row of B this thread loads
+      As[ty][tx] = (row < p.m && ka < p.k) ? to_float(a_row[ka]) : 0.0f;
+      Bs[ty][tx] = (kb < p.k && col < p.n) ? to_float(ops.b[kb * p.ldb + col]) : 0.0f;
+      __syncthreads();  // tiles complete before anyone reads them
+#pragma unroll
+      for (int kk = 0; kk < kTile; ++kk) acc = fmaf(As[ty][kk], Bs[kk][tx], acc);
+      __syncthreads();  // everyone done reading before the next step overwrites the tiles
+    }
+    if (row < p.m && col < p.n) store_epilogue(ops.c + row * p.ldc + col, acc, p.alpha, p.beta);
+  }
+}
+
+template <typename T> constexpr const char* kKernelName = "";
+template <> constexpr const char* kKernelName<float> = "smem_tiled<fp32, 32x32x32, 1x1>";
+template <> constexpr const char* kKernelName<__half> = "smem_tiled<fp16, 32x32x32, 1x1>";
+template <> constexpr const char* kKernelName<__nv_bfloat16> = "smem_tiled<bf16, 32x32x32, 1x1>";
+
+}  // namespace
+
+cudaError_t gemm_smem_tiled(const GemmParams& p, cudaStream_t stream) {
+  return dispatch_float_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
+    const int64_t tiles_n = ceil_div(p.n, kTile);
+    if (tiles_n > INT32_MAX) return cudaErrorInvalidConfiguration;  // grid.x limit
+    const int64_t tiles_m = ceil_div(p.m, kTile);
+    const int64_t blocks_y = tiles_m < kMaxGridY ? tiles_m : kMaxGridY;
+    for (int64_t first = 0; first < p.batch; first += kMaxGridZ) {
+      const int64_t count = p.batch - first < kMaxGridZ ? p.batch - first : kMaxGridZ;
+      const dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(blocks_y),
+                      static_cast<unsigned>(count));
+      gemm_smem_tiled_kernel<T><<<grid, dim3(kTile, kTile), 0, stream>>>(p, first);
+      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+  });
+}
+
+cudaError_t gemm_smem_tiled_resources(const GemmParams& p, KernelResources* out) {
+  return dispatch_float_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
+    return describe_kernel(reinterpret_cast<const void*>(&gemm_smem_tiled_kernel<T>),
+                           kKernelName<T>, kThreads, /*dynamic_smem_bytes=*/0, out);
+  });
+}
+
+}  // namespace optimized::cuda
