@@ -27,7 +27,8 @@ struct MeasureOptions {
   double max_time_s = 2.0;
   double target_rse = 0.01;  // stop when stddev / mean / sqrt(n) < this
   double warmup_s = 0.05;    // warm-up runs until this much time has passed ...
-  int max_warmup = 10;       // ... or this many runs (at least one)
+  int max_warmup = 10;       // ... or this many runs (0: none, e.g. when a validation run just
+                             // warmed the same code on the same data)
   bool flush_cache = true;   // cold L2 (GPU) / LLC (CPU) before every sample
 };
 
@@ -56,7 +57,8 @@ bool should_stop(const std::vector<double>& samples_ms, double elapsed_s, const 
 Stats measure_cpu(const std::function<void(int)>& run_once, const MeasureOptions& opt,
                   const std::function<void()>& between = nullptr);
 
-// Write a buffer of twice the last-level cache so that the next sample starts cold.
+// Read (all threads) a buffer of twice the last-level cache (at most 512 MiB) so that the next
+// sample starts cold.
 void flush_host_cache();
 // Last-level cache of the host CPU in bytes (sysfs, then a 32 MiB guess).
 int64_t host_llc_bytes();
