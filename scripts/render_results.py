@@ -9,6 +9,7 @@ The docs are generated from the JSON the benchmark wrote, never typed by hand.
 """
 import argparse
 import json
+import re
 import pathlib
 import shutil
 import sys
@@ -30,7 +31,11 @@ def machine_key(data):
 def fmt(x, digits=3):
     if x is None:
         return "-"
-    if isinstance(x, (int, float)):
+    if isinstance(x, float) and x.is_integer() and abs(x) < 1e6:
+        x = int(x)
+    if isinstance(x, int):
+        return str(x)
+    if isinstance(x, float):
         if x == 0:
             return "0"
         if abs(x) >= 100:
@@ -49,14 +54,14 @@ def ceilings_table(data):
 
 
 def results_table(results):
-    head = ("| variant | backend | dtype | shape | threads | median ms [p10-p90] | CV | TFLOP/s | vs baseline "
-            "| roofline | regs / smem / occ |")
-    rows = [head, "|" + "---|" * 11]
+    head = ("| variant | backend | dtype | shape | threads | median ms [p10-p90] | CV | TFLOP/s | GB/s "
+            "| vs baseline | roofline | regs / smem / occ |")
+    rows = [head, "|" + "---|" * 12]
     for r in results:
         shape = r.get("shape_label", "")
         if r.get("status") != "ok":
             rows.append(f"| {r['variant']} | {r['backend']} | {r['dtype']} | {shape} | {fmt(r.get('threads'))} "
-                        f"| {r['status']}: {r.get('reason', '')} | | | | | |")
+                        f"| {r['status']}: {r.get('reason', '')} | | | | | | |")
             continue
         t = r["time_ms"]
         base = r.get("baseline")
@@ -69,7 +74,7 @@ def results_table(results):
         roof = f"{r['roofline_fraction'] * 100:.0f}%" if r.get("roofline_fraction") else "-"
         rows.append(
             f"| {r['variant']} | {r['backend']} | {r['dtype']} | {shape} | {fmt(r.get('threads'))} "
-            f"| {fmt(t['median'])} [{fmt(t['p10'])}-{fmt(t['p90'])}] | {t['cv'] * 100:.1f}% | {fmt(r['tflops'])} "
+            f"| {fmt(t['median'])} [{fmt(t['p10'])}-{fmt(t['p90'])}] | {t['cv'] * 100:.1f}% | {fmt(r['tflops'])} | {fmt(r.get('gbps'))} "
             f"| {vs} | {roof} | {res} |")
     return "\n".join(rows)
 
@@ -104,6 +109,36 @@ def cmd_place(args):
     print(f"placed {dest / (name + '.json')}")
 
 
+BLOCK = re.compile(r"(<!-- generated: ladder (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
+
+
+def ladder_block(root, spec):
+    """A ladder table for `machine=KEY op=OP dtype=D shape=S [threads=T]` from the committed JSON."""
+    want = dict(kv.split("=", 1) for kv in spec.split())
+    rows = []
+    for path in sorted((root / want["machine"]).glob("*.json")):
+        for r in load(path)["results"]:
+            if r["op"] != want["op"] or r["dtype"] != want["dtype"] or r["shape_label"] != want["shape"]:
+                continue
+            if "backend" in want and r["backend"] != want["backend"]:
+                continue
+            if "threads" in want and str(fmt(r.get("threads"))) != want["threads"]:
+                continue
+            rows.append(r)
+    if not rows:
+        return f"(no results for {spec} under {root})\n"
+    return f"Measured: `{spec}` (from `{root.as_posix()}/{want['machine']}/`)\n\n" + results_table(rows) + "\n"
+
+
+def refresh_generated_blocks(root, notes_dir):
+    for path in sorted(pathlib.Path(notes_dir).glob("*.md")):
+        text = path.read_text()
+        new = BLOCK.sub(lambda m: m.group(1) + ladder_block(root, m.group("spec")) + m.group(4), text)
+        if new != text:
+            path.write_text(new)
+            print(f"refreshed {path}")
+
+
 def cmd_docs(args):
     root = pathlib.Path(args.results)
     parts = ["# Performance", "",
@@ -115,6 +150,7 @@ def cmd_docs(args):
         parts += [f"<!-- {path.as_posix()} -->", run_markdown(load(path)), ""]
     pathlib.Path(args.out).write_text("\n".join(parts) + "\n")
     print(f"wrote {args.out}")
+    refresh_generated_blocks(root, pathlib.Path(args.out).parent / "perf-notes")
 
 
 def main():
