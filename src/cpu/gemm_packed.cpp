@@ -1,18 +1,20 @@
 // gemm_packed: the GotoBLAS/BLIS loop nest around a register-blocked microkernel.
 //
 //   for each batch item
-//     for jc over N in NC steps                 B block  KC x NC  packed once, shared by threads
+//     for jc over N in NC steps
 //       for pc over K in KC steps
-//         pack B[pc:pc+KC, jc:jc+NC]            (threads split the micro-panels, then a barrier)
-//         for ic over this thread's rows, MC steps
-//           pack A[ic:ic+MC, pc:pc+KC]          (per-thread buffer, stays in L2)
-//           for jr over this thread's NR panels
-//             for ir over MC in MR steps        microkernel: MR x NR tile of C += Ap_ir @ Bp_jr
+//         pack B[pc:pc+KC, jc:jc+NC] into NR-wide micro-panels   (shared; sized for L2)
+//         for each unit (a group of rows, all NR panels)          (threads take units dynamically)
+//           for ic over the unit's rows in MC steps
+//             pack A[ic:ic+MC, pc:pc+KC] into MR-tall micro-panels (per thread)
+//             for ir over MC in MR steps                           (A micro-panel MR x KC: in L1)
+//               for jr over NC in NR steps                         (B micro-panels stream from L2)
+//                 microkernel: C[ir:ir+MR, jr:jr+NR] = alpha * Ap_ir @ Bp_jr + beta * C
 //
-// Threads form a tm x tn grid: tm splits the rows of C (each thread packs its own A), tn splits
-// the NR micro-panels of each B block (used when there are too few rows for every thread).
-// fp16/bf16 operands are widened to fp32 while packing; their C is accumulated in an fp32
-// workspace over all of K and rounded once, in the epilogue.
+// The jr loop is innermost (not BLIS's ir): one A micro-panel is reused from L1 by every B
+// micro-panel of the L2-resident B block. When there are fewer row groups than threads, units
+// also split the NR panels. fp16/bf16 operands are widened to fp32 while packing; their C is
+// accumulated in an fp32 workspace over all of K and rounded once, in the epilogue.
 //
 // This file is compiled for the baseline ISA: it only picks and calls the ISA-specific pieces
 // (gemm_packed_avx512.cpp, gemm_packed_avx2.cpp) after checking cpuid, so no AVX instruction runs
@@ -39,14 +41,17 @@ constexpr int kPNR = 16;
 
 void portable_full(int64_t kc, const float* __restrict ap, const float* __restrict bp, float* c,
                    int64_t ldc, float alpha, float beta) {
-  float acc[kPMR][kPNR] = {};
-  for (int64_t k = 0; k < kc; ++k) {
-    for (int i = 0; i < kPMR; ++i) {
-      const float a = ap[i];
-      for (int j = 0; j < kPNR; ++j) acc[i][j] += a * bp[j];
+  // Row by row (i-k-j): the 16 accumulators of a row stay in vector registers over all of K
+  // and the j loop vectorizes; the B micro-panel is re-read from L1 once per row.
+  float acc[kPMR][kPNR];
+  for (int i = 0; i < kPMR; ++i) {
+    float row[kPNR] = {};
+    for (int64_t k = 0; k < kc; ++k) {
+      const float a = ap[k * kPMR + i];
+      const float* __restrict b = bp + k * kPNR;
+      for (int j = 0; j < kPNR; ++j) row[j] += a * b[j];
     }
-    ap += kPMR;
-    bp += kPNR;
+    for (int j = 0; j < kPNR; ++j) acc[i][j] = row[j];
   }
   for (int i = 0; i < kPMR; ++i) {
     float* r = c + i * ldc;
@@ -120,7 +125,7 @@ const IsaOps& select_ops() {
 }  // namespace
 
 const IsaOps& portable_ops() {
-  static const IsaOps ops{"portable",        {kPMR, kPNR, 128, 256, 2048}, portable_pack_a,
+  static const IsaOps ops{"portable",        {kPMR, kPNR, 64, 256, 1024}, portable_pack_a,
                           portable_pack_b,   portable_kernel,              portable_epilogue};
   return ops;
 }
@@ -158,18 +163,17 @@ void gemm_packed(const GemmParams& p, int threads) {
   const char* const b_base = static_cast<const char*>(p.b);
   char* const c_base = static_cast<char*>(p.c);
 
+  // Work units of one (jc, pc) step: row groups x column chunks, handed out dynamically so that
+  // a thread that gets descheduled does not hold the others at the barrier. Row groups are an
+  // even split of the MR panels into a multiple of the thread count (balanced when the machine
+  // is quiet); column chunks only when there are too few row groups to go around.
+  const int64_t target_group = std::max<int64_t>(1, MC / MR);  // MR panels per row group
+  int64_t row_groups = nth * ceil_div(m_panels, int64_t{nth} * target_group);
+  row_groups = std::min(row_groups, m_panels);
+  const int64_t col_chunks = nth == 1 || row_groups >= 2 * nth ? 1 : ceil_div(2 * nth, row_groups);
+
 #pragma omp parallel num_threads(nth)
   {
-    const int T = omp_get_num_threads();
-    const int tid = omp_get_thread_num();
-    // Grid: as many row groups as there are MR panels to give, the rest split the columns.
-    const int tm = static_cast<int>(std::min<int64_t>(T, m_panels));
-    const int tn = T / tm;
-    const int ti = tid / tn, tj = tid % tn;
-    const bool active = ti < tm;  // threads beyond tm * tn only help to pack B
-    // This thread's rows: an even share of the MR panels.
-    const int64_t row_lo = active ? std::min(M, (m_panels * ti / tm) * MR) : 0;
-    const int64_t row_hi = active ? std::min(M, (m_panels * (ti + 1) / tm) * MR) : 0;
     FloatBuf apack = alloc_floats(mc_max * kc_max);
     float* const ap = apack.get();
 
@@ -183,45 +187,48 @@ void gemm_packed(const GemmParams& p, int threads) {
       for (int64_t jc = 0; jc < N; jc += NC) {
         const int64_t nc = std::min(NC, N - jc);
         const int64_t n_panels = ceil_div(nc, NR);
-        // This thread's share of the block's NR panels.
-        const int64_t q_lo = n_panels * tj / tn, q_hi = n_panels * (tj + 1) / tn;
         for (int64_t pc = 0; pc < K; pc += KC) {
           const int64_t kc = std::min(KC, K - pc);
-          // Everyone is done with the previous B block (and the previous epilogue).
-#pragma omp barrier
-          {
-            const int64_t s_lo = n_panels * tid / T, s_hi = n_panels * (tid + 1) / T;
-            if (s_hi > s_lo) {
-              ops.pack_b(dtype, B + static_cast<size_t>(pc * p.ldb + jc + s_lo * NR) * esz, p.ldb,
-                         kc, std::min(nc - s_lo * NR, (s_hi - s_lo) * NR), bp + s_lo * NR * kc);
-            }
+          // Pack the B block, a few NR panels per unit (the implicit barrier publishes it).
+#pragma omp for schedule(dynamic, 1)
+          for (int64_t s0 = 0; s0 < n_panels; s0 += 4) {
+            const int64_t s1 = std::min(n_panels, s0 + 4);
+            ops.pack_b(dtype, B + static_cast<size_t>(pc * p.ldb + jc + s0 * NR) * esz, p.ldb, kc,
+                       std::min(nc - s0 * NR, (s1 - s0) * NR), bp + s0 * NR * kc);
           }
-#pragma omp barrier
-          const bool first = pc == 0;
           const float alpha = wide ? p.alpha : 1.0f;
-          const float beta = first ? (wide ? p.beta : 0.0f) : 1.0f;
-          for (int64_t ic = row_lo; ic < row_hi; ic += MC) {
-            const int64_t mc = std::min(MC, row_hi - ic);
-            ops.pack_a(dtype, A + static_cast<size_t>(ic * p.lda + pc) * esz, p.lda, mc, kc, ap);
-            for (int64_t q = q_lo; q < q_hi; ++q) {
-              const int64_t j = q * NR;
-              const int n = static_cast<int>(std::min(NR, nc - j));
-              const float* const bpq = bp + j * kc;
-              float* const ctile = cf + ic * ldcf + jc + j;
+          const float beta = pc == 0 ? (wide ? p.beta : 0.0f) : 1.0f;
+          // The implicit barrier at the end keeps the B block alive until every unit is done.
+#pragma omp for schedule(dynamic, 1)
+          for (int64_t u = 0; u < row_groups * col_chunks; ++u) {
+            const int64_t g = u / col_chunks, cchunk = u % col_chunks;
+            const int64_t row_lo = std::min(M, (m_panels * g / row_groups) * MR);
+            const int64_t row_hi = std::min(M, (m_panels * (g + 1) / row_groups) * MR);
+            const int64_t q_lo = n_panels * cchunk / col_chunks;
+            const int64_t q_hi = n_panels * (cchunk + 1) / col_chunks;
+            for (int64_t ic = row_lo; ic < row_hi; ic += MC) {
+              const int64_t mc = std::min(MC, row_hi - ic);
+              ops.pack_a(dtype, A + static_cast<size_t>(ic * p.lda + pc) * esz, p.lda, mc, kc, ap);
+              // One MR x KC micro-panel of A stays in L1 while the NR panels of B stream from L2.
               for (int64_t ir = 0; ir < mc; ir += MR) {
                 const int m = static_cast<int>(std::min(MR, mc - ir));
-                ops.kernel(kc, ap + ir * kc, bpq, ctile + ir * ldcf, ldcf, alpha, beta, m, n);
+                float* const crow = cf + (ic + ir) * ldcf + jc;
+                for (int64_t q = q_lo; q < q_hi; ++q) {
+                  const int64_t j = q * NR;
+                  const int n = static_cast<int>(std::min(NR, nc - j));
+                  ops.kernel(kc, ap + ir * kc, bp + j * kc, crow + j, ldcf, alpha, beta, m, n);
+                }
               }
             }
           }
         }
       }
       if (!wide) {
-#pragma omp barrier
-        const int64_t r_lo = M * tid / T, r_hi = M * (tid + 1) / T;
-        if (r_hi > r_lo) {
-          ops.epilogue(dtype, work.get() + r_lo * N, N, C + static_cast<size_t>(r_lo * p.ldc) * esz,
-                       p.ldc, r_hi - r_lo, N, p.alpha, p.beta);
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < M; r += 16) {
+          const int64_t rows = std::min<int64_t>(16, M - r);
+          ops.epilogue(dtype, work.get() + r * N, N, C + static_cast<size_t>(r * p.ldc) * esz,
+                       p.ldc, rows, N, p.alpha, p.beta);
         }
       }
     }

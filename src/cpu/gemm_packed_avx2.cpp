@@ -96,8 +96,8 @@ void epilogue(DType dtype, const float* w, int64_t ldw, void* c, int64_t ldc, in
 }  // namespace
 
 const IsaOps& avx2_ops() {
-  // MC x KC of A (144 x 256 x 4 B = 144 KB) for L2; KC x NR micro-panel of B 16 KB.
-  static const IsaOps ops{"avx2", {kMR, kNR, 144, 256, 3072}, pack_a, pack_b, kernel, epilogue};
+  // Same scheme as AVX-512: 6 x 256 A micro-panel (6 KB) in L1, 256 x 1024 B block (1 MB) in L2.
+  static const IsaOps ops{"avx2", {kMR, kNR, 96, 256, 1024}, pack_a, pack_b, kernel, epilogue};
   return ops;
 }
 

@@ -1,0 +1,57 @@
+// gemm_naive: the i-j-k triple loop, one fp32 accumulator per element of C, one thread.
+// The readable baseline of the CPU ladder. The inner loop walks B down a column (stride ldb), so
+// every load of B touches a new cache line once N is more than a few lines wide.
+#include <cstdint>
+
+#include "cpu/cpu_gemm.h"
+#include "optimized/buffer.h"
+
+namespace optimized::cpu {
+namespace {
+
+struct F32 {
+  using T = float;
+  static float load(float v) { return v; }
+  static float store(float v) { return v; }
+};
+struct F16 {
+  using T = uint16_t;
+  static float load(uint16_t v) { return half_to_float(v); }
+  static uint16_t store(float v) { return float_to_half(v); }
+};
+struct BF16 {
+  using T = uint16_t;
+  static float load(uint16_t v) { return bf16_to_float(v); }
+  static uint16_t store(float v) { return float_to_bf16(v); }
+};
+
+template <class D>
+void run(const GemmParams& p) {
+  using T = typename D::T;
+  for (int64_t bi = 0; bi < p.batch; ++bi) {
+    const T* a = static_cast<const T*>(p.a) + bi * p.batch_stride_a;
+    const T* b = static_cast<const T*>(p.b) + bi * p.batch_stride_b;
+    T* c = static_cast<T*>(p.c) + bi * p.batch_stride_c;
+    for (int64_t i = 0; i < p.m; ++i) {
+      for (int64_t j = 0; j < p.n; ++j) {
+        float acc = 0.0f;
+        for (int64_t k = 0; k < p.k; ++k) acc += D::load(a[i * p.lda + k]) * D::load(b[k * p.ldb + j]);
+        T& out = c[i * p.ldc + j];
+        // beta == 0: C is write-only (its old value, NaN or not, is never read).
+        out = D::store(p.beta == 0.0f ? p.alpha * acc : p.alpha * acc + p.beta * D::load(out));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void gemm_naive(const GemmParams& p) {
+  switch (p.dtype) {
+    case DType::kF16: return run<F16>(p);
+    case DType::kBF16: return run<BF16>(p);
+    default: return run<F32>(p);
+  }
+}
+
+}  // namespace optimized::cpu
