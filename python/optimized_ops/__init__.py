@@ -1,0 +1,20 @@
+"""optimized-ops from PyTorch.
+
+``import optimized_ops`` loads ``liboptimized_ops.so`` (which registers ``torch.ops.optimized.*``)
+and adds autograd and fake kernels to its ops, so that they work with ``torch.autograd``,
+``torch.compile(fullgraph=True)`` and CUDA graphs.
+
+>>> import torch, optimized_ops
+>>> a, b = torch.randn(64, 32), torch.randn(32, 16)
+>>> torch.allclose(optimized_ops.matmul(a, b), a @ b, atol=1e-5)
+True
+
+The ops are also reachable as ``torch.ops.optimized.<op>``; without this package,
+``torch.ops.load_library(optimized_ops.library_path())`` registers them (forward only).
+"""
+
+from ._library import library_path
+from .gemm import built_with_cuda, matmul, variant_supports, variants
+
+__version__ = "0.1.0"
+__all__ = ["library_path", "matmul", "variants", "variant_supports", "built_with_cuda", "__version__"]

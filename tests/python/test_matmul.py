@@ -1,0 +1,385 @@
+"""optimized_ops.matmul / torch.ops.optimized.matmul against float64 and torch.matmul: every dtype,
+every variant, odd and batched shapes, strided views, autograd, opcheck, torch.compile, CUDA graphs,
+the current stream, and every error path."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import optimized_ops
+from conftest import DEVICES, DTYPES, gemm_error_ratio, rand, requires_cuda, variants_for
+
+# (a shape, b shape): odd sizes (1, primes), batched, broadcast either way, batch of 1.
+SHAPES = [
+    ((1, 1), (1, 1)),
+    ((17, 13), (13, 31)),
+    ((37, 41), (41, 53)),
+    ((64, 128), (128, 96)),
+    ((3, 7, 29), (3, 29, 11)),
+    ((4, 19, 5), (5, 23)),        # b shared by every batch
+    ((19, 5), (4, 5, 23)),        # a shared by every batch
+    ((1, 9, 8), (6, 8, 7)),       # batch of 1 broadcast
+    ((2, 1, 97), (2, 97, 3)),
+]
+
+
+def _ids(shape_pair):
+    a, b = shape_pair
+    return "x".join(map(str, a)) + "@" + "x".join(map(str, b))
+
+
+def _params():
+    for device in DEVICES:
+        dev = device if isinstance(device, str) else device.values[0]
+        marks = () if isinstance(device, str) else device.marks
+        for dtype in DTYPES:
+            for variant in variants_for(dev, dtype):
+                yield pytest.param(dev, dtype, variant, marks=marks,
+                                   id=f"{dev}-{str(dtype).removeprefix('torch.')}-{variant}")
+
+
+# ---- parity -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device,dtype,variant", list(_params()))
+@pytest.mark.parametrize("shapes", SHAPES, ids=_ids)
+def test_parity_with_float64_and_torch(device, dtype, variant, shapes, rng):
+    a = rand(shapes[0], dtype, device, rng)
+    b = rand(shapes[1], dtype, device, rng)
+    out = optimized_ops.matmul(a, b, variant=variant)
+    expected = torch.matmul(a, b)
+    assert out.shape == expected.shape and out.dtype == dtype and out.device == a.device
+    assert out.is_contiguous()
+    # 1. Within the GEMM bound of the C++ tests, element by element.
+    ratio = gemm_error_ratio(out, a, b)
+    assert ratio <= 1.0, f"worst error / allowed = {ratio}"
+    # 2. No worse than twice torch's own error against float64 (plus accumulation noise).
+    ref = torch.matmul(a.double(), b.double())
+    ours = (out.double() - ref).abs().max().item()
+    theirs = (expected.double() - ref).abs().max().item()
+    noise = 8 * math.sqrt(a.shape[-1]) * 2.0**-24 * torch.matmul(a.double().abs(), b.double().abs()).max().item()
+    assert ours <= 2 * theirs + noise, f"max error {ours} vs torch.matmul {theirs}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_ops_entry_is_the_same_op(device, rng):
+    a, b = rand((5, 6), torch.float32, device, rng), rand((6, 7), torch.float32, device, rng)
+    assert torch.equal(torch.ops.optimized.matmul(a, b), optimized_ops.matmul(a, b))
+    assert torch.equal(torch.ops.optimized.matmul.default(a, b, variant="auto"), optimized_ops.matmul(a, b))
+
+
+# ---- layouts ----------------------------------------------------------------------------------
+
+def _layouts(device, dtype, rng):
+    """(name, a, b) with non-contiguous operands of every kind the glue sees."""
+    m, k, n = 23, 17, 19
+    wide = rand((m, k + 9), dtype, device, rng)
+    yield "row-padded slice a", wide[:, :k], rand((k, n), dtype, device, rng)
+    yield "offset slice a", rand((m + 2, k + 3), dtype, device, rng)[1:m + 1, 3:], rand((k, n), dtype, device, rng)
+    yield "transposed a", rand((k, m), dtype, device, rng).t(), rand((k, n), dtype, device, rng)
+    yield "transposed b", rand((m, k), dtype, device, rng), rand((n, k), dtype, device, rng).t()
+    yield "both transposed", rand((k, m), dtype, device, rng).t(), rand((n, k), dtype, device, rng).t()
+    yield "expanded batch a", rand((1, m, k), dtype, device, rng).expand(3, m, k), rand((3, k, n), dtype, device, rng)
+    yield "expanded rows b", rand((m, k), dtype, device, rng), rand((1, n), dtype, device, rng).expand(k, n)
+    yield "batch-strided a", rand((3, m, 2 * k), dtype, device, rng)[:, :, k:], rand((k, n), dtype, device, rng)
+    yield "permuted batch b", rand((3, m, k), dtype, device, rng), rand((k, 3, n), dtype, device, rng).permute(1, 0, 2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_non_contiguous_inputs(device, dtype, rng):
+    for name, a, b in _layouts(device, dtype, rng):
+        a_before, b_before = a.clone(), b.clone()
+        out = optimized_ops.matmul(a, b)
+        assert torch.equal(a, a_before) and torch.equal(b, b_before), f"{name}: inputs changed"
+        ratio = gemm_error_ratio(out, a, b)
+        assert ratio <= 1.0, f"{name}: worst error / allowed = {ratio}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_output_is_fresh_and_inputs_untouched(device, rng):
+    a, b = rand((8, 8), torch.float32, device, rng), rand((8, 8), torch.float32, device, rng)
+    out1, out2 = optimized_ops.matmul(a, b), optimized_ops.matmul(a, b)
+    assert out1.data_ptr() != out2.data_ptr()
+    assert out1.data_ptr() not in (a.data_ptr(), b.data_ptr())
+    assert torch.equal(out1, out2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_dimensions(device):
+    a, b = torch.ones(0, 4, device=device), torch.ones(4, 3, device=device)
+    assert optimized_ops.matmul(a, b).shape == (0, 3)
+    z = optimized_ops.matmul(torch.ones(5, 0, device=device), torch.ones(0, 3, device=device))
+    assert z.shape == (5, 3) and torch.equal(z, torch.zeros(5, 3, device=device))
+    assert optimized_ops.matmul(torch.ones(0, 2, 4, device=device), b).shape == (0, 2, 3)
+
+
+# ---- autograd ---------------------------------------------------------------------------------
+
+GRAD_SHAPES = [((5, 7), (7, 3)), ((3, 5, 7), (3, 7, 4)), ((3, 5, 7), (7, 4)), ((5, 7), (2, 7, 4)),
+               ((1, 5, 7), (3, 7, 2)), ((3, 5, 7), (1, 7, 2))]
+
+
+@pytest.mark.parametrize("variant", ["auto", "cpu_naive", "cpu_blocked", "cpu_packed"])
+@pytest.mark.parametrize("shapes", GRAD_SHAPES, ids=_ids)
+def test_gradcheck_cpu(variant, shapes, rng):
+    """gradcheck on the real kernels. They take float32, float16 and bfloat16 only (no float64
+    kernel exists), so the check runs in float32 with a step and tolerances sized for it: the op is
+    linear in each input, so central differences are exact up to rounding, and a step of 1e-2
+    keeps that rounding (~1e-7 * |out| / 2e-2) far below atol = rtol = 1e-3, while a wrong formula
+    or a missed batch reduction is off by O(1). Gradients are also checked against float64 below."""
+    a = rand(shapes[0], torch.float32, "cpu", rng).requires_grad_()
+    b = rand(shapes[1], torch.float32, "cpu", rng).requires_grad_()
+    fn = lambda x, y: optimized_ops.matmul(x, y, variant=variant)  # noqa: E731
+    with pytest.warns(UserWarning, match="double precision"):
+        assert torch.autograd.gradcheck(fn, (a, b), eps=1e-2, atol=1e-3, rtol=1e-3)
+    with pytest.warns(UserWarning, match="double precision"):
+        assert torch.autograd.gradgradcheck(fn, (a, b), eps=1e-2, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("shapes", GRAD_SHAPES, ids=_ids)
+def test_gradients_against_float64(device, dtype, shapes, rng):
+    a = rand(shapes[0], dtype, device, rng).requires_grad_()
+    b = rand(shapes[1], dtype, device, rng).requires_grad_()
+    out = optimized_ops.matmul(a, b)
+    g = rand(out.shape, dtype, device, rng)
+    grad_a, grad_b = torch.autograd.grad(out, (a, b), g)
+    a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    ref_a, ref_b = torch.autograd.grad(torch.matmul(a64, b64), (a64, b64), g.double())
+    assert grad_a.shape == a.shape and grad_b.shape == b.shape
+    assert grad_a.dtype == dtype and grad_b.dtype == dtype
+    # Each gradient is a GEMM (plus, for broadcast operands, a sum over the batch: one more
+    # rounding and a longer accumulation, covered by a looser factor on the same bound).
+    for got, ref, name in ((grad_a, ref_a, "grad_a"), (grad_b, ref_b, "grad_b")):
+        err = (got.double().cpu() - ref.cpu()).abs().max().item()
+        scale = ref.abs().max().item()
+        eps = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}[dtype]
+        assert err <= 4 * eps * scale + 1e-5 * scale, f"{name}: max error {err} (scale {scale})"
+
+
+def test_grad_only_for_what_requires_it(rng):
+    a = rand((4, 5), torch.float32, "cpu", rng).requires_grad_()
+    b = rand((5, 6), torch.float32, "cpu", rng)
+    (grad_a,) = torch.autograd.grad(optimized_ops.matmul(a, b).sum(), (a,))
+    assert torch.allclose(grad_a, torch.ones(4, 6) @ b.t(), atol=1e-5)
+
+
+# ---- torch.library: opcheck, fake kernels, compile --------------------------------------------
+
+OPCHECK_CASES = [((5, 7), (7, 3)), ((3, 5, 7), (3, 7, 4)), ((3, 5, 7), (7, 4)), ((1, 5, 7), (3, 7, 2))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("shapes", OPCHECK_CASES, ids=_ids)
+def test_opcheck(device, dtype, shapes, rng):
+    a = rand(shapes[0], dtype, device, rng).requires_grad_()
+    b = rand(shapes[1], dtype, device, rng).requires_grad_()
+    torch.library.opcheck(torch.ops.optimized.matmul.default, (a, b), {"variant": "auto"})
+    torch.library.opcheck(torch.ops.optimized.matmul.default, (a.detach(), b.detach()), {"variant": "auto"})
+
+
+def test_fake_kernel_shapes_and_errors():
+    meta = dict(device="meta")
+    assert optimized_ops.matmul(torch.empty(3, 4, **meta), torch.empty(4, 5, **meta)).shape == (3, 5)
+    assert optimized_ops.matmul(torch.empty(2, 3, 4, **meta), torch.empty(4, 5, **meta)).shape == (2, 3, 5)
+    assert optimized_ops.matmul(torch.empty(3, 4, **meta), torch.empty(6, 4, 5, **meta)).shape == (6, 3, 5)
+    assert optimized_ops.matmul(torch.empty(1, 3, 4, **meta), torch.empty(6, 4, 5, **meta)).shape == (6, 3, 5)
+    with pytest.raises(ValueError, match=r"b: expected 4 rows to match a's columns \(K\)"):
+        optimized_ops.matmul(torch.empty(3, 4, **meta), torch.empty(5, 6, **meta))
+    with pytest.raises(ValueError, match="a: expected a 2-D"):
+        optimized_ops.matmul(torch.empty(4, **meta), torch.empty(4, 5, **meta))
+    with pytest.raises(TypeError, match="a: expected dtype float32, float16 or bfloat16"):
+        optimized_ops.matmul(torch.empty(3, 4, dtype=torch.float64, **meta), torch.empty(4, 5, **meta))
+
+
+def _model(a, b, c):
+    h = torch.relu(optimized_ops.matmul(a, b))
+    return optimized_ops.matmul(h, c).sum(dim=-1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph(device, rng):
+    torch._dynamo.reset()
+    a = rand((2, 9, 16), torch.float32, device, rng).requires_grad_()
+    b = rand((16, 12), torch.float32, device, rng).requires_grad_()
+    c = rand((12, 5), torch.float32, device, rng)
+    explanation = torch._dynamo.explain(_model)(a, b, c)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    compiled = torch.compile(_model, fullgraph=True)
+    out = compiled(a, b, c)
+    expected = _model(a, b, c)
+    torch.testing.assert_close(out, expected)
+    # Backward through the compiled graph (the registered autograd formula).
+    (ga, gb) = torch.autograd.grad(out.sum(), (a, b))
+    (ea, eb) = torch.autograd.grad(expected.sum(), (a, b))
+    torch.testing.assert_close(ga, ea)
+    torch.testing.assert_close(gb, eb)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_dynamic_shapes(device, rng):
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x, y: optimized_ops.matmul(x, y) * 2, fullgraph=True, dynamic=True)
+    for m, k, n in ((5, 7, 3), (11, 13, 17), (2, 3, 4)):
+        a, b = rand((m, k), torch.float32, device, rng), rand((k, n), torch.float32, device, rng)
+        torch.testing.assert_close(fn(a, b), optimized_ops.matmul(a, b) * 2)
+
+
+def test_torch_export(rng):
+    class Model(torch.nn.Module):
+        def forward(self, a, b):
+            return torch.relu(optimized_ops.matmul(a, b))
+
+    a, b = rand((2, 5, 7), torch.float32, "cpu", rng), rand((7, 3), torch.float32, "cpu", rng)
+    program = torch.export.export(Model(), (a, b))
+    targets = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    assert torch.ops.optimized.matmul.default in targets
+    torch.testing.assert_close(program.module()(a, b), Model()(a, b))
+
+
+# ---- CUDA: graphs, streams, devices -----------------------------------------------------------
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_cuda_graph_capture_and_replay(dtype, rng):
+    for variant in variants_for("cuda", dtype):
+        a = rand((3, 67, 45), dtype, "cuda", rng)
+        b = rand((45, 71), dtype, "cuda", rng)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside capture, as torch recommends
+            optimized_ops.matmul(a, b, variant=variant)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = optimized_ops.matmul(a, b, variant=variant)
+        for _ in range(2):  # new inputs in the same memory, replayed
+            a.copy_(rand(a.shape, dtype, "cuda", rng))
+            b.copy_(rand(b.shape, dtype, "cuda", rng))
+            graph.replay()
+            torch.cuda.synchronize()
+            ratio = gemm_error_ratio(out, a, b)
+            assert ratio <= 1.0, f"{variant}: worst error / allowed after replay = {ratio}"
+
+
+@requires_cuda
+def test_cuda_graph_with_transposed_input(rng):
+    """The copy that makes a transposed input contiguous is captured too (caching allocator)."""
+    a = rand((64, 48), torch.bfloat16, "cuda", rng)
+    b = rand((80, 64), torch.bfloat16, "cuda", rng)
+    optimized_ops.matmul(a.t(), b.t())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = optimized_ops.matmul(a.t(), b.t())
+    a.copy_(rand(a.shape, torch.bfloat16, "cuda", rng))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert gemm_error_ratio(out, a.t(), b.t()) <= 1.0
+
+
+@requires_cuda
+def test_runs_on_the_current_stream(rng):
+    """Work queued on a side stream (a long sleep, then new values into a) must precede the op:
+    an op that ran on another stream would read a's old values."""
+    a = rand((512, 256), torch.float16, "cuda", rng)
+    b = rand((256, 128), torch.float16, "cuda", rng)
+    new_a = rand((512, 256), torch.float16, "cuda", rng)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # ~tens of ms of GPU time
+        a.copy_(new_a)
+        out = optimized_ops.matmul(a, b)
+    side.synchronize()
+    assert gemm_error_ratio(out, new_a, b) <= 1.0
+
+
+@requires_cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_device_guard_second_gpu(rng):
+    a = rand((33, 17), torch.bfloat16, "cuda:1", rng)
+    b = rand((17, 9), torch.bfloat16, "cuda:1", rng)
+    with torch.cuda.device(0):
+        out = optimized_ops.matmul(a, b)
+    assert out.device == a.device
+    torch.cuda.synchronize(1)
+    assert gemm_error_ratio(out, a, b) <= 1.0
+
+
+# ---- errors -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_inputs_name_the_argument(device):
+    f32 = dict(device=device, dtype=torch.float32)
+    a, b = torch.ones(3, 4, **f32), torch.ones(4, 5, **f32)
+    cases = [
+        (ValueError, r"a: expected a 2-D \(M, K\) or 3-D \(batch, M, K\) tensor; given 1-D",
+         lambda: optimized_ops.matmul(torch.ones(4, **f32), b)),
+        (ValueError, r"b: expected a 2-D \(K, N\) or 3-D \(batch, K, N\) tensor; given 4-D",
+         lambda: optimized_ops.matmul(a, torch.ones(1, 1, 4, 5, **f32))),
+        (ValueError, r"b: expected 4 rows to match a's columns \(K\); given shape \[5, 4\]",
+         lambda: optimized_ops.matmul(a, torch.ones(5, 4, **f32))),
+        (ValueError, r"b: expected batch 3 \(a's\) or 1; given batch 2",
+         lambda: optimized_ops.matmul(torch.ones(3, 3, 4, **f32), torch.ones(2, 4, 5, **f32))),
+        (TypeError, r"a: expected dtype float32, float16 or bfloat16; given float64",
+         lambda: optimized_ops.matmul(a.double(), b.double())),
+        (TypeError, r"b: expected dtype float32 \(same as a\); given float16",
+         lambda: optimized_ops.matmul(a, b.half())),
+        (ValueError, r"variant: expected one of auto, cpu_naive, .*; given 'fastest'",
+         lambda: optimized_ops.matmul(a, b, variant="fastest")),
+    ]
+    if device == "cpu":
+        cases.append((ValueError, r"variant: naive runs on CUDA tensors; given tensors on cpu",
+                      lambda: optimized_ops.matmul(a, b, variant="naive")))
+    else:
+        cases.append((ValueError, r"variant: cpu_packed runs on the CPU tensors; given tensors on cuda:0",
+                      lambda: optimized_ops.matmul(a, b, variant="cpu_packed")))
+        cases.append((NotImplementedError, r"variant: wmma supports fp16, bf16 \(tensor cores\); given fp32",
+                      lambda: optimized_ops.matmul(a, b, variant="wmma")))
+        cases.append((ValueError, r"b: expected device cuda:0 \(same as a\); given cpu",
+                      lambda: optimized_ops.matmul(a, b.cpu())))
+    for exc, pattern, call in cases:
+        with pytest.raises(exc, match=pattern):
+            call()
+
+
+def test_cuda_tensors_with_a_cpu_only_build():
+    if optimized_ops.built_with_cuda() or not torch.cuda.is_available():
+        pytest.skip("needs CUDA tensors and a CPU-only build of the library")
+    with pytest.raises(NotImplementedError, match="CUDA tensors given but this build is CPU-only"):
+        optimized_ops.matmul(torch.ones(2, 2, device="cuda"), torch.ones(2, 2, device="cuda"))
+
+
+# ---- loading ----------------------------------------------------------------------------------
+
+def test_load_library_alone_in_a_fresh_python():
+    """torch.ops.load_library on the .so, without this package, exposes torch.ops.optimized.matmul."""
+    script = textwrap.dedent(f"""
+        import torch
+        torch.ops.load_library({optimized_ops.library_path()!r})
+        a, b = torch.randn(6, 5), torch.randn(5, 4)
+        out = torch.ops.optimized.matmul(a, b)
+        assert torch.allclose(out, a @ b, atol=1e-5), (out, a @ b)
+        print("schema:", torch.ops.optimized.matmul.default._schema)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "optimized::matmul(Tensor a, Tensor b, *, str variant=\"auto\") -> Tensor" in result.stdout
+
+
+def test_variant_listing():
+    names = optimized_ops.variants()
+    assert names[:3] == ["cpu_naive", "cpu_blocked", "cpu_packed"] and "auto" not in names
+    assert optimized_ops.variant_supports("auto", torch.float32, "cpu") == (True, "")
+    ok, why = optimized_ops.variant_supports("cpu_packed", torch.float16, "cuda")
+    assert not ok and "variant: cpu_packed runs on the CPU" in why
+    ok, why = optimized_ops.variant_supports("nope", torch.float16, "cpu")
+    assert not ok and "variant: expected one of" in why
