@@ -9,6 +9,7 @@ The docs are generated from the JSON the benchmark wrote, never typed by hand.
 """
 import argparse
 import json
+import os
 import re
 import pathlib
 import shutil
@@ -113,10 +114,11 @@ BLOCK = re.compile(r"(<!-- generated: ladder (?P<spec>[^>]*?) -->\n)(?P<body>.*?
 
 
 def ladder_block(root, spec):
-    """A ladder table for `machine=KEY op=OP dtype=D shape=S [threads=T]` from the committed JSON."""
+    """A ladder table for `machine=KEY op=OP dtype=D shape=S [file=F] [backend=B] [threads=T]` from the
+    committed JSON (file: the JSON's name without .json, e.g. matmul for the C++ runner's output)."""
     want = dict(kv.split("=", 1) for kv in spec.split())
     rows = []
-    for path in sorted((root / want["machine"]).glob("*.json")):
+    for path in sorted((root / want["machine"]).glob(want.get("file", "*") + ".json")):
         for r in load(path)["results"]:
             if r["op"] != want["op"] or r["dtype"] != want["dtype"] or r["shape_label"] != want["shape"]:
                 continue
@@ -146,8 +148,12 @@ def cmd_docs(args):
              "Each row is validated against the float64 reference before it is timed. Times are medians over",
              "cold-L2 samples with rotating inputs; 'vs baseline' is the baseline's median time over ours (>1 is",
              "faster), measured in the same run; 'roofline' is the time the measured ceilings allow over ours.", ""]
+    out_dir = pathlib.Path(args.out).resolve().parent
     for path in sorted(root.glob("*/*.json")):
         parts += [f"<!-- {path.as_posix()} -->", run_markdown(load(path)), ""]
+        for png in sorted(path.parent.glob(path.stem + "*.png")):  # plots written beside the JSON
+            rel = pathlib.Path(os.path.relpath(png.resolve(), out_dir)).as_posix()
+            parts += [f"![{png.stem}]({rel})", ""]
     pathlib.Path(args.out).write_text("\n".join(parts) + "\n")
     print(f"wrote {args.out}")
     refresh_generated_blocks(root, pathlib.Path(args.out).parent / "perf-notes")
