@@ -34,11 +34,21 @@ DType to_dtype(at::ScalarType t) {
     case at::kBFloat16: return DType::kBF16;
     default: break;
   }
-  TORCH_CHECK_TYPE(false, "unreachable: dtype ", t, " was not checked");
+  TORCH_CHECK_TYPE(false, std::string("unreachable: dtype ") + c10::toString(t) + " was not checked");
 }
 
 // "float32", "bfloat16": the names Python users know (torch.float32), not c10's "Float".
 std::string dtype_str(at::ScalarType t) { return c10::getDtypeNames(t).first; }
+
+// Messages are built as one std::string here (numbers through std::to_string) rather than by
+// streaming integers through c10::str: on the GPU machine's toolchain, a TORCH_CHECK message that
+// streamed an int64 or a size list segfaulted while the error was raised.
+std::string str(int64_t v) { return std::to_string(v); }
+std::string str(at::IntArrayRef sizes) {
+  std::string s = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
+  return s + "]";
+}
 
 Device to_device(const at::Device& d) {
   if (d.is_cuda()) return Device::cuda(d.index() < 0 ? 0 : d.index());
@@ -79,22 +89,24 @@ TensorView view_of(const at::Tensor& t) {
 // NotImplementedError for valid inputs this variant or build cannot take, RuntimeError otherwise.
 [[noreturn]] void rethrow(const Error& e) {
   switch (e.status()) {
-    case Status::kInvalidArgument: TORCH_CHECK_VALUE(false, "optimized::matmul: ", e.what());
-    case Status::kUnsupported: TORCH_CHECK_NOT_IMPLEMENTED(false, "optimized::matmul: ", e.what());
+    case Status::kInvalidArgument: TORCH_CHECK_VALUE(false, std::string("optimized::matmul: ") + e.what());
+    case Status::kUnsupported: TORCH_CHECK_NOT_IMPLEMENTED(false, std::string("optimized::matmul: ") + e.what());
     default: break;
   }
-  TORCH_CHECK(false, "optimized::matmul (", status_name(e.status()), "): ", e.what());
+  TORCH_CHECK(false, "optimized::matmul (" + std::string(status_name(e.status())) + "): " + e.what());
 }
 
 void check_operand(const at::Tensor& t, const char* name, const char* shape2, const char* shape3) {
-  TORCH_CHECK_VALUE(t.defined(), "optimized::matmul: ", name, ": expected a tensor; given an undefined tensor");
-  TORCH_CHECK_VALUE(t.layout() == at::kStrided, "optimized::matmul: ", name,
-                    ": expected a strided (dense) tensor; given layout ", t.layout());
-  TORCH_CHECK_VALUE(t.dim() == 2 || t.dim() == 3, "optimized::matmul: ", name, ": expected a 2-D ", shape2,
-                    " or 3-D ", shape3, " tensor; given ", t.dim(), "-D of shape ", t.sizes());
+  TORCH_CHECK_VALUE(t.defined(), std::string("optimized::matmul: ") + name + ": expected a tensor; given an undefined tensor");
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided, std::string("optimized::matmul: ") + name +
+                                                    ": expected a strided (dense) tensor; given a non-strided layout");
+  TORCH_CHECK_VALUE(t.dim() == 2 || t.dim() == 3,
+                    std::string("optimized::matmul: ") + name + ": expected a 2-D " + shape2 + " or 3-D " + shape3 +
+                        " tensor; given " + str(t.dim()) + "-D of shape " + str(t.sizes()));
   const auto st = t.scalar_type();
-  TORCH_CHECK_TYPE(st == at::kFloat || st == at::kHalf || st == at::kBFloat16, "optimized::matmul: ", name,
-                   ": expected dtype float32, float16 or bfloat16; given ", dtype_str(st));
+  TORCH_CHECK_TYPE(st == at::kFloat || st == at::kHalf || st == at::kBFloat16,
+                   std::string("optimized::matmul: ") + name + ": expected dtype float32, float16 or bfloat16; given " +
+                       dtype_str(st));
 }
 
 }  // namespace
@@ -104,16 +116,19 @@ void check_operand(const at::Tensor& t, const char* name, const char* shape2, co
 at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view variant_name) {
   check_operand(a, "a", "(M, K)", "(batch, M, K)");
   check_operand(b, "b", "(K, N)", "(batch, K, N)");
-  TORCH_CHECK_TYPE(b.scalar_type() == a.scalar_type(), "optimized::matmul: b: expected dtype ",
-                   dtype_str(a.scalar_type()), " (same as a); given ", dtype_str(b.scalar_type()));
-  TORCH_CHECK_VALUE(b.device() == a.device(), "optimized::matmul: b: expected device ", a.device(),
-                    " (same as a); given ", b.device());
+  TORCH_CHECK_TYPE(b.scalar_type() == a.scalar_type(), "optimized::matmul: b: expected dtype " +
+                                                           dtype_str(a.scalar_type()) + " (same as a); given " +
+                                                           dtype_str(b.scalar_type()));
+  TORCH_CHECK_VALUE(b.device() == a.device(), "optimized::matmul: b: expected device " + a.device().str() +
+                                                   " (same as a); given " + b.device().str());
   const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
-  TORCH_CHECK_VALUE(b.size(-2) == k, "optimized::matmul: b: expected ", k,
-                    " rows to match a's columns (K); given shape ", b.sizes(), " with a of shape ", a.sizes());
+  TORCH_CHECK_VALUE(b.size(-2) == k, "optimized::matmul: b: expected " + str(k) +
+                                         " rows to match a's columns (K); given shape " + str(b.sizes()) +
+                                         " with a of shape " + str(a.sizes()));
   const int64_t batch_a = a.dim() == 3 ? a.size(0) : 1, batch_b = b.dim() == 3 ? b.size(0) : 1;
-  TORCH_CHECK_VALUE(batch_a == batch_b || batch_a == 1 || batch_b == 1, "optimized::matmul: b: expected batch ",
-                    batch_a, " (a's) or 1; given batch ", batch_b, " (shape ", b.sizes(), ")");
+  TORCH_CHECK_VALUE(batch_a == batch_b || batch_a == 1 || batch_b == 1,
+                    "optimized::matmul: b: expected batch " + str(batch_a) + " (a's) or 1; given batch " +
+                        str(batch_b) + " (shape " + str(b.sizes()) + ")");
   GemmVariant variant = GemmVariant::kAuto;
   try {
     variant = parse_gemm_variant(std::string_view(variant_name.data(), variant_name.size()));
