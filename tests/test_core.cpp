@@ -32,7 +32,7 @@ TEST(DType, NamesAndSizes) {
   };
   for (const Row& r : {Row{DType::kF32, "fp32", 4}, Row{DType::kF16, "fp16", 2}, Row{DType::kBF16, "bf16", 2},
                        Row{DType::kF8E4M3, "fp8_e4m3", 1}, Row{DType::kI32, "int32", 4},
-                       Row{DType::kI64, "int64", 8}}) {
+                       Row{DType::kI64, "int64", 8}, Row{DType::kF64, "fp64", 8}}) {
     EXPECT_EQ(dtype_name(r.dtype), r.name);
     EXPECT_EQ(dtype_size(r.dtype), r.size) << r.name;
     EXPECT_EQ(parse_dtype(r.name), r.dtype) << r.name;
@@ -57,7 +57,7 @@ void expect_parse_dtype_error(const std::string& name) {
 }
 
 TEST(DType, ParseUnknownNamesThrows) {
-  expect_parse_dtype_error("fp64");
+  expect_parse_dtype_error("fp128");
   expect_parse_dtype_error("float32x");
   expect_parse_dtype_error("FP32 ");
   expect_parse_dtype_error("");

@@ -13,6 +13,8 @@ namespace {
 const std::vector<GemmVariant> kCpuVariants = {GemmVariant::kCpuNaive, GemmVariant::kCpuBlocked,
                                                GemmVariant::kCpuPacked, GemmVariant::kAuto};
 const std::vector<DType> kDtypes = {DType::kF32, DType::kF16, DType::kBF16};
+// fp64 (accumulated in fp64) runs on the two plain CPU rungs and on auto, which picks cpu_blocked.
+const std::vector<GemmVariant> kF64Variants = {GemmVariant::kCpuNaive, GemmVariant::kCpuBlocked, GemmVariant::kAuto};
 
 std::string variant_label(GemmVariant v) { return std::string(gemm_variant_name(v)); }
 
@@ -35,6 +37,13 @@ TEST_P(CpuGemmSizes, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Cpu, CpuGemmSizes,
                          ::testing::Combine(::testing::ValuesIn(kCpuVariants), ::testing::ValuesIn(kDtypes),
+                                            ::testing::ValuesIn(odd_sizes())),
+                         [](const ::testing::TestParamInfo<SizeParam>& info) {
+                           return variant_label(std::get<0>(info.param)) + "_" +
+                                  dtype_label(std::get<1>(info.param)) + "_" + mnk_name(std::get<2>(info.param));
+                         });
+INSTANTIATE_TEST_SUITE_P(CpuF64, CpuGemmSizes,
+                         ::testing::Combine(::testing::ValuesIn(kF64Variants), ::testing::Values(DType::kF64),
                                             ::testing::ValuesIn(odd_sizes())),
                          [](const ::testing::TestParamInfo<SizeParam>& info) {
                            return variant_label(std::get<0>(info.param)) + "_" +
@@ -208,6 +217,11 @@ TEST_P(CpuGemm, NanAndInfPropagate) {
 
 INSTANTIATE_TEST_SUITE_P(Cpu, CpuGemm,
                          ::testing::Combine(::testing::ValuesIn(kCpuVariants), ::testing::ValuesIn(kDtypes)),
+                         [](const ::testing::TestParamInfo<VariantParam>& info) {
+                           return variant_label(std::get<0>(info.param)) + "_" + dtype_label(std::get<1>(info.param));
+                         });
+INSTANTIATE_TEST_SUITE_P(CpuF64, CpuGemm,
+                         ::testing::Combine(::testing::ValuesIn(kF64Variants), ::testing::Values(DType::kF64)),
                          [](const ::testing::TestParamInfo<VariantParam>& info) {
                            return variant_label(std::get<0>(info.param)) + "_" + dtype_label(std::get<1>(info.param));
                          });

@@ -248,6 +248,16 @@ TEST_F(GemmErrors, DtypeMismatch) {
   }
 }
 
+TEST_F(GemmErrors, Fp64OnlyOnThePlainCpuRungs) {
+  TensorView a = A(), b = B(), c = C();  // labels only: every call below is rejected before running
+  a.dtype = b.dtype = c.dtype = DType::kF64;
+  Caught e = call([&] { matmul(a, b, c, 1.0f, 0.0f, GemmVariant::kCpuPacked); });
+  EXPECT_ERROR(e, Status::kUnsupported);
+  EXPECT_MENTIONS(e, "variant");
+  EXPECT_CONTAINS(e, "fp64");
+  EXPECT_CONTAINS(e, "cpu_blocked");
+}
+
 TEST_F(GemmErrors, UnsupportedDtype) {
   for (DType d : {DType::kI32, DType::kF8E4M3, DType::kI64}) {
     SCOPED_TRACE(std::string(dtype_name(d)));
@@ -454,6 +464,11 @@ TEST(GemmVariants, RejectsDtypeTable) {
     EXPECT_EQ(gemm_variant_rejects_dtype(v, DType::kF16), "");
     EXPECT_EQ(gemm_variant_rejects_dtype(v, DType::kBF16), "");
     EXPECT_EQ(gemm_variant_rejects_dtype(v, DType::kF32).empty(), !tensor_core);
+    const bool takes_f64 = v == GemmVariant::kCpuNaive || v == GemmVariant::kCpuBlocked;
+    EXPECT_EQ(gemm_variant_rejects_dtype(v, DType::kF64).empty(), takes_f64);
+    if (!takes_f64) {
+      EXPECT_TRUE(contains(gemm_variant_rejects_dtype(v, DType::kF64), "fp64"));
+    }
     for (DType d : {DType::kI32, DType::kI64, DType::kF8E4M3}) {
       const std::string why = gemm_variant_rejects_dtype(v, d);
       EXPECT_TRUE(contains(why, std::string(dtype_name(d)))) << "'" << why << "'";
@@ -574,11 +589,11 @@ TEST(GemmVariants, NamesRoundTripAndOrder) {
   EXPECT_FALSE(gemm_variant_is_cuda(GemmVariant::kAuto));
 }
 
-TEST(DTypeErrors, ParseFp64) {
-  Caught e = call([] { parse_dtype("fp64"); });
+TEST(DTypeErrors, ParseUnknown) {
+  Caught e = call([] { parse_dtype("fp128"); });
   EXPECT_ERROR(e, Status::kInvalidArgument);
   EXPECT_MENTIONS(e, "dtype");
-  EXPECT_CONTAINS(e, "fp64");
+  EXPECT_CONTAINS(e, "fp128");
   EXPECT_CONTAINS(e, "bf16");
 }
 

@@ -51,7 +51,7 @@ float half_to_float(uint16_t bits);
 uint16_t float_to_half(float value);
 float bf16_to_float(uint16_t bits);
 uint16_t float_to_bf16(float value);
-// Element `index` of host memory `data` of `dtype`, as double (fp32, fp16, bf16, int32, int64;
+// Element `index` of host memory `data` of `dtype`, as double (fp64, fp32, fp16, bf16, int32, int64;
 // fp8_e4m3 throws Error kUnsupported until an op takes it).
 double load_as_double(const void* data, DType dtype, int64_t index);
 // Store `value` rounded to `dtype` at element `index` of host memory `data`.

@@ -4,8 +4,8 @@
 //
 // The last dimension of each operand must have unit stride; rows may be further apart than the
 // width (leading dimension >= width). A batch dimension may have stride 0 on A or B (broadcast).
-// A, B and C share one dtype (fp32, fp16 or bf16); products accumulate in fp32, alpha and beta are
-// fp32. When beta == 0, C is not read (BLAS convention): NaN in the old C does not propagate.
+// A, B and C share one dtype (fp32, fp16 or bf16; fp64 on the CPU rungs cpu_naive and cpu_blocked);
+// products accumulate in fp32 (fp64 for fp64), alpha and beta are fp32. When beta == 0, C is not read (BLAS convention): NaN in the old C does not propagate.
 #pragma once
 
 #include <span>
@@ -18,8 +18,8 @@ namespace optimized {
 // The ladder, from naive to best. Each rung is a named, selectable variant.
 enum class GemmVariant : uint8_t {
   kAuto,             // best for the device, dtype and shape
-  kCpuNaive,         // triple loop, fp32 accumulate
-  kCpuBlocked,       // cache-blocked loops over packed-free tiles
+  kCpuNaive,         // triple loop, fp32 accumulate (fp64 for fp64)
+  kCpuBlocked,       // cache-blocked loops without packing (fp64 too)
   kCpuPacked,        // packed panels + AVX2/AVX-512 microkernel (picked at run time) + threads
   kCudaNaive,        // one thread per C element, threads of a warp walk down a column of C
   kCudaCoalesced,    // one thread per C element, threads of a warp walk along a row of C

@@ -17,7 +17,8 @@ from ._library import load
 
 _lib = load()  # registers torch.ops.optimized.* before the registrations below
 
-_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # optimized_dtype values
+# optimized_dtype values; float64 runs on the CPU rungs cpu_naive and cpu_blocked (and auto on CPU)
+_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 6}
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -40,7 +41,8 @@ def variant_supports(variant: str, dtype: torch.dtype, device: str | torch.devic
     variant : str
         ``"auto"`` or a name from :func:`variants`.
     dtype : torch.dtype
-        ``torch.float32``, ``torch.float16`` or ``torch.bfloat16``.
+        ``torch.float32``, ``torch.float16``, ``torch.bfloat16`` or ``torch.float64`` (CPU rungs
+        ``cpu_naive`` and ``cpu_blocked`` only).
     device : str or torch.device
         ``"cpu"`` or ``"cuda"`` (the index is ignored; presence is not checked).
 
@@ -51,7 +53,7 @@ def variant_supports(variant: str, dtype: torch.dtype, device: str | torch.devic
     """
     device_type = 1 if torch.device(device).type == "cuda" else 0
     if dtype not in _DTYPES:
-        return False, f"dtype: expected float32, float16 or bfloat16; given {dtype}"
+        return False, f"dtype: expected float32, float16, bfloat16 or float64; given {dtype}"
     status = _lib.optimized_gemm_variant_check(variant.encode(), _DTYPES[dtype], device_type)
     return status == 0, "" if status == 0 else _lib.optimized_last_error().decode()
 
@@ -66,13 +68,14 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, variant: str = "auto") -> torch.
 
     .. math::  \mathrm{out}[p, i, j] = \sum_k a[p, i, k] \, b[p, k, j]
 
-    Products accumulate in float32 for every dtype; the result is rounded once to the dtype of
-    the inputs.
+    Products accumulate in float32 (float64 for float64 inputs); the result is rounded once to
+    the dtype of the inputs.
 
     Parameters
     ----------
     a : torch.Tensor
-        ``(M, K)`` or ``(batch_a, M, K)``; float32, float16 or bfloat16; CPU or CUDA.
+        ``(M, K)`` or ``(batch_a, M, K)``; float32, float16 or bfloat16 on CPU or CUDA; float64 on
+        the CPU (``cpu_naive``, ``cpu_blocked``, and ``auto``, which picks ``cpu_blocked``).
     b : torch.Tensor
         ``(K, N)`` or ``(batch_b, K, N)``; same dtype and device as ``a``. A 2-D operand, or a
         batch of 1, is broadcast over the other operand's batch.
@@ -94,10 +97,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, variant: str = "auto") -> torch.
         Ranks other than 2 and 3, mismatched inner dimensions (K) or batches, different
         devices, an unknown variant or one of the other device. The message names the argument.
     TypeError
-        A dtype other than float32, float16 and bfloat16, or different dtypes.
+        A dtype other than float32, float16, bfloat16 and float64, or different dtypes.
     NotImplementedError
-        A variant that cannot take the dtype (``wmma`` on float32), or CUDA tensors with a
-        CPU-only build.
+        A variant that cannot take the dtype (``wmma`` on float32, any CUDA variant or
+        ``cpu_packed`` on float64), or CUDA tensors with a CPU-only build.
 
     Notes
     -----
@@ -133,7 +136,7 @@ def _check_operand(t: torch.Tensor, name: str, shapes: str) -> None:
         f"optimized::matmul: {name}: expected a 2-D {shapes} tensor; given {t.dim()}-D of shape "
         f"{list(t.shape)}"))
     torch._check_type(t.dtype in _DTYPES, lambda: (
-        f"optimized::matmul: {name}: expected dtype float32, float16 or bfloat16; given {_name(t.dtype)}"))
+        f"optimized::matmul: {name}: expected dtype float32, float16, bfloat16 or float64; given {_name(t.dtype)}"))
 
 
 def _out_shape(a: torch.Tensor, b: torch.Tensor) -> list:

@@ -52,9 +52,9 @@ optimized_status guarded(const char* function, Body&& body) {
 }
 
 optimized::DType to_dtype(int32_t dtype, const char* name) {
-  if (dtype < OPTIMIZED_DTYPE_F32 || dtype > OPTIMIZED_DTYPE_I64)
+  if (dtype < OPTIMIZED_DTYPE_F32 || dtype > OPTIMIZED_DTYPE_F64)
     invalid(std::string(name) + ": expected dtype to be an optimized_dtype value (0.." +
-            std::to_string(OPTIMIZED_DTYPE_I64) + "); given " + std::to_string(dtype));
+            std::to_string(OPTIMIZED_DTYPE_F64) + "); given " + std::to_string(dtype));
   return static_cast<optimized::DType>(dtype);
 }
 
@@ -198,4 +198,5 @@ static_assert(OPTIMIZED_STATUS_OUT_OF_MEMORY == static_cast<int>(optimized::Stat
 static_assert(OPTIMIZED_STATUS_INTERNAL == static_cast<int>(optimized::Status::kInternal));
 static_assert(OPTIMIZED_DTYPE_BF16 == static_cast<int>(optimized::DType::kBF16));
 static_assert(OPTIMIZED_DTYPE_I64 == static_cast<int>(optimized::DType::kI64));
+static_assert(OPTIMIZED_DTYPE_F64 == static_cast<int>(optimized::DType::kF64));
 static_assert(OPTIMIZED_MAX_RANK == optimized::TensorView::kMaxRank);

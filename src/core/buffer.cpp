@@ -201,6 +201,7 @@ uint16_t float_to_bf16(float f) {
 double load_as_double(const void* data, DType dtype, int64_t i) {
   switch (dtype) {
     case DType::kF32: return static_cast<const float*>(data)[i];
+    case DType::kF64: return static_cast<const double*>(data)[i];
     case DType::kF16: return half_to_float(static_cast<const uint16_t*>(data)[i]);
     case DType::kBF16: return bf16_to_float(static_cast<const uint16_t*>(data)[i]);
     case DType::kI32: return static_cast<const int32_t*>(data)[i];
@@ -213,6 +214,7 @@ double load_as_double(const void* data, DType dtype, int64_t i) {
 void store_from_double(void* data, DType dtype, int64_t i, double v) {
   switch (dtype) {
     case DType::kF32: static_cast<float*>(data)[i] = static_cast<float>(v); return;
+    case DType::kF64: static_cast<double*>(data)[i] = v; return;
     case DType::kF16: static_cast<uint16_t*>(data)[i] = float_to_half(static_cast<float>(v)); return;
     case DType::kBF16: static_cast<uint16_t*>(data)[i] = float_to_bf16(static_cast<float>(v)); return;
     case DType::kI32: static_cast<int32_t*>(data)[i] = static_cast<int32_t>(v); return;

@@ -1,6 +1,7 @@
 // gemm_blocked: cache-blocked loops, no packing of fp32 operands.
 //
-// C is cut into MB x NB blocks; each block accumulates in an fp32 scratch over K in KB steps.
+// C is cut into MB x NB blocks; each block accumulates in an fp32 scratch (fp64 for fp64) over K
+// in KB steps.
 // Inside a block the loop order is i-k-j: the inner loop runs along a row of B and a row of the
 // scratch (both contiguous), so the compiler vectorizes it, and the KB x NB block of B is reused
 // by all MB rows while it sits in L2. Threads (OpenMP) take whole (batch, M-block) units.
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/cpu_gemm.h"
@@ -23,26 +25,30 @@ constexpr int64_t kNB = 256;  // columns of C per block (one scratch row: 1 KB, 
 constexpr int64_t kKB = 256;  // depth per step (B block KB x NB fp32 = 256 KB, stays in L2)
 
 float widen(float v, DType) { return v; }
+double widen(double v, DType) { return v; }
 float widen(uint16_t v, DType dtype) {
   return dtype == DType::kF16 ? half_to_float(v) : bf16_to_float(v);
 }
 void narrow(float v, float* out, DType) { *out = v; }
+void narrow(double v, double* out, DType) { *out = v; }
 void narrow(float v, uint16_t* out, DType dtype) {
   *out = dtype == DType::kF16 ? float_to_half(v) : float_to_bf16(v);
 }
 
 template <class T>
 void run(const GemmParams& p, int threads) {
+  using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;  // fp64 accumulates in fp64
+  const Acc alpha = p.alpha, beta = p.beta;
   const int64_t m_blocks = (p.m + kMB - 1) / kMB;
   const int64_t units = p.batch * m_blocks;
   int nth = threads > 0 ? threads : omp_get_max_threads();
   nth = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(nth, units)));
-  constexpr bool kWide = sizeof(T) == 4;
+  constexpr bool kWide = std::is_same_v<T, Acc>;  // B is read in place; 16-bit B is widened first
 
 #pragma omp parallel num_threads(nth)
   {
-    std::vector<float> acc(kMB * kNB);
-    std::vector<float> btile(kWide ? 0 : kKB * kNB);  // fp16/bf16: B block widened to fp32
+    std::vector<Acc> acc(kMB * kNB);
+    std::vector<Acc> btile(kWide ? 0 : kKB * kNB);  // fp16/bf16: B block widened to fp32
 
 #pragma omp for schedule(dynamic, 1)
     for (int64_t u = 0; u < units; ++u) {
@@ -55,13 +61,13 @@ void run(const GemmParams& p, int threads) {
 
       for (int64_t j0 = 0; j0 < p.n; j0 += kNB) {
         const int64_t nb = std::min(kNB, p.n - j0);
-        std::fill(acc.begin(), acc.end(), 0.0f);
+        std::fill(acc.begin(), acc.end(), Acc(0));
         for (int64_t k0 = 0; k0 < p.k; k0 += kKB) {
           const int64_t kb = std::min(kKB, p.k - k0);
-          const float* bblk;
+          const Acc* bblk;
           int64_t ldbb;
           if constexpr (kWide) {
-            bblk = reinterpret_cast<const float*>(b) + k0 * p.ldb + j0;
+            bblk = reinterpret_cast<const Acc*>(b) + k0 * p.ldb + j0;
             ldbb = p.ldb;
           } else {
             for (int64_t k = 0; k < kb; ++k)
@@ -71,23 +77,23 @@ void run(const GemmParams& p, int threads) {
             ldbb = kNB;
           }
           for (int64_t i = 0; i < mb; ++i) {
-            float* __restrict crow = acc.data() + i * kNB;
+            Acc* __restrict crow = acc.data() + i * kNB;
             const T* ai = a + i * p.lda + k0;
             for (int64_t k = 0; k < kb; ++k) {
-              const float aik = widen(ai[k], p.dtype);
-              const float* __restrict brow = bblk + k * ldbb;
+              const Acc aik = widen(ai[k], p.dtype);
+              const Acc* __restrict brow = bblk + k * ldbb;
               for (int64_t j = 0; j < nb; ++j) crow[j] += aik * brow[j];
             }
           }
         }
         for (int64_t i = 0; i < mb; ++i) {
-          const float* crow = acc.data() + i * kNB;
+          const Acc* crow = acc.data() + i * kNB;
           T* out = c + i * p.ldc + j0;
-          if (p.beta == 0.0f) {
-            for (int64_t j = 0; j < nb; ++j) narrow(p.alpha * crow[j], out + j, p.dtype);
+          if (beta == 0) {
+            for (int64_t j = 0; j < nb; ++j) narrow(alpha * crow[j], out + j, p.dtype);
           } else {
             for (int64_t j = 0; j < nb; ++j)
-              narrow(p.alpha * crow[j] + p.beta * widen(out[j], p.dtype), out + j, p.dtype);
+              narrow(alpha * crow[j] + beta * widen(out[j], p.dtype), out + j, p.dtype);
           }
         }
       }
@@ -99,6 +105,7 @@ void run(const GemmParams& p, int threads) {
 
 void gemm_blocked(const GemmParams& p, int threads) {
   if (p.dtype == DType::kF32) return run<float>(p, threads);
+  if (p.dtype == DType::kF64) return run<double>(p, threads);
   return run<uint16_t>(p, threads);
 }
 

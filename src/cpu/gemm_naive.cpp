@@ -1,4 +1,4 @@
-// gemm_naive: the i-j-k triple loop, one fp32 accumulator per element of C, one thread.
+// gemm_naive: the i-j-k triple loop, one fp32 accumulator (fp64 for fp64) per element of C, one thread.
 // The readable baseline of the CPU ladder. The inner loop walks B down a column (stride ldb), so
 // every load of B touches a new cache line once N is more than a few lines wide.
 #include <cstdint>
@@ -11,16 +11,25 @@ namespace {
 
 struct F32 {
   using T = float;
+  using Acc = float;
   static float load(float v) { return v; }
   static float store(float v) { return v; }
 };
 struct F16 {
   using T = uint16_t;
+  using Acc = float;
   static float load(uint16_t v) { return half_to_float(v); }
   static uint16_t store(float v) { return float_to_half(v); }
 };
+struct F64 {  // fp64 operands accumulate in fp64 (for float64 gradient checks from torch)
+  using T = double;
+  using Acc = double;
+  static double load(double v) { return v; }
+  static double store(double v) { return v; }
+};
 struct BF16 {
   using T = uint16_t;
+  using Acc = float;
   static float load(uint16_t v) { return bf16_to_float(v); }
   static uint16_t store(float v) { return float_to_bf16(v); }
 };
@@ -34,11 +43,12 @@ void run(const GemmParams& p) {
     T* c = static_cast<T*>(p.c) + bi * p.batch_stride_c;
     for (int64_t i = 0; i < p.m; ++i) {
       for (int64_t j = 0; j < p.n; ++j) {
-        float acc = 0.0f;
+        typename D::Acc acc = 0;
+        const typename D::Acc alpha = p.alpha, beta = p.beta;
         for (int64_t k = 0; k < p.k; ++k) acc += D::load(a[i * p.lda + k]) * D::load(b[k * p.ldb + j]);
         T& out = c[i * p.ldc + j];
         // beta == 0: C is write-only (its old value, NaN or not, is never read).
-        out = D::store(p.beta == 0.0f ? p.alpha * acc : p.alpha * acc + p.beta * D::load(out));
+        out = D::store(beta == 0 ? alpha * acc : alpha * acc + beta * D::load(out));
       }
     }
   }
@@ -50,6 +60,7 @@ void gemm_naive(const GemmParams& p) {
   switch (p.dtype) {
     case DType::kF16: return run<F16>(p);
     case DType::kBF16: return run<BF16>(p);
+    case DType::kF64: return run<F64>(p);
     default: return run<F32>(p);
   }
 }

@@ -85,9 +85,9 @@ GemmParams make_params(const TensorView& a, const TensorView& b, const TensorVie
     if (t->dtype != a.dtype)
       invalid(std::string(t == &b ? "b" : "c") + ": expected dtype " + std::string(dtype_name(a.dtype)) +
               " (same as a); given " + std::string(dtype_name(t->dtype)));
-  if (a.dtype != DType::kF32 && a.dtype != DType::kF16 && a.dtype != DType::kBF16)
+  if (a.dtype != DType::kF32 && a.dtype != DType::kF16 && a.dtype != DType::kBF16 && a.dtype != DType::kF64)
     throw Error(Status::kUnsupported,
-                "a: expected dtype fp32, fp16 or bf16; given " + std::string(dtype_name(a.dtype)));
+                "a: expected dtype fp32, fp16, bf16 or fp64; given " + std::string(dtype_name(a.dtype)));
   for (const TensorView* t : {&b, &c})
     if (!(t->device == a.device))
       invalid(std::string(t == &b ? "b" : "c") + ": expected device " + device_name(a.device) +
@@ -192,14 +192,20 @@ bool gemm_variant_is_cuda(GemmVariant variant) {
 
 std::string gemm_variant_rejects_dtype(GemmVariant variant, DType dtype) {
   const bool float_type = dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
-  if (!float_type) return "matmul supports fp32, fp16, bf16; given " + std::string(dtype_name(dtype));
+  if (dtype == DType::kF64) {
+    if (variant == GemmVariant::kAuto || variant == GemmVariant::kCpuNaive || variant == GemmVariant::kCpuBlocked)
+      return "";
+    return std::string(gemm_variant_name(variant)) +
+           " supports fp32, fp16, bf16 (fp64 runs on cpu_naive and cpu_blocked); given fp64";
+  }
+  if (!float_type) return "matmul supports fp32, fp16, bf16, fp64; given " + std::string(dtype_name(dtype));
   if ((variant == GemmVariant::kCudaWmma || variant == GemmVariant::kCudaMmaPipeline) && dtype == DType::kF32)
     return std::string(gemm_variant_name(variant)) + " supports fp16, bf16 (tensor cores); given fp32";
   return "";
 }
 
 GemmVariant resolve_gemm_variant(const TensorView& a, const TensorView&, const TensorView&) {
-  if (!a.device.is_cuda()) return GemmVariant::kCpuPacked;
+  if (!a.device.is_cuda()) return a.dtype == DType::kF64 ? GemmVariant::kCpuBlocked : GemmVariant::kCpuPacked;
   return a.dtype == DType::kF32 ? GemmVariant::kCudaRegisterTiled : GemmVariant::kCudaMmaPipeline;
 }
 

@@ -23,6 +23,7 @@ double unit_roundoff(DType dtype) {
   switch (dtype) {
     case DType::kF16: return std::ldexp(1.0, -11);
     case DType::kBF16: return std::ldexp(1.0, -8);
+    case DType::kF64: return std::ldexp(1.0, -53);
     default: return std::ldexp(1.0, -24);
   }
 }
@@ -33,6 +34,7 @@ double half_subnormal_step(DType dtype) {
   switch (dtype) {
     case DType::kF16: return std::ldexp(1.0, -25);
     case DType::kBF16: return std::ldexp(1.0, -134);
+    case DType::kF64: return std::ldexp(1.0, -1075);
     default: return std::ldexp(1.0, -150);
   }
 }
@@ -50,7 +52,9 @@ GemmCheckResult check_gemm(const TensorView& a, const TensorView& b, const Tenso
   const int64_t batch = c_out.rank == 3 ? c_out.shape[0] : 1;
   const double out_eps = unit_roundoff(c_out.dtype);
   const double out_floor = half_subnormal_step(c_out.dtype);
-  const double acc_eps = 8.0 * std::sqrt(static_cast<double>(k)) * std::ldexp(1.0, -24);
+  // Products accumulate in fp32, or in fp64 for fp64 operands.
+  const double acc_unit = c_out.dtype == DType::kF64 ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24);
+  const double acc_eps = 8.0 * std::sqrt(static_cast<double>(k)) * acc_unit;
 
   // Which elements: all, or the corners of every batch plus a fixed-seed sample.
   std::vector<std::array<int64_t, 3>> where;

@@ -3,9 +3,10 @@
 //
 // Per element the allowed error is
 //   out_eps * |ref| + out_floor + 8 * sqrt(K) * 2^-24 * (|alpha| * sum_k |a_ik b_kj| + |beta * c0_ij|)
-// out_eps is the output dtype's unit roundoff (2^-24 fp32, 2^-11 fp16, 2^-8 bf16) and out_floor
-// half its subnormal spacing (2^-150, 2^-25, 2^-134): one rounding of the result; the second term is fp32 accumulation in any summation order (a statistical
-// bound, far below the magnitude a wrong index or a dropped tile produces). NaN must be where the
+// out_eps is the output dtype's unit roundoff (2^-24 fp32, 2^-11 fp16, 2^-8 bf16, 2^-53 fp64) and
+// out_floor half its subnormal spacing (2^-150, 2^-25, 2^-134, 2^-1075): one rounding of the result; the second term is fp32 accumulation in any summation order (a statistical
+// bound, far below the magnitude a wrong index or a dropped tile produces; 2^-53 in place of 2^-24
+// for fp64, which accumulates in fp64). NaN must be where the
 // reference has NaN, and an infinite reference must be matched exactly.
 #pragma once
 

@@ -22,7 +22,7 @@ struct GemmParams {
   int64_t batch_stride_c = 0;  // elements between batches of C; >= M*ldc when batch > 1
   float alpha = 1.0f;
   float beta = 0.0f;   // 0: C is write-only
-  DType dtype = DType::kF32;  // of A, B and C: kF32, kF16 or kBF16
+  DType dtype = DType::kF32;  // of A, B and C: kF32, kF16 or kBF16 (kF64: CPU naive and blocked)
 };
 
 }  // namespace optimized

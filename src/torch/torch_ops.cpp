@@ -32,6 +32,7 @@ DType to_dtype(at::ScalarType t) {
     case at::kFloat: return DType::kF32;
     case at::kHalf: return DType::kF16;
     case at::kBFloat16: return DType::kBF16;
+    case at::kDouble: return DType::kF64;
     default: break;
   }
   TORCH_CHECK_TYPE(false, std::string("unreachable: dtype ") + c10::toString(t) + " was not checked");
@@ -104,9 +105,10 @@ void check_operand(const at::Tensor& t, const char* name, const char* shape2, co
                     std::string("optimized::matmul: ") + name + ": expected a 2-D " + shape2 + " or 3-D " + shape3 +
                         " tensor; given " + str(t.dim()) + "-D of shape " + str(t.sizes()));
   const auto st = t.scalar_type();
-  TORCH_CHECK_TYPE(st == at::kFloat || st == at::kHalf || st == at::kBFloat16,
-                   std::string("optimized::matmul: ") + name + ": expected dtype float32, float16 or bfloat16; given " +
-                       dtype_str(st));
+  // float64 runs on the plain CPU rungs only (the C++ API says so for other variants and CUDA).
+  TORCH_CHECK_TYPE(st == at::kFloat || st == at::kHalf || st == at::kBFloat16 || st == at::kDouble,
+                   std::string("optimized::matmul: ") + name +
+                       ": expected dtype float32, float16, bfloat16 or float64; given " + dtype_str(st));
 }
 
 }  // namespace

@@ -125,21 +125,29 @@ GRAD_SHAPES = [((5, 7), (7, 3)), ((3, 5, 7), (3, 7, 4)), ((3, 5, 7), (7, 4)), ((
                ((1, 5, 7), (3, 7, 2)), ((3, 5, 7), (1, 7, 2))]
 
 
-@pytest.mark.parametrize("variant", ["auto", "cpu_naive", "cpu_blocked", "cpu_packed"])
+@pytest.mark.parametrize("variant", ["auto", "cpu_naive", "cpu_blocked"])
 @pytest.mark.parametrize("shapes", GRAD_SHAPES, ids=_ids)
 def test_gradcheck_cpu(variant, shapes, rng):
-    """gradcheck on the real kernels. They take float32, float16 and bfloat16 only (no float64
-    kernel exists), so the check runs in float32 with a step and tolerances sized for it: the op is
-    linear in each input, so central differences are exact up to rounding, and a step of 1e-2
-    keeps that rounding (~1e-7 * |out| / 2e-2) far below atol = rtol = 1e-3, while a wrong formula
-    or a missed batch reduction is off by O(1). Gradients are also checked against float64 below."""
-    a = rand(shapes[0], torch.float32, "cpu", rng).requires_grad_()
-    b = rand(shapes[1], torch.float32, "cpu", rng).requires_grad_()
+    """gradcheck and gradgradcheck in float64 with torch's default tolerances, on the real kernels:
+    the CPU rungs cpu_naive and cpu_blocked take float64 and accumulate in float64 (auto picks
+    cpu_blocked for float64 on the CPU). The other dtypes' gradients are checked against float64
+    autograd in test_gradients_against_float64."""
+    a = rand(shapes[0], torch.float64, "cpu", rng).requires_grad_()
+    b = rand(shapes[1], torch.float64, "cpu", rng).requires_grad_()
     fn = lambda x, y: optimized_ops.matmul(x, y, variant=variant)  # noqa: E731
-    with pytest.warns(UserWarning, match="double precision"):
-        assert torch.autograd.gradcheck(fn, (a, b), eps=1e-2, atol=1e-3, rtol=1e-3)
-    with pytest.warns(UserWarning, match="double precision"):
-        assert torch.autograd.gradgradcheck(fn, (a, b), eps=1e-2, atol=1e-3, rtol=1e-3)
+    assert torch.autograd.gradcheck(fn, (a, b))
+    assert torch.autograd.gradgradcheck(fn, (a, b))
+
+
+@pytest.mark.parametrize("variant", ["cpu_packed", "register_tiled"])
+def test_float64_only_on_the_plain_cpu_rungs(variant):
+    a, b = torch.ones(3, 4, dtype=torch.float64), torch.ones(4, 5, dtype=torch.float64)
+    if variant == "register_tiled":
+        if not (torch.cuda.is_available() and optimized_ops.built_with_cuda()):
+            pytest.skip("needs a CUDA device and a CUDA build")
+        a, b = a.cuda(), b.cuda()
+    with pytest.raises(NotImplementedError, match=rf"variant: {variant} supports fp32, fp16, bf16 .*given fp64"):
+        optimized_ops.matmul(a, b, variant=variant)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -196,8 +204,8 @@ def test_fake_kernel_shapes_and_errors():
         optimized_ops.matmul(torch.empty(3, 4, **meta), torch.empty(5, 6, **meta))
     with pytest.raises(ValueError, match="a: expected a 2-D"):
         optimized_ops.matmul(torch.empty(4, **meta), torch.empty(4, 5, **meta))
-    with pytest.raises(TypeError, match="a: expected dtype float32, float16 or bfloat16"):
-        optimized_ops.matmul(torch.empty(3, 4, dtype=torch.float64, **meta), torch.empty(4, 5, **meta))
+    with pytest.raises(TypeError, match="a: expected dtype float32, float16, bfloat16 or float64"):
+        optimized_ops.matmul(torch.empty(3, 4, dtype=torch.int32, **meta), torch.empty(4, 5, **meta))
 
 
 def _model(a, b, c):
@@ -329,8 +337,8 @@ def test_bad_inputs_name_the_argument(device):
          lambda: optimized_ops.matmul(a, torch.ones(5, 4, **f32))),
         (ValueError, r"b: expected batch 3 \(a's\) or 1; given batch 2",
          lambda: optimized_ops.matmul(torch.ones(3, 3, 4, **f32), torch.ones(2, 4, 5, **f32))),
-        (TypeError, r"a: expected dtype float32, float16 or bfloat16; given float64",
-         lambda: optimized_ops.matmul(a.double(), b.double())),
+        (TypeError, r"a: expected dtype float32, float16, bfloat16 or float64; given int32",
+         lambda: optimized_ops.matmul(a.int(), b.int())),
         (TypeError, r"b: expected dtype float32 \(same as a\); given float16",
          lambda: optimized_ops.matmul(a, b.half())),
         (ValueError, r"variant: expected one of auto, cpu_naive, .*; given 'fastest'",
