@@ -3,8 +3,11 @@
 // padding (see gemm_test_util.h).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string_view>
 #include <tuple>
 
+#include "cpu/cpu_gemm.h"
 #include "gemm_test_util.h"
 
 namespace optimized::testing {
@@ -323,6 +326,22 @@ TEST(CheckGemm, AcceptsCorrectlyRoundedSubnormalOutputs) {
                           << r.first_failure;
   }
   EXPECT_GT(tried, 0);
+}
+
+}  // namespace
+}  // namespace optimized::testing
+
+namespace optimized::testing {
+namespace {
+
+// Under the ctest entries cpu_packed_avx2 / cpu_packed_portable: the forced microkernel is the one
+// that ran (otherwise those entries would silently retest the best one).
+TEST(CpuPackedIsa, HonoursTheRequestedMicrokernel) {
+  const char* want = std::getenv("OPTIMIZED_CPU_ISA");
+  if (want == nullptr) GTEST_SKIP() << "OPTIMIZED_CPU_ISA is not set (the run-time choice is in use)";
+  if (std::string_view(want) == "avx2" && !__builtin_cpu_supports("avx2"))
+    GTEST_SKIP() << "this CPU has no AVX2";
+  EXPECT_STREQ(cpu::packed_microkernel_isa(), want);
 }
 
 }  // namespace
