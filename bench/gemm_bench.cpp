@@ -15,12 +15,11 @@
 #include "baselines/openblas_gemm.h"
 #include "data.h"
 #include "gemm/gemm_check.h"
-#include "gemm/gemm_params.h"
 #include "gpu_timer.h"
 #include "optimized/buffer.h"
 
 #if OPTIMIZED_WITH_CUDA
-#include "cuda/gemm/gemm_launchers.h"
+#include "gemm/gemm_describe.h"
 #endif
 
 namespace bench {
@@ -271,49 +270,25 @@ void record_exception(Result& r, const std::exception& e) {
 
 #if OPTIMIZED_WITH_CUDA
 
-using ResourcesFn = cudaError_t (*)(const optimized::GemmParams&, optimized::cuda::KernelResources*);
-
-ResourcesFn resources_fn(GemmVariant v) {
-  namespace oc = optimized::cuda;
-  switch (v) {
-    case GemmVariant::kCudaNaive: return oc::gemm_naive_resources;
-    case GemmVariant::kCudaCoalesced: return oc::gemm_coalesced_resources;
-    case GemmVariant::kCudaSmemTiled: return oc::gemm_smem_tiled_resources;
-    case GemmVariant::kCudaRegisterTiled: return oc::gemm_register_tiled_resources;
-    case GemmVariant::kCudaWmma: return oc::gemm_wmma_resources;
-    case GemmVariant::kCudaMmaPipeline: return oc::gemm_mma_pipeline_resources;
-    default: return nullptr;
+// The report of the kernel the library would run for these operands (no launch).
+std::optional<KernelInfo> kernel_info(GemmVariant v, const Operands& ops, const GemmShape& s, float alpha,
+                                      float beta) {
+  try {
+    const optimized::cuda::KernelResources res =
+        optimized::describe_gemm_kernel(ops.a(s, 0), ops.b(s, 0), ops.c(s, 0), alpha, beta, v);
+    KernelInfo k;
+    k.name = res.kernel_name ? res.kernel_name : "";
+    k.registers = res.registers_per_thread;
+    k.static_smem = res.static_smem_bytes;
+    k.dynamic_smem = res.dynamic_smem_bytes;
+    k.threads = res.threads_per_block;
+    k.blocks_per_sm = res.blocks_per_sm;
+    k.occupancy = res.theoretical_occupancy;
+    k.local_bytes = res.local_bytes_per_thread;
+    return k;
+  } catch (const optimized::Error&) {
+    return std::nullopt;  // a variant that cannot take these operands has no kernel to report
   }
-}
-
-std::optional<KernelInfo> kernel_info(GemmVariant v, const Operands& ops, const GemmShape& s, DType dtype,
-                                      float alpha, float beta) {
-  ResourcesFn fn = resources_fn(v);
-  if (!fn) return std::nullopt;
-  optimized::GemmParams p;
-  p.a = ops.sets[0].a.data();
-  p.b = ops.sets[0].b.data();
-  p.c = ops.sets[0].c.data();
-  p.m = s.m, p.n = s.n, p.k = s.k, p.batch = s.batch;
-  p.lda = s.k, p.ldb = s.n, p.ldc = s.n;
-  p.batch_stride_a = s.m * s.k, p.batch_stride_b = s.k * s.n, p.batch_stride_c = s.m * s.n;
-  p.alpha = alpha, p.beta = beta;
-  p.dtype = dtype;
-  optimized::cuda::KernelResources res;
-  if (fn(p, &res) != cudaSuccess) {
-    cudaGetLastError();  // not sticky: clear it
-    return std::nullopt;
-  }
-  KernelInfo k;
-  k.name = res.kernel_name ? res.kernel_name : "";
-  k.registers = res.registers_per_thread;
-  k.static_smem = res.static_smem_bytes;
-  k.dynamic_smem = res.dynamic_smem_bytes;
-  k.threads = res.threads_per_block;
-  k.blocks_per_sm = res.blocks_per_sm;
-  k.occupancy = res.theoretical_occupancy;
-  k.local_bytes = res.local_bytes_per_thread;
-  return k;
 }
 
 void run_cuda_group(const GemmBenchConfig& cfg, const Group& g, const std::vector<Ceiling>& ceilings,
@@ -416,10 +391,7 @@ void run_cuda_group(const GemmBenchConfig& cfg, const Group& g, const std::vecto
     } catch (const std::exception& e) {
       record_exception(r, e);
     }
-    try {
-      r.kernel = kernel_info(resolved, *ops, s, g.dtype, alpha, beta);
-    } catch (const std::exception&) {
-    }
+    r.kernel = kernel_info(resolved, *ops, s, alpha, beta);
     r.baseline = baseline;
     r.roofline_peak = peak;
     r.roofline_bandwidth = bandwidth;

@@ -11,6 +11,7 @@
 
 #if OPTIMIZED_WITH_CUDA
 #include "cuda/gemm/gemm_launchers.h"
+#include "gemm/gemm_describe.h"
 #endif
 
 namespace optimized {
@@ -129,28 +130,47 @@ GemmParams make_params(const TensorView& a, const TensorView& b, const TensorVie
 }
 
 #if OPTIMIZED_WITH_CUDA
-void run_cuda(GemmVariant variant, const GemmParams& p, int device, void* stream_handle) {
+// Each CUDA rung: its launcher and the report of the kernel that launcher would run.
+struct CudaRung {
+  cudaError_t (*launch)(const GemmParams&, cudaStream_t);
+  cudaError_t (*resources)(const GemmParams&, cuda::KernelResources*);
+};
+
+CudaRung cuda_rung(GemmVariant variant) {
+  switch (variant) {
+    case GemmVariant::kCudaNaive: return {cuda::gemm_naive, cuda::gemm_naive_resources};
+    case GemmVariant::kCudaCoalesced: return {cuda::gemm_coalesced, cuda::gemm_coalesced_resources};
+    case GemmVariant::kCudaSmemTiled: return {cuda::gemm_smem_tiled, cuda::gemm_smem_tiled_resources};
+    case GemmVariant::kCudaRegisterTiled:
+      return {cuda::gemm_register_tiled, cuda::gemm_register_tiled_resources};
+    case GemmVariant::kCudaWmma: return {cuda::gemm_wmma, cuda::gemm_wmma_resources};
+    case GemmVariant::kCudaMmaPipeline: return {cuda::gemm_mma_pipeline, cuda::gemm_mma_pipeline_resources};
+    default: break;
+  }
+  throw Error(Status::kInternal, "variant: " + std::string(gemm_variant_name(variant)) + " is not a CUDA rung");
+}
+
+void check_cuda(cudaError_t e, GemmVariant variant) {
+  if (e == cudaSuccess) return;
+  cudaGetLastError();
+  throw Error(e == cudaErrorMemoryAllocation ? Status::kOutOfMemory : Status::kCudaError,
+              "matmul (" + std::string(gemm_variant_name(variant)) + "): " + cudaGetErrorString(e));
+}
+
+// Runs `body` with `device` current, restoring the caller's device after.
+template <typename Body>
+void on_device(int device, Body&& body) {
   int previous = 0;
   if (cudaError_t e = cudaGetDevice(&previous); e != cudaSuccess)
     throw Error(Status::kCudaError, std::string("cudaGetDevice: ") + cudaGetErrorString(e));
   if (previous != device) cudaSetDevice(device);
-  auto stream = static_cast<cudaStream_t>(stream_handle);
-  cudaError_t e = cudaErrorInvalidValue;
-  switch (variant) {
-    case GemmVariant::kCudaNaive: e = cuda::gemm_naive(p, stream); break;
-    case GemmVariant::kCudaCoalesced: e = cuda::gemm_coalesced(p, stream); break;
-    case GemmVariant::kCudaSmemTiled: e = cuda::gemm_smem_tiled(p, stream); break;
-    case GemmVariant::kCudaRegisterTiled: e = cuda::gemm_register_tiled(p, stream); break;
-    case GemmVariant::kCudaWmma: e = cuda::gemm_wmma(p, stream); break;
-    case GemmVariant::kCudaMmaPipeline: e = cuda::gemm_mma_pipeline(p, stream); break;
-    default: break;
+  try {
+    body();
+  } catch (...) {
+    if (previous != device) cudaSetDevice(previous);
+    throw;
   }
   if (previous != device) cudaSetDevice(previous);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    throw Error(e == cudaErrorMemoryAllocation ? Status::kOutOfMemory : Status::kCudaError,
-                "matmul (" + std::string(gemm_variant_name(variant)) + "): " + cudaGetErrorString(e));
-  }
 }
 #endif
 
@@ -209,16 +229,26 @@ GemmVariant resolve_gemm_variant(const TensorView& a, const TensorView&, const T
   return a.dtype == DType::kF32 ? GemmVariant::kCudaRegisterTiled : GemmVariant::kCudaMmaPipeline;
 }
 
-void matmul(const TensorView& a, const TensorView& b, const TensorView& c, float alpha, float beta,
-            GemmVariant variant, const ExecutionContext& ctx) {
-  const GemmParams p = make_params(a, b, c, alpha, beta);
+namespace {
+// The concrete variant for these (already validated) operands: kAuto resolved, then checked
+// against the dtype and the device.
+GemmVariant checked_variant(GemmVariant variant, const TensorView& a, const TensorView& b, const TensorView& c) {
   if (variant == GemmVariant::kAuto) variant = resolve_gemm_variant(a, b, c);
-  if (std::string why = gemm_variant_rejects_dtype(variant, p.dtype); !why.empty())
+  if (std::string why = gemm_variant_rejects_dtype(variant, a.dtype); !why.empty())
     throw Error(Status::kUnsupported, "variant: " + why);
   const bool cuda_variant = gemm_variant_is_cuda(variant);
   if (cuda_variant != a.device.is_cuda())
     invalid("variant: " + std::string(gemm_variant_name(variant)) + " runs on " +
             (cuda_variant ? "CUDA" : "the CPU") + " tensors; given tensors on " + device_name(a.device));
+  return variant;
+}
+}  // namespace
+
+void matmul(const TensorView& a, const TensorView& b, const TensorView& c, float alpha, float beta,
+            GemmVariant variant, const ExecutionContext& ctx) {
+  const GemmParams p = make_params(a, b, c, alpha, beta);
+  variant = checked_variant(variant, a, b, c);
+  const bool cuda_variant = gemm_variant_is_cuda(variant);
   if (!cuda_variant) {
     switch (variant) {
       case GemmVariant::kCpuNaive: cpu::gemm_naive(p); return;
@@ -227,12 +257,26 @@ void matmul(const TensorView& a, const TensorView& b, const TensorView& c, float
     }
   }
 #if OPTIMIZED_WITH_CUDA
-  if (std::string why = cuda_unavailable_reason(); !why.empty())
-    throw Error(Status::kUnsupported, "a: CUDA tensors given but " + why);
-  run_cuda(variant, p, a.device.index, ctx.cuda_stream);
+  // Asked once per process (devices do not come and go), not on every call.
+  static const std::string no_cuda = cuda_unavailable_reason();
+  if (!no_cuda.empty()) throw Error(Status::kUnsupported, "a: CUDA tensors given but " + no_cuda);
+  const CudaRung rung = cuda_rung(variant);
+  on_device(a.device.index,
+            [&] { check_cuda(rung.launch(p, static_cast<cudaStream_t>(ctx.cuda_stream)), variant); });
 #else
   throw Error(Status::kUnsupported, "a: CUDA tensors given but this build is CPU-only (built without CUDA)");
 #endif
 }
+
+#if OPTIMIZED_WITH_CUDA
+cuda::KernelResources describe_gemm_kernel(const TensorView& a, const TensorView& b, const TensorView& c,
+                                           float alpha, float beta, GemmVariant variant) {
+  const GemmParams p = make_params(a, b, c, alpha, beta);
+  variant = checked_variant(variant, a, b, c);
+  cuda::KernelResources out;
+  on_device(a.device.index, [&] { check_cuda(cuda_rung(variant).resources(p, &out), variant); });
+  return out;
+}
+#endif
 
 }  // namespace optimized

@@ -1,0 +1,15 @@
+// What the CUDA kernel of a GEMM variant would use for given operands (registers, shared memory,
+// occupancy), for the benchmark's report. Internal: CUDA builds only.
+#pragma once
+
+#include "cuda/gemm/gemm_launchers.h"
+#include "optimized/gemm.h"
+
+namespace optimized {
+
+// Validates the operands and resolves the variant exactly as matmul does (throws Error the same
+// way), then asks the rung's launcher which kernel it would run. Launches nothing.
+cuda::KernelResources describe_gemm_kernel(const TensorView& a, const TensorView& b, const TensorView& c,
+                                           float alpha, float beta, GemmVariant variant);
+
+}  // namespace optimized
