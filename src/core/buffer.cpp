@@ -7,34 +7,13 @@
 #include "optimized/buffer.h"
 
 #if OPTIMIZED_WITH_CUDA
-#include <cuda_runtime.h>
+#include "core/cuda_device_guard.h"
 #endif
 
 namespace optimized {
 
 namespace {
 
-#if OPTIMIZED_WITH_CUDA
-void check_cuda(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return;
-  cudaGetLastError();
-  throw Error(e == cudaErrorMemoryAllocation ? Status::kOutOfMemory : Status::kCudaError,
-              std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-// Makes `device` current for the duration of a scope, restoring the previous one after.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
-
- private:
-  int previous_ = 0;
-};
-#endif
 
 void require_cuda_build() {
 #if !OPTIMIZED_WITH_CUDA

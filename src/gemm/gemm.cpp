@@ -10,6 +10,7 @@
 #include "optimized/gemm.h"
 
 #if OPTIMIZED_WITH_CUDA
+#include "core/cuda_device_guard.h"
 #include "cuda/gemm/gemm_launchers.h"
 #include "gemm/gemm_describe.h"
 #endif
@@ -150,28 +151,6 @@ CudaRung cuda_rung(GemmVariant variant) {
   throw Error(Status::kInternal, "variant: " + std::string(gemm_variant_name(variant)) + " is not a CUDA rung");
 }
 
-void check_cuda(cudaError_t e, GemmVariant variant) {
-  if (e == cudaSuccess) return;
-  cudaGetLastError();
-  throw Error(e == cudaErrorMemoryAllocation ? Status::kOutOfMemory : Status::kCudaError,
-              "matmul (" + std::string(gemm_variant_name(variant)) + "): " + cudaGetErrorString(e));
-}
-
-// Runs `body` with `device` current, restoring the caller's device after.
-template <typename Body>
-void on_device(int device, Body&& body) {
-  int previous = 0;
-  if (cudaError_t e = cudaGetDevice(&previous); e != cudaSuccess)
-    throw Error(Status::kCudaError, std::string("cudaGetDevice: ") + cudaGetErrorString(e));
-  if (previous != device) cudaSetDevice(device);
-  try {
-    body();
-  } catch (...) {
-    if (previous != device) cudaSetDevice(previous);
-    throw;
-  }
-  if (previous != device) cudaSetDevice(previous);
-}
 #endif
 
 }  // namespace
@@ -261,8 +240,9 @@ void matmul(const TensorView& a, const TensorView& b, const TensorView& c, float
   static const std::string no_cuda = cuda_unavailable_reason();
   if (!no_cuda.empty()) throw Error(Status::kUnsupported, "a: CUDA tensors given but " + no_cuda);
   const CudaRung rung = cuda_rung(variant);
-  on_device(a.device.index,
-            [&] { check_cuda(rung.launch(p, static_cast<cudaStream_t>(ctx.cuda_stream)), variant); });
+  DeviceGuard guard(a.device.index);
+  if (cudaError_t e = rung.launch(p, static_cast<cudaStream_t>(ctx.cuda_stream)); e != cudaSuccess)
+    check_cuda(e, "matmul (" + std::string(gemm_variant_name(variant)) + ")");
 #else
   throw Error(Status::kUnsupported, "a: CUDA tensors given but this build is CPU-only (built without CUDA)");
 #endif
@@ -274,7 +254,9 @@ cuda::KernelResources describe_gemm_kernel(const TensorView& a, const TensorView
   const GemmParams p = make_params(a, b, c, alpha, beta);
   variant = checked_variant(variant, a, b, c);
   cuda::KernelResources out;
-  on_device(a.device.index, [&] { check_cuda(cuda_rung(variant).resources(p, &out), variant); });
+  DeviceGuard guard(a.device.index);
+  if (cudaError_t e = cuda_rung(variant).resources(p, &out); e != cudaSuccess)
+    check_cuda(e, "describe_gemm_kernel (" + std::string(gemm_variant_name(variant)) + ")");
   return out;
 }
 #endif
