@@ -1,0 +1,132 @@
+// Fused memory-bound ops: row-wise softmax / log_softmax, layer_norm, rms_norm, residual add +
+// norm, bias + GELU, SiLU-and-mul; forward and backward.
+//
+// Every op works on rows: a 2-D view (rows, width) whose last dimension has unit stride and whose
+// rows may be further apart than the width (row stride >= width); a 1-D view is one row. Rows may
+// number 0 (nothing is done) to any count; the width may be 1 to 262144 and beyond.
+// Tensors: fp32, fp16 or bf16, one dtype for every data operand of a call (x, residual, weight,
+// bias, y, dy, dx, dweight, dbias); statistics (mean, rstd) are fp32 and every op computes in fp32.
+// fp64 is taken by the CPU variant only (computing in fp64), so that gradients can be checked in
+// float64 on the library's own code.
+//
+// Optional operands are passed as an empty view (`TensorView{}`, rank 0): "absent".
+// An output may be the very same view as an input of the same shape (in place: y = x, dx = dy);
+// any other overlap between an output and another operand is rejected.
+#pragma once
+
+#include <span>
+#include <string_view>
+
+#include "optimized/core.h"
+
+namespace optimized {
+
+// The ladder, from what a naive implementation launches to the fused kernels.
+enum class FusedVariant : uint8_t {
+  kAuto,             // CPU: kCpu; CUDA: kCudaFusedRegisters when the row fits, else kCudaFusedStreaming
+  kCpu,              // plain loops on the host, threads over rows (fp32 math; fp64 for fp64)
+  kCudaUnfused,      // one kernel per elementary step, temporaries in global memory
+  kCudaFusedStreaming,// one kernel; a block per row streams the row from global memory in passes
+                     // (any width: the long-row design)
+  kCudaFusedRegisters,// one kernel; the row is read once into registers, reduced, written once
+                     // (rows up to fused_registers_max_width(): the short-row design)
+};
+
+std::string_view fused_variant_name(FusedVariant variant);  // "cpu", "unfused", "fused_streaming", "fused_registers"
+FusedVariant parse_fused_variant(std::string_view name);    // throws Error naming the choices
+std::span<const FusedVariant> all_fused_variants();          // every variant but kAuto, in order
+bool fused_variant_is_cuda(FusedVariant variant);
+
+// The ops of the family (for the benchmark, for describing and for error messages).
+enum class FusedOp : uint8_t {
+  kSoftmax,      // y = softmax(scale * x) over the row
+  kLogSoftmax,   // y = log_softmax(scale * x) over the row
+  kLayerNorm,    // y = (x - mean) * rstd * weight + bias
+  kRmsNorm,      // y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps)
+  kAddLayerNorm, // h = x + residual; residual_out = h; y = layer_norm(h)
+  kAddRmsNorm,   // h = x + residual; residual_out = h; y = rms_norm(h)
+  kBiasGelu,     // y = gelu(x + bias), erf or tanh form
+  kSiluAndMul,   // x = [a | b] (halves of the row); y = silu(a) * b
+};
+std::string_view fused_op_name(FusedOp op);  // "softmax", "log_softmax", "layer_norm", ...
+FusedOp parse_fused_op(std::string_view name);
+std::span<const FusedOp> all_fused_ops();
+
+enum class GeluApproximation : uint8_t { kNone, kTanh };  // torch's approximate='none' | 'tanh'
+
+// The longest row (in elements) kCudaFusedRegisters holds for this op and dtype; longer rows
+// need kCudaFusedStreaming (kAuto switches by itself). 0 when the op has no row reduction.
+// `aligned_rows`: every row of every operand starts on a 16-byte boundary (vector loads); other
+// rows are loaded element by element and fewer fit.
+int64_t fused_registers_max_width(FusedOp op, DType dtype, bool backward, bool aligned_rows = true);
+
+// The variant kAuto resolves to for an op on (rows, width) rows of `dtype` on `device`.
+FusedVariant resolve_fused_variant(FusedOp op, DType dtype, Device device, int64_t width,
+                                   bool backward, bool aligned_rows = true);
+
+// ---- softmax -------------------------------------------------------------------------------
+// y = softmax(scale * x) (log_softmax when `log`). x, y: (rows, width).
+void softmax_forward(const TensorView& x, const TensorView& y, float scale = 1.0f, bool log = false,
+                     FusedVariant variant = FusedVariant::kAuto, const ExecutionContext& ctx = {});
+// dx from the forward output y and the incoming gradient dy (all (rows, width)):
+//   softmax:     dx = scale * y * (dy - sum(dy * y))
+//   log_softmax: dx = scale * (dy - exp(y) * sum(dy))
+void softmax_backward(const TensorView& y, const TensorView& dy, const TensorView& dx,
+                      float scale = 1.0f, bool log = false,
+                      FusedVariant variant = FusedVariant::kAuto, const ExecutionContext& ctx = {});
+
+// ---- layer_norm and residual add + layer_norm -----------------------------------------------
+// y = (h - mean) * rstd * weight + bias over each row, rstd = 1 / sqrt(var + eps) (biased
+// variance), h = x, or h = x + residual when `residual` is present; then h (rounded to the dtype)
+// is written to residual_out and the normalization reads that rounded h, so that forward and
+// backward see the same h. weight, bias: (width) or absent. mean, rstd: fp32 (rows), contiguous,
+// or absent (inference); backward needs them.
+void layer_norm_forward(const TensorView& x, const TensorView& residual, const TensorView& weight,
+                        const TensorView& bias, float eps, const TensorView& y,
+                        const TensorView& residual_out, const TensorView& mean,
+                        const TensorView& rstd, FusedVariant variant = FusedVariant::kAuto,
+                        const ExecutionContext& ctx = {});
+// Gradients of layer_norm_forward. h: what was normalized (x, or residual_out of the add form);
+// mean, rstd: as saved by the forward. dresidual_out: the gradient arriving at residual_out (add
+// form), added into dx, or absent. dx: (rows, width) -- for the add form it is the gradient of
+// both x and residual. dweight, dbias: (width), or absent when not wanted.
+void layer_norm_backward(const TensorView& dy, const TensorView& h, const TensorView& weight,
+                         const TensorView& mean, const TensorView& rstd,
+                         const TensorView& dresidual_out, const TensorView& dx,
+                         const TensorView& dweight, const TensorView& dbias,
+                         FusedVariant variant = FusedVariant::kAuto,
+                         const ExecutionContext& ctx = {});
+
+// ---- rms_norm and residual add + rms_norm ---------------------------------------------------
+// y = h * rstd * weight, rstd = 1 / sqrt(mean(h^2) + eps); h as for layer_norm_forward.
+void rms_norm_forward(const TensorView& x, const TensorView& residual, const TensorView& weight,
+                      float eps, const TensorView& y, const TensorView& residual_out,
+                      const TensorView& rstd, FusedVariant variant = FusedVariant::kAuto,
+                      const ExecutionContext& ctx = {});
+void rms_norm_backward(const TensorView& dy, const TensorView& h, const TensorView& weight,
+                       const TensorView& rstd, const TensorView& dresidual_out,
+                       const TensorView& dx, const TensorView& dweight,
+                       FusedVariant variant = FusedVariant::kAuto, const ExecutionContext& ctx = {});
+
+// ---- bias + GELU ---------------------------------------------------------------------------
+// y = gelu(x + bias), bias (width) or absent; x + bias is not rounded before the GELU.
+void bias_gelu_forward(const TensorView& x, const TensorView& bias, GeluApproximation approximate,
+                       const TensorView& y, FusedVariant variant = FusedVariant::kAuto,
+                       const ExecutionContext& ctx = {});
+// dx = dy * gelu'(x + bias); dbias = sum over rows of dx (absent: not computed).
+void bias_gelu_backward(const TensorView& dy, const TensorView& x, const TensorView& bias,
+                        GeluApproximation approximate, const TensorView& dx,
+                        const TensorView& dbias, FusedVariant variant = FusedVariant::kAuto,
+                        const ExecutionContext& ctx = {});
+
+// ---- SiLU-and-mul (SwiGLU's gate) -----------------------------------------------------------
+// x: (rows, 2 * d) = [a | b]; y: (rows, d) = silu(a) * b, silu(a) = a / (1 + exp(-a)).
+void silu_and_mul_forward(const TensorView& x, const TensorView& y,
+                          FusedVariant variant = FusedVariant::kAuto,
+                          const ExecutionContext& ctx = {});
+// dy: (rows, d); x: the forward input (rows, 2 * d); dx: (rows, 2 * d).
+void silu_and_mul_backward(const TensorView& dy, const TensorView& x, const TensorView& dx,
+                           FusedVariant variant = FusedVariant::kAuto,
+                           const ExecutionContext& ctx = {});
+
+}  // namespace optimized

@@ -1,0 +1,389 @@
+// cpu_fused: forward and backward of every op of the fused family on the host, the CPU rung of
+// the ladder and the baseline the CUDA kernels are explained against.
+//
+// One row at a time, threads (OpenMP) over rows. Each input row is first widened into a
+// per-thread fp32 scratch (fp64 for fp64) and every pass reads the scratch, so an output that is
+// the very same view as an input (y = x, residual_out = residual, dx = dy) is safe: the row is
+// read whole before any of it is written.
+// Numerics, as optimized/fused.h promises and torch does:
+//   - fp32 math and fp32 statistics for fp32 / fp16 / bf16 (fp64 throughout for fp64);
+//   - sums over a row use 8 interleaved accumulators (error grows like sqrt(n / 8), not n);
+//   - mean and variance in two passes (no E[x^2] - E[x]^2 cancellation);
+//   - softmax subtracts the row max; a NaN anywhere in a row makes the max, and the row, NaN;
+//   - the add forms round h = x + residual to the dtype before normalizing it (what residual_out
+//     holds is what was normalized); bias + GELU does NOT round x + bias;
+//   - dweight / dbias: per-thread partial sums over the thread's rows in fp32 (fp64 for fp64),
+//     added in thread order (deterministic for a given thread count), then rounded to the dtype.
+// Backward of the norms reads the saved fp32 mean / rstd; for fp64 it recomputes them in fp64
+// from h instead, because fp64 exists for float64 gradient checks and fp32 statistics would cap
+// them at fp32 accuracy.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "fused/fused_params.h"
+#include "optimized/buffer.h"
+
+namespace optimized {
+namespace {
+
+// ---- dtypes: storage type, math type, conversions ---------------------------------------------
+
+struct F32 {
+  using T = float;
+  using Acc = float;
+  static float load(float v) { return v; }
+  static float store(float v) { return v; }
+};
+struct F64 {
+  using T = double;
+  using Acc = double;
+  static double load(double v) { return v; }
+  static double store(double v) { return v; }
+};
+struct F16 {
+  using T = uint16_t;
+  using Acc = float;
+  static float load(uint16_t v) { return half_to_float(v); }
+  static uint16_t store(float v) { return float_to_half(v); }
+};
+struct BF16 {
+  using T = uint16_t;
+  using Acc = float;
+  static float load(uint16_t v) { return bf16_to_float(v); }
+  static uint16_t store(float v) { return float_to_bf16(v); }
+};
+
+template <class D>
+void load_row(const void* base, int64_t ld, int64_t r, int64_t n, typename D::Acc* out) {
+  const auto* src = static_cast<const typename D::T*>(base) + r * ld;
+  for (int64_t j = 0; j < n; ++j) out[j] = D::load(src[j]);
+}
+
+template <class D>
+void store_row(void* base, int64_t ld, int64_t r, int64_t n, const typename D::Acc* in) {
+  auto* dst = static_cast<typename D::T*>(base) + r * ld;
+  for (int64_t j = 0; j < n; ++j) dst[j] = D::store(in[j]);
+}
+
+// sum over j < n of f(j), in 8 interleaved accumulators combined pairwise.
+template <class A, class F>
+A row_sum(int64_t n, F f) {
+  A acc[8] = {};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += f(j + k);
+  A tail = 0;
+  for (; j < n; ++j) tail += f(j);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail;
+}
+
+// max over the row that propagates NaN (as torch's max reduction): once NaN, stays NaN.
+template <class A>
+A row_max(const A* v, int64_t n) {
+  A m = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    if (std::isnan(v[j])) return v[j];
+    if (v[j] > m) m = v[j];
+  }
+  return m;
+}
+
+int thread_count(int threads, int64_t rows) {
+  const int64_t want = threads > 0 ? threads : omp_get_max_threads();
+  return static_cast<int>(std::max<int64_t>(1, std::min(want, rows)));
+}
+
+// Per-thread partial sums of (width) gradients, combined in thread order and stored in the dtype.
+template <class D>
+struct Partials {
+  using A = typename D::Acc;
+  std::vector<std::vector<A>> parts;
+  Partials(bool wanted, int threads, int64_t width)
+      : parts(wanted ? threads : 0, std::vector<A>(static_cast<size_t>(width), A(0))) {}
+  A* mine() { return parts.empty() ? nullptr : parts[static_cast<size_t>(omp_get_thread_num())].data(); }
+  void store(void* out, int64_t width) const {
+    if (!out || parts.empty()) return;
+    auto* dst = static_cast<typename D::T*>(out);
+    for (int64_t j = 0; j < width; ++j) {
+      A s = 0;
+      for (const auto& part : parts) s += part[static_cast<size_t>(j)];
+      dst[j] = D::store(s);
+    }
+  }
+};
+
+// ---- softmax / log_softmax ---------------------------------------------------------------------
+
+template <class D>
+void softmax_forward(const FusedParams& p, int nth) {
+  using A = typename D::Acc;
+  const int64_t n = p.width;
+  const A scale = p.scale;
+  const bool log = p.op == FusedOp::kLogSoftmax;
+#pragma omp parallel num_threads(nth)
+  {
+    std::vector<A> s(static_cast<size_t>(n));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < p.rows; ++r) {
+      load_row<D>(p.x, p.ld_x, r, n, s.data());
+      for (int64_t j = 0; j < n; ++j) s[j] *= scale;
+      const A m = row_max(s.data(), n);
+      // A row of only -inf: -inf - (-inf) = NaN everywhere; a +inf entry: NaN sum. Both as torch.
+      const A total = row_sum<A>(n, [&](int64_t j) { return std::exp(s[j] - m); });
+      if (log) {
+        const A lse = std::log(total);
+        for (int64_t j = 0; j < n; ++j) s[j] = (s[j] - m) - lse;
+      } else {
+        const A inv = A(1) / total;
+        for (int64_t j = 0; j < n; ++j) s[j] = std::exp(s[j] - m) * inv;
+      }
+      store_row<D>(p.y, p.ld_y, r, n, s.data());
+    }
+  }
+}
+
+template <class D>
+void softmax_backward(const FusedParams& p, int nth) {
+  using A = typename D::Acc;
+  const int64_t n = p.width;
+  const A scale = p.scale;
+  const bool log = p.op == FusedOp::kLogSoftmax;
+#pragma omp parallel num_threads(nth)
+  {
+    std::vector<A> y(static_cast<size_t>(n)), dy(static_cast<size_t>(n));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < p.rows; ++r) {
+      load_row<D>(p.x, p.ld_x, r, n, y.data());  // the forward output
+      load_row<D>(p.dy, p.ld_dy, r, n, dy.data());
+      if (log) {
+        const A sdy = row_sum<A>(n, [&](int64_t j) { return dy[j]; });
+        for (int64_t j = 0; j < n; ++j) dy[j] = scale * (dy[j] - std::exp(y[j]) * sdy);
+      } else {
+        const A dot = row_sum<A>(n, [&](int64_t j) { return dy[j] * y[j]; });
+        for (int64_t j = 0; j < n; ++j) dy[j] = scale * y[j] * (dy[j] - dot);
+      }
+      store_row<D>(p.dx, p.ld_dx, r, n, dy.data());
+    }
+  }
+}
+
+// ---- layer_norm / rms_norm and their add forms -------------------------------------------------
+
+// mean (0 for rms_norm) and rstd of a row h, in A.
+template <class A>
+void row_stats(const FusedParams& p, const A* h, int64_t n, A& mean, A& rstd) {
+  const A eps = p.eps;
+  if (p.is_layer_norm()) {
+    mean = row_sum<A>(n, [&](int64_t j) { return h[j]; }) / A(n);
+    const A var = row_sum<A>(n, [&](int64_t j) { return (h[j] - mean) * (h[j] - mean); }) / A(n);
+    rstd = A(1) / std::sqrt(var + eps);
+  } else {
+    mean = 0;
+    const A ms = row_sum<A>(n, [&](int64_t j) { return h[j] * h[j]; }) / A(n);
+    rstd = A(1) / std::sqrt(ms + eps);
+  }
+}
+
+template <class D>
+void norm_forward(const FusedParams& p, int nth) {
+  using A = typename D::Acc;
+  using T = typename D::T;
+  const int64_t n = p.width;
+  const auto* weight = static_cast<const T*>(p.weight);
+  const auto* bias = p.is_layer_norm() ? static_cast<const T*>(p.bias) : nullptr;
+#pragma omp parallel num_threads(nth)
+  {
+    std::vector<A> h(static_cast<size_t>(n)), res(p.is_add_form() ? static_cast<size_t>(n) : 0);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < p.rows; ++r) {
+      load_row<D>(p.x, p.ld_x, r, n, h.data());
+      if (p.is_add_form()) {
+        load_row<D>(p.residual, p.ld_residual, r, n, res.data());
+        // Rounded to the dtype: residual_out holds exactly what is normalized.
+        for (int64_t j = 0; j < n; ++j) h[j] = D::load(D::store(h[j] + res[j]));
+        store_row<D>(p.residual_out, p.ld_residual_out, r, n, h.data());
+      }
+      A mean = 0, rstd = 0;
+      row_stats(p, h.data(), n, mean, rstd);
+      if (p.mean) p.mean[r] = static_cast<float>(mean);
+      if (p.rstd) p.rstd[r] = static_cast<float>(rstd);
+      for (int64_t j = 0; j < n; ++j) {
+        A v = (h[j] - mean) * rstd;
+        if (weight) v *= D::load(weight[j]);
+        if (bias) v += D::load(bias[j]);
+        h[j] = v;
+      }
+      store_row<D>(p.y, p.ld_y, r, n, h.data());
+    }
+  }
+}
+
+template <class D>
+void norm_backward(const FusedParams& p, int nth) {
+  using A = typename D::Acc;
+  using T = typename D::T;
+  constexpr bool kRecomputeStats = std::is_same_v<A, double>;  // fp64: see the header comment
+  const int64_t n = p.width;
+  const auto* weight = static_cast<const T*>(p.weight);
+  const bool layer = p.is_layer_norm();
+  Partials<D> dweight(p.dweight != nullptr, nth, n), dbias(layer && p.dbias != nullptr, nth, n);
+#pragma omp parallel num_threads(nth)
+  {
+    std::vector<A> h(static_cast<size_t>(n)), dy(static_cast<size_t>(n)), g(static_cast<size_t>(n));
+    std::vector<A> dres(p.dresidual_out ? static_cast<size_t>(n) : 0);
+    A* dw = dweight.mine();
+    A* db = dbias.mine();
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < p.rows; ++r) {
+      load_row<D>(p.x, p.ld_x, r, n, h.data());
+      load_row<D>(p.dy, p.ld_dy, r, n, dy.data());
+      A mean = 0, rstd = 0;
+      if (kRecomputeStats) {
+        row_stats(p, h.data(), n, mean, rstd);
+      } else {
+        mean = layer ? A(p.mean[r]) : A(0);
+        rstd = A(p.rstd[r]);
+      }
+      // h becomes xhat = (h - mean) * rstd; g = dy * weight.
+      for (int64_t j = 0; j < n; ++j) {
+        h[j] = (h[j] - mean) * rstd;
+        g[j] = weight ? dy[j] * D::load(weight[j]) : dy[j];
+      }
+      const A mean_g = layer ? row_sum<A>(n, [&](int64_t j) { return g[j]; }) / A(n) : A(0);
+      const A mean_gx = row_sum<A>(n, [&](int64_t j) { return g[j] * h[j]; }) / A(n);
+      if (dw)
+        for (int64_t j = 0; j < n; ++j) dw[j] += dy[j] * h[j];
+      if (db)
+        for (int64_t j = 0; j < n; ++j) db[j] += dy[j];
+      if (p.dresidual_out) load_row<D>(p.dresidual_out, p.ld_dresidual_out, r, n, dres.data());
+      for (int64_t j = 0; j < n; ++j) {
+        A v = rstd * (g[j] - mean_g - h[j] * mean_gx);
+        if (p.dresidual_out) v += dres[j];
+        g[j] = v;
+      }
+      store_row<D>(p.dx, p.ld_dx, r, n, g.data());
+    }
+  }
+  dweight.store(p.dweight, n);
+  dbias.store(p.dbias, n);
+}
+
+// ---- bias + GELU -------------------------------------------------------------------------------
+
+template <class A>
+A gelu(A z, GeluApproximation approximate) {
+  if (approximate == GeluApproximation::kTanh) {
+    const A k = A(0.79788456080286535588);  // sqrt(2 / pi)
+    return A(0.5) * z * (A(1) + std::tanh(k * (z + A(0.044715) * z * z * z)));
+  }
+  return A(0.5) * z * (A(1) + std::erf(z * A(0.70710678118654752440)));
+}
+
+template <class A>
+A gelu_grad(A z, GeluApproximation approximate) {
+  if (approximate == GeluApproximation::kTanh) {
+    const A k = A(0.79788456080286535588);
+    const A t = std::tanh(k * (z + A(0.044715) * z * z * z));
+    return A(0.5) * (A(1) + t) + A(0.5) * z * (A(1) - t * t) * k * (A(1) + A(3 * 0.044715) * z * z);
+  }
+  return A(0.5) * (A(1) + std::erf(z * A(0.70710678118654752440))) +
+         z * A(0.39894228040143267794) * std::exp(A(-0.5) * z * z);  // z * phi(z)
+}
+
+template <class D>
+void bias_gelu(const FusedParams& p, int nth) {
+  using A = typename D::Acc;
+  using T = typename D::T;
+  const int64_t n = p.width;
+  const auto* bias = static_cast<const T*>(p.bias);
+  Partials<D> dbias(p.backward && p.dbias != nullptr, nth, n);
+#pragma omp parallel num_threads(nth)
+  {
+    std::vector<A> x(static_cast<size_t>(n)), dy(p.backward ? static_cast<size_t>(n) : 0);
+    A* db = dbias.mine();
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < p.rows; ++r) {
+      load_row<D>(p.x, p.ld_x, r, n, x.data());
+      if (p.backward) load_row<D>(p.dy, p.ld_dy, r, n, dy.data());
+      for (int64_t j = 0; j < n; ++j) {
+        const A z = bias ? x[j] + D::load(bias[j]) : x[j];  // not rounded to the dtype
+        if (p.backward) {
+          x[j] = dy[j] * gelu_grad(z, p.gelu);
+          if (db) db[j] += x[j];
+        } else {
+          x[j] = gelu(z, p.gelu);
+        }
+      }
+      if (p.backward)
+        store_row<D>(p.dx, p.ld_dx, r, n, x.data());
+      else
+        store_row<D>(p.y, p.ld_y, r, n, x.data());
+    }
+  }
+  dbias.store(p.dbias, n);
+}
+
+// ---- SiLU-and-mul ------------------------------------------------------------------------------
+
+template <class D>
+void silu_and_mul(const FusedParams& p, int nth) {
+  using A = typename D::Acc;
+  const int64_t d = p.width;
+#pragma omp parallel num_threads(nth)
+  {
+    std::vector<A> x(static_cast<size_t>(2 * d)), dy(p.backward ? static_cast<size_t>(d) : 0);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < p.rows; ++r) {
+      load_row<D>(p.x, p.ld_x, r, 2 * d, x.data());
+      if (p.backward) {
+        load_row<D>(p.dy, p.ld_dy, r, d, dy.data());
+        for (int64_t j = 0; j < d; ++j) {
+          const A a = x[j], b = x[d + j];
+          const A e = std::exp(-a);
+          const A s = A(1) / (A(1) + e);
+          x[j] = dy[j] * b * s * (A(1) + a * (A(1) - s));
+          x[d + j] = dy[j] * (a / (A(1) + e));
+        }
+        store_row<D>(p.dx, p.ld_dx, r, 2 * d, x.data());
+      } else {
+        for (int64_t j = 0; j < d; ++j) x[j] = x[j] / (A(1) + std::exp(-x[j])) * x[d + j];  // torch's silu form
+        store_row<D>(p.y, p.ld_y, r, d, x.data());
+      }
+    }
+  }
+}
+
+template <class D>
+void run(const FusedParams& p, int threads) {
+  const int nth = thread_count(threads, p.rows);
+  switch (p.op) {
+    case FusedOp::kSoftmax:
+    case FusedOp::kLogSoftmax:
+      return p.backward ? softmax_backward<D>(p, nth) : softmax_forward<D>(p, nth);
+    case FusedOp::kLayerNorm:
+    case FusedOp::kRmsNorm:
+    case FusedOp::kAddLayerNorm:
+    case FusedOp::kAddRmsNorm:
+      return p.backward ? norm_backward<D>(p, nth) : norm_forward<D>(p, nth);
+    case FusedOp::kBiasGelu: return bias_gelu<D>(p, nth);
+    case FusedOp::kSiluAndMul: return silu_and_mul<D>(p, nth);
+  }
+}
+
+}  // namespace
+
+void cpu_fused(const FusedParams& params, int threads) {
+  switch (params.dtype) {
+    case DType::kF16: return run<F16>(params, threads);
+    case DType::kBF16: return run<BF16>(params, threads);
+    case DType::kF64: return run<F64>(params, threads);
+    default: return run<F32>(params, threads);
+  }
+}
+
+}  // namespace optimized

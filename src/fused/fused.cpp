@@ -1,0 +1,492 @@
+// Public entry of the fused memory-bound family: validates the operands of every op (messages name
+// the argument, what was expected and what was given), fills FusedParams, resolves the variant and
+// dispatches to the CPU backend or a CUDA launcher.
+#include <algorithm>
+#include <array>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fused/fused_params.h"
+#include "optimized/fused.h"
+
+#if OPTIMIZED_WITH_CUDA
+#include "core/cuda_device_guard.h"
+#endif
+
+namespace optimized {
+
+namespace {
+
+constexpr std::array kVariants = {FusedVariant::kCpu, FusedVariant::kCudaUnfused,
+                                  FusedVariant::kCudaFusedStreaming, FusedVariant::kCudaFusedRegisters};
+constexpr std::array kOps = {FusedOp::kSoftmax,     FusedOp::kLogSoftmax,   FusedOp::kLayerNorm,
+                             FusedOp::kRmsNorm,     FusedOp::kAddLayerNorm, FusedOp::kAddRmsNorm,
+                             FusedOp::kBiasGelu,    FusedOp::kSiluAndMul};
+
+[[noreturn]] void invalid(const std::string& message) { throw Error(Status::kInvalidArgument, message); }
+
+bool present(const TensorView& t) { return t.rank != 0; }
+
+std::string shape_string(const TensorView& t) {
+  std::string s = "(";
+  for (int i = 0; i < t.rank; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+  return s + ")";
+}
+
+// Byte range [first, last) a view touches (empty for a view with no element).
+std::pair<uintptr_t, uintptr_t> byte_range(const TensorView& t) {
+  const auto base = reinterpret_cast<uintptr_t>(t.data);
+  int64_t last = 0;
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.shape[i] == 0) return {base, base};
+    last += (t.shape[i] - 1) * std::max<int64_t>(t.strides[i], 0);
+  }
+  return {base, base + static_cast<uintptr_t>(last + 1) * dtype_size(t.dtype)};
+}
+
+bool same_view(const TensorView& a, const TensorView& b) {
+  if (a.data != b.data || a.dtype != b.dtype || a.rank != b.rank) return false;
+  for (int i = 0; i < a.rank; ++i)
+    if (a.shape[i] != b.shape[i] || (a.shape[i] > 1 && a.strides[i] != b.strides[i])) return false;
+  return true;
+}
+
+// Collects and checks the operands of one call against the first ("anchor") operand: its dtype,
+// device and (rows, width) are what the others must match.
+class Operands {
+ public:
+  Operands(FusedOp op, bool backward) : op_(op), backward_(backward) {}
+
+  // A required (rows, width) operand; the first one fixes rows and dtype/device.
+  // `width_factor`: 2 for silu_and_mul's x and dx, whose rows hold both halves.
+  const void* rows_in(const TensorView& t, const char* name, int64_t* ld, int64_t width_factor = 1) {
+    check_rows(t, name, ld, width_factor);
+    inputs_.push_back({&t, name});
+    return t.data;
+  }
+  void* rows_out(const TensorView& t, const char* name, int64_t* ld, int64_t width_factor = 1) {
+    check_rows(t, name, ld, width_factor);
+    outputs_.push_back({&t, name});
+    return t.data;
+  }
+  // Optional (width) vectors of the data dtype: weight, bias, dweight, dbias.
+  const void* vector_in(const TensorView& t, const char* name) {
+    if (!present(t)) return nullptr;
+    check_vector(t, name);
+    inputs_.push_back({&t, name});
+    return t.data;
+  }
+  void* vector_out(const TensorView& t, const char* name) {
+    if (!present(t)) return nullptr;
+    check_vector(t, name);
+    outputs_.push_back({&t, name});
+    return t.data;
+  }
+  // fp32 (rows) statistics, contiguous.
+  float* stats(const TensorView& t, const char* name, bool output, bool required) {
+    if (!present(t)) {
+      if (required) invalid(std::string(name) + ": required (fp32 (rows) as saved by the forward); given absent");
+      return nullptr;
+    }
+    check_common(t, name, DType::kF32);
+    const bool one_d = t.rank == 1 && t.shape[0] == rows_;
+    const bool col = t.rank == 2 && t.shape[0] == rows_ && t.shape[1] == 1;
+    if (!one_d && !col)
+      invalid(std::string(name) + ": expected shape (" + std::to_string(rows_) + ") (one per row); given " +
+              shape_string(t));
+    if (rows_ > 1 && t.strides[0] != 1)
+      invalid(std::string(name) + ": expected a contiguous vector; given " + t.describe());
+    (output ? outputs_ : inputs_).push_back({&t, name});
+    return static_cast<float*>(t.data);
+  }
+
+  int64_t rows() const { return rows_; }
+  int64_t width() const { return width_; }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+
+  // Outputs may not overlap any other operand, except an input of the very same view where the op
+  // computes in place (`in_place_ok`).
+  void check_overlaps(bool in_place_ok) const {
+    for (size_t i = 0; i < outputs_.size(); ++i) {
+      const auto& [out, out_name] = outputs_[i];
+      auto [o0, o1] = byte_range(*out);
+      auto clash = [&](const TensorView& other, const char* other_name, bool allow_same) {
+        auto [b0, b1] = byte_range(other);
+        if (!(o0 < b1 && b0 < o1)) return;
+        if (allow_same && same_view(*out, other)) return;
+        invalid(std::string(out_name) + ": expected an output that does not overlap " + other_name +
+                (allow_same ? " (in place is allowed only as the very same view)" : "") +
+                "; given overlapping memory");
+      };
+      for (const auto& [in, in_name] : inputs_) clash(*in, in_name, in_place_ok);
+      for (size_t j = 0; j < outputs_.size(); ++j)
+        if (j != i) clash(*outputs_[j].first, outputs_[j].second, false);
+    }
+  }
+
+ private:
+  void check_common(const TensorView& t, const char* name, DType want) {
+    if (!t.data && t.numel() > 0) invalid(std::string(name) + ": expected a non-null data pointer; given null");
+    if (t.dtype != want)
+      invalid(std::string(name) + ": expected dtype " + std::string(dtype_name(want)) + "; given " +
+              std::string(dtype_name(t.dtype)));
+    if (!(t.device == device_))
+      invalid(std::string(name) + ": expected device " + device_name(device_) +
+              " (same as the first operand); given " + device_name(t.device));
+    if (reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) != 0)
+      invalid(std::string(name) + ": expected data aligned to the element size (" +
+              std::to_string(dtype_size(t.dtype)) + " bytes)");
+  }
+
+  void check_rows(const TensorView& t, const char* name, int64_t* ld, int64_t width_factor) {
+    if (t.rank != 1 && t.rank != 2)
+      invalid(std::string(name) + ": expected rank 1 (width) or 2 (rows, width); given rank " +
+              std::to_string(t.rank) + (t.rank == 0 ? " (absent)" : " " + shape_string(t)));
+    const int64_t rows = t.rank == 2 ? t.shape[0] : 1;
+    const int64_t cols = t.shape[t.rank - 1];
+    if (rows < 0 || cols < 1)
+      invalid(std::string(name) + ": expected a width >= 1 and rows >= 0; given shape " + shape_string(t));
+    if (first_) {
+      first_ = false;
+      dtype_ = t.dtype;
+      device_ = t.device;
+      rows_ = rows;
+      if (cols % width_factor != 0)
+        invalid(std::string(name) + ": expected an even last dimension (two halves [a | b]); given " +
+                std::to_string(cols));
+      width_ = cols / width_factor;
+      const bool fp64_cpu = t.dtype == DType::kF64;
+      if (t.dtype != DType::kF32 && t.dtype != DType::kF16 && t.dtype != DType::kBF16 && !fp64_cpu)
+        throw Error(Status::kUnsupported, std::string(name) + ": expected dtype fp32, fp16, bf16 (or fp64 on the "
+                                          "cpu variant); given " + std::string(dtype_name(t.dtype)));
+    } else if (rows != rows_ || cols != width_ * width_factor) {
+      invalid(std::string(name) + ": expected shape (" + std::to_string(rows_) + ", " +
+              std::to_string(width_ * width_factor) + ") to match the first operand; given " + shape_string(t));
+    }
+    check_common(t, name, dtype_);
+    if (t.strides[t.rank - 1] != 1 && cols > 1)
+      invalid(std::string(name) + ": expected unit stride in the last dimension; given " + t.describe());
+    *ld = cols;
+    if (t.rank == 2 && rows > 1) {
+      if (t.strides[0] < cols)
+        invalid(std::string(name) + ": expected a row stride >= the row length " + std::to_string(cols) +
+                "; given " + std::to_string(t.strides[0]));
+      *ld = t.strides[0];
+    }
+  }
+
+  void check_vector(const TensorView& t, const char* name) {
+    check_common(t, name, dtype_);
+    if (t.rank != 1 || t.shape[0] != width_)
+      invalid(std::string(name) + ": expected shape (" + std::to_string(width_) + ") (one per column); given " +
+              shape_string(t));
+    if (width_ > 1 && t.strides[0] != 1)
+      invalid(std::string(name) + ": expected a contiguous vector; given " + t.describe());
+  }
+
+  FusedOp op_;
+  bool backward_;
+  bool first_ = true;
+  DType dtype_ = DType::kF32;
+  Device device_ = Device::cpu();
+  int64_t rows_ = 0, width_ = 0;
+  std::vector<std::pair<const TensorView*, const char*>> inputs_, outputs_;
+};
+
+// Resolves the variant, checks it can run the call, and runs it.
+void run(FusedParams& p, const Operands& ops, FusedVariant variant, const ExecutionContext& ctx) {
+  p.dtype = ops.dtype();
+  p.rows = ops.rows();
+  p.width = ops.width();
+  const Device device = ops.device();
+  const bool aligned = fused_rows_aligned(p);
+  if (variant == FusedVariant::kAuto)
+    variant = resolve_fused_variant(p.op, p.dtype, device, p.width, p.backward, aligned);
+  const std::string what = std::string(fused_op_name(p.op)) + (p.backward ? " backward" : " forward");
+  if (fused_variant_is_cuda(variant) != device.is_cuda())
+    invalid("variant " + std::string(fused_variant_name(variant)) + " runs on " +
+            (device.is_cuda() ? "the CPU" : "CUDA devices") + "; given operands on " + device_name(device));
+  if (device.is_cuda() && p.dtype == DType::kF64)
+    throw Error(Status::kUnsupported, what + ": fp64 runs on the cpu variant only; given fp64 on " +
+                                          device_name(device));
+  if (variant == FusedVariant::kCudaFusedRegisters) {
+    const int64_t max_width = fused_registers_max_width(p.op, p.dtype, p.backward, aligned);
+    if (max_width > 0 && p.width > max_width)
+      throw Error(Status::kUnsupported, what + ": fused_registers holds rows up to " + std::to_string(max_width) +
+                                            " " + std::string(dtype_name(p.dtype)) + " elements" +
+                                            (aligned ? "" : " when rows are not 16-byte aligned") +
+                                            "; given width " + std::to_string(p.width) +
+                                            " (use fused_streaming or auto)");
+  }
+  if (p.rows == 0) return;
+  if (variant == FusedVariant::kCpu) {
+    cpu_fused(p, ctx.cpu_threads);
+    return;
+  }
+#if OPTIMIZED_WITH_CUDA
+  DeviceGuard guard(device.index);
+  const bool reduces = p.has_row_reduction();
+  switch (variant) {
+    case FusedVariant::kCudaUnfused: launch_fused_unfused(p, ctx.cuda_stream); break;
+    case FusedVariant::kCudaFusedStreaming:
+      reduces ? launch_fused_streaming(p, ctx.cuda_stream) : launch_fused_elementwise(p, ctx.cuda_stream);
+      break;
+    case FusedVariant::kCudaFusedRegisters:
+      reduces ? launch_fused_registers(p, ctx.cuda_stream) : launch_fused_elementwise(p, ctx.cuda_stream);
+      break;
+    default: throw Error(Status::kInternal, "unreachable: unresolved fused variant");
+  }
+#else
+  throw Error(Status::kUnsupported, what + ": this build has no CUDA backend (built without CUDA)");
+#endif
+}
+
+}  // namespace
+
+// ---- names ---------------------------------------------------------------------------------
+
+std::string_view fused_variant_name(FusedVariant variant) {
+  switch (variant) {
+    case FusedVariant::kAuto: return "auto";
+    case FusedVariant::kCpu: return "cpu";
+    case FusedVariant::kCudaUnfused: return "unfused";
+    case FusedVariant::kCudaFusedStreaming: return "fused_streaming";
+    case FusedVariant::kCudaFusedRegisters: return "fused_registers";
+  }
+  return "?";
+}
+
+FusedVariant parse_fused_variant(std::string_view name) {
+  if (name == "auto") return FusedVariant::kAuto;
+  std::string choices = "auto";
+  for (FusedVariant v : kVariants) {
+    if (fused_variant_name(v) == name) return v;
+    choices += ", " + std::string(fused_variant_name(v));
+  }
+  invalid("variant: expected one of " + choices + "; given '" + std::string(name) + "'");
+}
+
+std::span<const FusedVariant> all_fused_variants() { return kVariants; }
+
+bool fused_variant_is_cuda(FusedVariant variant) {
+  return variant == FusedVariant::kCudaUnfused || variant == FusedVariant::kCudaFusedStreaming ||
+         variant == FusedVariant::kCudaFusedRegisters;
+}
+
+std::string_view fused_op_name(FusedOp op) {
+  switch (op) {
+    case FusedOp::kSoftmax: return "softmax";
+    case FusedOp::kLogSoftmax: return "log_softmax";
+    case FusedOp::kLayerNorm: return "layer_norm";
+    case FusedOp::kRmsNorm: return "rms_norm";
+    case FusedOp::kAddLayerNorm: return "add_layer_norm";
+    case FusedOp::kAddRmsNorm: return "add_rms_norm";
+    case FusedOp::kBiasGelu: return "bias_gelu";
+    case FusedOp::kSiluAndMul: return "silu_and_mul";
+  }
+  return "?";
+}
+
+FusedOp parse_fused_op(std::string_view name) {
+  std::string choices;
+  for (FusedOp op : kOps) {
+    if (fused_op_name(op) == name) return op;
+    choices += (choices.empty() ? "" : ", ") + std::string(fused_op_name(op));
+  }
+  invalid("op: expected one of " + choices + "; given '" + std::string(name) + "'");
+}
+
+std::span<const FusedOp> all_fused_ops() { return kOps; }
+
+// The short-row kernel keeps up to 8 (forward) or 2 (backward) 16-byte vectors of the row per
+// thread, on up to 512 threads per block and a cluster of up to 8 blocks per row
+// (src/cuda/fused/row_registers.cu).
+int64_t fused_registers_max_width(FusedOp op, DType dtype, bool backward, bool aligned_rows) {
+  if (op == FusedOp::kBiasGelu || op == FusedOp::kSiluAndMul) return 0;
+  if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16) return 0;
+  const int64_t per_vector = aligned_rows ? 16 / static_cast<int64_t>(dtype_size(dtype)) : 1;
+  const int64_t vectors_per_thread = backward ? 2 : 8;
+  constexpr int64_t kThreads = 512, kClusterBlocks = 8;
+  return kThreads * kClusterBlocks * vectors_per_thread * per_vector;
+}
+
+FusedVariant resolve_fused_variant(FusedOp op, DType dtype, Device device, int64_t width, bool backward,
+                                   bool aligned_rows) {
+  if (!device.is_cuda()) return FusedVariant::kCpu;
+  const int64_t max_width = fused_registers_max_width(op, dtype, backward, aligned_rows);
+  if (max_width == 0 || width <= max_width) return FusedVariant::kCudaFusedRegisters;
+  return FusedVariant::kCudaFusedStreaming;
+}
+
+// ---- softmax -------------------------------------------------------------------------------
+
+void softmax_forward(const TensorView& x, const TensorView& y, float scale, bool log, FusedVariant variant,
+                     const ExecutionContext& ctx) {
+  FusedParams p;
+  p.op = log ? FusedOp::kLogSoftmax : FusedOp::kSoftmax;
+  Operands ops(p.op, false);
+  p.x = ops.rows_in(x, "x", &p.ld_x);
+  p.y = ops.rows_out(y, "y", &p.ld_y);
+  ops.check_overlaps(true);
+  p.scale = scale;
+  run(p, ops, variant, ctx);
+}
+
+void softmax_backward(const TensorView& y, const TensorView& dy, const TensorView& dx, float scale, bool log,
+                      FusedVariant variant, const ExecutionContext& ctx) {
+  FusedParams p;
+  p.op = log ? FusedOp::kLogSoftmax : FusedOp::kSoftmax;
+  p.backward = true;
+  Operands ops(p.op, true);
+  p.x = ops.rows_in(y, "y", &p.ld_x);
+  p.dy = ops.rows_in(dy, "dy", &p.ld_dy);
+  p.dx = ops.rows_out(dx, "dx", &p.ld_dx);
+  ops.check_overlaps(true);
+  p.scale = scale;
+  run(p, ops, variant, ctx);
+}
+
+// ---- norms ---------------------------------------------------------------------------------
+
+namespace {
+
+void norm_forward(bool layer, const TensorView& x, const TensorView& residual, const TensorView& weight,
+                  const TensorView& bias, float eps, const TensorView& y, const TensorView& residual_out,
+                  const TensorView& mean, const TensorView& rstd, FusedVariant variant,
+                  const ExecutionContext& ctx) {
+  FusedParams p;
+  const bool add = present(residual);
+  p.op = layer ? (add ? FusedOp::kAddLayerNorm : FusedOp::kLayerNorm)
+               : (add ? FusedOp::kAddRmsNorm : FusedOp::kRmsNorm);
+  Operands ops(p.op, false);
+  p.x = ops.rows_in(x, "x", &p.ld_x);
+  if (add) {
+    p.residual = ops.rows_in(residual, "residual", &p.ld_residual);
+    if (!present(residual_out))
+      invalid("residual_out: required with residual (it receives x + residual); given absent");
+    p.residual_out = ops.rows_out(residual_out, "residual_out", &p.ld_residual_out);
+  } else if (present(residual_out)) {
+    invalid("residual_out: given without residual (only the add form writes it)");
+  }
+  p.weight = ops.vector_in(weight, "weight");
+  if (layer) p.bias = ops.vector_in(bias, "bias");
+  p.y = ops.rows_out(y, "y", &p.ld_y);
+  if (layer) p.mean = ops.stats(mean, "mean", true, false);
+  p.rstd = ops.stats(rstd, "rstd", true, false);
+  ops.check_overlaps(!add);
+  if (!(eps >= 0.0f)) invalid("eps: expected >= 0; given " + std::to_string(eps));
+  p.eps = eps;
+  run(p, ops, variant, ctx);
+}
+
+void norm_backward(bool layer, const TensorView& dy, const TensorView& h, const TensorView& weight,
+                   const TensorView& mean, const TensorView& rstd, const TensorView& dresidual_out,
+                   const TensorView& dx, const TensorView& dweight, const TensorView& dbias, FusedVariant variant,
+                   const ExecutionContext& ctx) {
+  FusedParams p;
+  const bool add = present(dresidual_out);
+  p.op = layer ? (add ? FusedOp::kAddLayerNorm : FusedOp::kLayerNorm)
+               : (add ? FusedOp::kAddRmsNorm : FusedOp::kRmsNorm);
+  p.backward = true;
+  Operands ops(p.op, true);
+  p.dy = ops.rows_in(dy, "dy", &p.ld_dy);
+  p.x = ops.rows_in(h, "h", &p.ld_x);
+  if (add) p.dresidual_out = ops.rows_in(dresidual_out, "dresidual_out", &p.ld_dresidual_out);
+  p.weight = ops.vector_in(weight, "weight");
+  if (layer) p.mean = ops.stats(mean, "mean", false, true);
+  p.rstd = ops.stats(rstd, "rstd", false, true);
+  p.dx = ops.rows_out(dx, "dx", &p.ld_dx);
+  p.dweight = ops.vector_out(dweight, "dweight");
+  if (p.dweight && !p.weight) invalid("dweight: asked for without weight (the forward had no weight)");
+  if (layer) p.dbias = ops.vector_out(dbias, "dbias");
+  ops.check_overlaps(false);
+  run(p, ops, variant, ctx);
+}
+
+}  // namespace
+
+void layer_norm_forward(const TensorView& x, const TensorView& residual, const TensorView& weight,
+                        const TensorView& bias, float eps, const TensorView& y, const TensorView& residual_out,
+                        const TensorView& mean, const TensorView& rstd, FusedVariant variant,
+                        const ExecutionContext& ctx) {
+  norm_forward(true, x, residual, weight, bias, eps, y, residual_out, mean, rstd, variant, ctx);
+}
+
+void layer_norm_backward(const TensorView& dy, const TensorView& h, const TensorView& weight,
+                         const TensorView& mean, const TensorView& rstd, const TensorView& dresidual_out,
+                         const TensorView& dx, const TensorView& dweight, const TensorView& dbias,
+                         FusedVariant variant, const ExecutionContext& ctx) {
+  norm_backward(true, dy, h, weight, mean, rstd, dresidual_out, dx, dweight, dbias, variant, ctx);
+}
+
+void rms_norm_forward(const TensorView& x, const TensorView& residual, const TensorView& weight, float eps,
+                      const TensorView& y, const TensorView& residual_out, const TensorView& rstd,
+                      FusedVariant variant, const ExecutionContext& ctx) {
+  norm_forward(false, x, residual, weight, TensorView{}, eps, y, residual_out, TensorView{}, rstd, variant, ctx);
+}
+
+void rms_norm_backward(const TensorView& dy, const TensorView& h, const TensorView& weight, const TensorView& rstd,
+                       const TensorView& dresidual_out, const TensorView& dx, const TensorView& dweight,
+                       FusedVariant variant, const ExecutionContext& ctx) {
+  norm_backward(false, dy, h, weight, TensorView{}, rstd, dresidual_out, dx, dweight, TensorView{}, variant, ctx);
+}
+
+// ---- bias + GELU, SiLU-and-mul -------------------------------------------------------------
+
+void bias_gelu_forward(const TensorView& x, const TensorView& bias, GeluApproximation approximate,
+                       const TensorView& y, FusedVariant variant, const ExecutionContext& ctx) {
+  FusedParams p;
+  p.op = FusedOp::kBiasGelu;
+  Operands ops(p.op, false);
+  p.x = ops.rows_in(x, "x", &p.ld_x);
+  p.bias = ops.vector_in(bias, "bias");
+  p.y = ops.rows_out(y, "y", &p.ld_y);
+  ops.check_overlaps(true);
+  p.gelu = approximate;
+  run(p, ops, variant, ctx);
+}
+
+void bias_gelu_backward(const TensorView& dy, const TensorView& x, const TensorView& bias,
+                        GeluApproximation approximate, const TensorView& dx, const TensorView& dbias,
+                        FusedVariant variant, const ExecutionContext& ctx) {
+  FusedParams p;
+  p.op = FusedOp::kBiasGelu;
+  p.backward = true;
+  Operands ops(p.op, true);
+  p.dy = ops.rows_in(dy, "dy", &p.ld_dy);
+  p.x = ops.rows_in(x, "x", &p.ld_x);
+  p.bias = ops.vector_in(bias, "bias");
+  p.dx = ops.rows_out(dx, "dx", &p.ld_dx);
+  p.dbias = ops.vector_out(dbias, "dbias");
+  ops.check_overlaps(false);
+  p.gelu = approximate;
+  run(p, ops, variant, ctx);
+}
+
+void silu_and_mul_forward(const TensorView& x, const TensorView& y, FusedVariant variant,
+                          const ExecutionContext& ctx) {
+  FusedParams p;
+  p.op = FusedOp::kSiluAndMul;
+  Operands ops(p.op, false);
+  p.x = ops.rows_in(x, "x", &p.ld_x, 2);
+  p.y = ops.rows_out(y, "y", &p.ld_y);
+  ops.check_overlaps(false);
+  run(p, ops, variant, ctx);
+}
+
+void silu_and_mul_backward(const TensorView& dy, const TensorView& x, const TensorView& dx, FusedVariant variant,
+                           const ExecutionContext& ctx) {
+  FusedParams p;
+  p.op = FusedOp::kSiluAndMul;
+  p.backward = true;
+  Operands ops(p.op, true);
+  p.x = ops.rows_in(x, "x", &p.ld_x, 2);
+  p.dy = ops.rows_in(dy, "dy", &p.ld_dy);
+  p.dx = ops.rows_out(dx, "dx", &p.ld_dx, 2);
+  ops.check_overlaps(false);
+  run(p, ops, variant, ctx);
+}
+
+}  // namespace optimized
