@@ -1,10 +1,16 @@
 #!/usr/bin/env python3
 """Python benchmark runner: every optimized_ops op against its PyTorch counterpart, in one run.
 
-    python bench/benchmark_all.py [--device cuda|cpu] [--ops matmul] [--dtypes bf16,fp16,fp32]
+    python bench/benchmark_all.py [--device cuda|cpu] [--ops matmul,fused] [--dtypes bf16,fp16,fp32]
                                   [--variants all|auto|NAME,...] [--shapes 4096,4097x4095x4093,8x1024x1024x1024]
                                   [--out bench/results] [--quick]
+    python bench/benchmark_all.py --ops fused [--fused-ops rms_norm,...] [--directions fwd,bwd,fwd+bwd]
+                                  [--shapes 16384x8192] [--no-compile]     # see bench/benchmark_fused.py
     python bench/benchmark_all.py plot RESULT.json      # the PNG again, from a JSON file
+
+Op families: matmul (every GEMM variant vs torch.matmul) and fused (bench/benchmark_fused.py: the
+fused memory-bound ops vs torch eager and torch.compile). --shapes, --dtypes and --variants apply
+to the families being run; without them each family has its own defaults.
 
 Measurement (the statistics of the C++ harness, bench/harness.h, ported):
   * validate first: every variant and the baseline run once on the first input set and are
@@ -18,10 +24,10 @@ Measurement (the statistics of the C++ harness, bench/harness.h, ported):
     error of the mean (CV / sqrt(n)) is below target_rse, or at max_samples / max_time_s;
   * statistics: median, p10, p90 (linear interpolation), CV with the n-1 standard deviation.
 
-Output, under OUT/<machine key>/ ("h100", or "cpu"): python-<ops>.json in the schema
-"optimized-ops-bench/1" of the C++ benchmark (so scripts/render_results.py renders it),
-python-<ops>.md (its markdown table) and python-<op>.png per op family (TFLOP/s of every variant
-and of torch, per shape and dtype).
+Output, under OUT/<machine key>/ ("h100", or "cpu"), one set per family: python-<family>.json in
+the schema "optimized-ops-bench/1" of the C++ benchmark (so scripts/render_results.py renders it),
+python-<family>.md (its markdown table) and python-<family>.png (matmul: TFLOP/s of every variant
+and of torch, per shape and dtype; fused: GB/s per op and direction, see benchmark_fused.py).
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ import sys
 import time
 
 import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import benchmark_fused  # noqa: E402 - the fused family (imports this module back, lazily)
 
 SCHEMA = "optimized-ops-bench/1"
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -145,15 +154,19 @@ class Timer:
         self.flush_value = (self.flush_value + 1) % 251
         self.flush_buf.fill_(self.flush_value)
 
-    def measure(self, run_once):
-        return self._measure_gpu(run_once) if self.device == "cuda" else self._measure_cpu(run_once)
+    def measure(self, run_once, before=None):
+        """before(i), when given, runs untimed ahead of sample i (and of each warm-up run): on the GPU
+        its work is enqueued before the cache flush and the start event."""
+        before = before or (lambda i: None)
+        return self._measure_gpu(run_once, before) if self.device == "cuda" else self._measure_cpu(run_once, before)
 
-    def _measure_gpu(self, run_once):
+    def _measure_gpu(self, run_once, before):
         opt = self.opt
         stream = torch.cuda.current_stream()
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         it, warm_ms = 0, 0.0
         for _ in range(max(opt.max_warmup, 1)):
+            before(it)
             start.record(stream)
             run_once(it)
             it += 1
@@ -166,6 +179,7 @@ class Timer:
         while True:
             # The flush is enqueued before the start event: the GPU runs it while the host enqueues
             # the sample, so neither the flush nor the launch overhead lands in the timed region.
+            before(it)
             if opt.flush_cache:
                 self.flush()
             start.record(stream)
@@ -178,16 +192,18 @@ class Timer:
                 break
         return summarize(samples)
 
-    def _measure_cpu(self, run_once):
+    def _measure_cpu(self, run_once, before):
         opt = self.opt
         it, w0 = 0, time.perf_counter()
         for _ in range(max(opt.max_warmup, 1)):
+            before(it)
             run_once(it)
             it += 1
             if time.perf_counter() - w0 >= opt.warmup_s:
                 break
         samples, t0 = [], time.perf_counter()
         while True:
+            before(it)
             if opt.flush_cache:
                 self.flush()
             s0 = time.perf_counter()
@@ -246,8 +262,8 @@ def query_machine(device):
     return m
 
 
-def measure_ceilings(device, timer, dtypes, log):
-    """Copy bandwidth and the torch.matmul rate per dtype, measured in this run."""
+def measure_ceilings(device, timer, dtypes, log, matmul=True):
+    """Copy bandwidth and (when `matmul`) the torch.matmul rate per dtype, measured in this run."""
     ceilings = []
     if device == "cuda":
         n = 1 << 28  # 256 MiB each way
@@ -264,7 +280,8 @@ def measure_ceilings(device, timer, dtypes, log):
                          "value": 2 * n / (st["median"] * 1e-3) / 1e9, "time_ms": _stats_json(st)})
         sizes = {"bf16": 1024, "fp16": 1024, "fp32": 1024}
     del src, dst
-    for name in dtypes:
+    log(f"ceiling {ceilings[0]['name']}: {ceilings[0]['value']:.4g} GB/s")
+    for name in (dtypes if matmul else []):
         s = sizes[name]
         a = torch.randn(s, s, device=device).to(DTYPES[name])
         b = torch.randn(s, s, device=device).to(DTYPES[name])
@@ -323,7 +340,7 @@ def validate_gemm(out, a, b, dtype_name, max_elements=1 << 22):
             "checked": int(ref.numel())}
 
 
-def gemm_rows(args, device, timer, ceilings, log):
+def gemm_rows(args, device, timer, ceilings, log, notes):
     import optimized_ops
 
     rows = []
@@ -430,7 +447,7 @@ def _stats_json(st):
     return {k: st[k] for k in ("median", "p10", "p90", "cv", "samples")}
 
 
-OPS = {"matmul": gemm_rows}
+OPS = {"matmul": gemm_rows, "fused": benchmark_fused.fused_rows}
 
 
 # ---- output -----------------------------------------------------------------------------------
@@ -444,7 +461,15 @@ def load_renderer():
 
 def plot(report, path_for_op):
     """One PNG per op family: TFLOP/s of each variant and of torch, grouped by shape, a panel per
-    dtype. Returns the written paths ([] when matplotlib is missing)."""
+    dtype (the fused family: benchmark_fused.plot_fused). Returns the written paths ([] when
+    matplotlib is missing)."""
+    if any(r.get("family") == "fused" for r in report["results"]):
+        fused = dict(report, results=[r for r in report["results"] if r.get("family") == "fused"])
+        written = benchmark_fused.plot_fused(fused, path_for_op("fused"))
+        rest = [r for r in report["results"] if r.get("family") != "fused"]
+        if not rest:
+            return written
+        return written + plot(dict(report, results=rest), path_for_op)
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -494,18 +519,26 @@ def plot(report, path_for_op):
     return written
 
 
+def family_of(row):
+    return row.get("family") or row["op"]
+
+
 def write_outputs(report, out_dir):
+    """python-<family>.json / .md / .png per op family of the results (each with the ceilings)."""
     key = report["machine"]["gpu_key"] or "cpu"
     dest = pathlib.Path(out_dir) / key
     dest.mkdir(parents=True, exist_ok=True)
-    ops = sorted({r["op"] for r in report["results"]}) or ["ceilings"]
-    stem = "python-" + "-".join(ops)
-    json_path = dest / f"{stem}.json"
-    json_path.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
-    md_path = dest / f"{stem}.md"
-    md_path.write_text(load_renderer().run_markdown(report) + "\n")
-    pngs = plot(report, lambda op: dest / f"python-{op}.png")
-    return [json_path, md_path, *pngs]
+    families = list(dict.fromkeys(family_of(r) for r in report["results"])) or ["ceilings"]
+    written = []
+    for family in families:
+        part = dict(report, results=[r for r in report["results"] if family_of(r) == family])
+        stem = f"python-{family}"
+        json_path = dest / f"{stem}.json"
+        json_path.write_text(json.dumps(part, indent=2, allow_nan=False) + "\n")
+        md_path = dest / f"{stem}.md"
+        md_path.write_text(load_renderer().run_markdown(part) + "\n")
+        written += [json_path, md_path, *plot(part, lambda op: dest / f"python-{op}.png")]
+    return written
 
 
 def _clean(x):
@@ -526,9 +559,15 @@ def parse_args(argv):
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                    help="auto: cuda when torch sees a GPU and the library has CUDA, else cpu")
     p.add_argument("--ops", default="all", help=f"comma list of {', '.join(OPS)} (default all)")
-    p.add_argument("--dtypes", default=None, help="comma list of fp32, fp16, bf16")
-    p.add_argument("--variants", default="all", help="all, or a comma list (auto, naive, ...)")
-    p.add_argument("--shapes", default=None, help="comma list of N (cube), MxNxK or BxMxNxK")
+    p.add_argument("--dtypes", default=None, help="comma list of fp32, fp16, bf16 (default: per family)")
+    p.add_argument("--variants", default=None,
+                   help="all, or a comma list (auto, naive, ...) (default: matmul all, fused auto)")
+    p.add_argument("--shapes", default=None,
+                   help="comma list: matmul N (cube), MxNxK or BxMxNxK; fused ROWSxWIDTH (default: per family)")
+    p.add_argument("--fused-ops", default=None, help=f"fused: comma list of {', '.join(benchmark_fused.FUSED_OPS)}")
+    p.add_argument("--directions", default=None, help="fused: comma list of fwd, bwd, fwd+bwd (default all)")
+    p.add_argument("--gelu", default="none", choices=["none", "tanh"], help="fused: bias_gelu's form")
+    p.add_argument("--no-compile", action="store_true", help="fused: leave out the torch.compile rows")
     p.add_argument("--quick", action="store_true", help="small shapes and short measurements")
     p.add_argument("--skip-slow", action="store_true", help="skip naive rungs on large shapes")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"), help="results directory")
@@ -564,21 +603,27 @@ def main(argv=None):
         device = "cuda" if torch.cuda.is_available() and optimized_ops.built_with_cuda() else "cpu"
     if device == "cuda" and not (torch.cuda.is_available() and optimized_ops.built_with_cuda()):
         sys.exit("--device cuda: torch sees no GPU or the library was built without CUDA")
-    args.dtypes = args.dtypes.split(",") if args.dtypes else DEFAULT_DTYPES[device]
-    for d in args.dtypes:
-        if d not in DTYPES:
-            sys.exit(f"--dtypes: expected fp32, fp16 or bf16; given '{d}'")
-    args.shapes = (args.shapes.split(",") if args.shapes
-                   else (QUICK_SHAPES if args.quick else DEFAULT_SHAPES)[device])
-    for s in args.shapes:
-        GemmShape(s)
-    args.variants = args.variants.split(",")
-    if args.quick:
-        args.min_time_s, args.max_time_s, args.min_samples = 0.05, 0.3, 5
     ops = list(OPS) if args.ops == "all" else args.ops.split(",")
     for op in ops:
         if op not in OPS:
             sys.exit(f"--ops: expected some of {', '.join(OPS)}; given '{op}'")
+    # The raw filters (each family resolves its own defaults), and matmul's resolved ones.
+    args.dtypes_arg = args.dtypes.split(",") if args.dtypes else None
+    args.shapes_arg = args.shapes.split(",") if args.shapes else None
+    args.variants_arg = args.variants.split(",") if args.variants else None
+    args.fused_ops = args.fused_ops.split(",") if args.fused_ops else None
+    args.directions = args.directions.split(",") if args.directions else None
+    args.dtypes = args.dtypes_arg or DEFAULT_DTYPES[device]
+    for d in args.dtypes:
+        if d not in DTYPES:
+            sys.exit(f"--dtypes: expected fp32, fp16 or bf16; given '{d}'")
+    args.shapes = args.shapes_arg or (QUICK_SHAPES if args.quick else DEFAULT_SHAPES)[device]
+    if "matmul" in ops:
+        for s in args.shapes:
+            GemmShape(s)
+    args.variants = args.variants_arg or ["all"]
+    if args.quick:
+        args.min_time_s, args.max_time_s, args.min_samples = 0.05, 0.3, 5
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
@@ -590,14 +635,16 @@ def main(argv=None):
               "created": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
               "command": "python bench/benchmark_all.py " + " ".join(argv),
               "machine": query_machine(device), "options": opt.as_json()}
-    report["ceilings"] = measure_ceilings(device, timer, args.dtypes, log)
+    report["ceilings"] = measure_ceilings(device, timer, args.dtypes, log, matmul="matmul" in ops)
     results = []
+    notes = ["Python runner (bench/benchmark_all.py): each op through torch.ops.optimized "
+             "(including its output allocation from the caching allocator, as torch's ops)"]
+    if "matmul" in ops:
+        notes.append("matmul: baseline torch.matmul (cuBLAS on CUDA) measured in the same run")
     for op in ops:
-        results += OPS[op](args, device, timer, report["ceilings"], log)
+        results += OPS[op](args, device, timer, report["ceilings"], log, notes)
     report["results"] = results
-    report["notes"] = ["Python runner (bench/benchmark_all.py): each op through torch.ops.optimized "
-                       "(including its output allocation from the caching allocator, as torch.matmul's); "
-                       "baseline torch.matmul (cuBLAS on CUDA) measured in the same run"]
+    report["notes"] = notes
     report = _clean(report)
     for path in write_outputs(report, args.out):
         print(f"wrote {path}")

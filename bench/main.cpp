@@ -3,6 +3,7 @@
 //
 //   optimized-bench all [--json FILE]                 the standard report (ceilings, GPU, CPU)
 //   optimized-bench matmul --size 4096 --dtype bf16 --variant all
+//   optimized-bench fused --ops rms_norm,softmax --shapes 16384x8192 --dtypes bf16
 //   optimized-bench ceilings
 //
 // Exit status: 0 when every row that ran passed validation, 1 when a row failed, 2 on a usage
@@ -19,10 +20,12 @@
 
 #include "baselines/openblas_gemm.h"
 #include "ceilings.h"
+#include "fused_bench.h"
 #include "gemm_bench.h"
 #include "gpu_timer.h"
 #include "harness.h"
 #include "optimized/core.h"
+#include "optimized/fused.h"
 #include "optimized/gemm.h"
 #include "report.h"
 
@@ -177,6 +180,43 @@ int main(int argc, char** argv) {
   matmul->add_flag("--no-ceilings", no_ceilings, "Do not measure the ceilings (no roofline column)");
   add_common_options(matmul, matmul_common);
 
+  // ---- fused ---------------------------------------------------------------------------------
+  CommonOptions fused_common;
+  bench::FusedFilters fused_filters;
+  bool fused_quick = false, fused_no_baseline = false, fused_no_copy = false, fused_no_ceilings = false;
+  std::string fused_gelu = "none";
+  int fused_threads = 0, fused_check_rows = 64;
+  int64_t fused_cpu_max = 0;
+  CLI::App* fused = app.add_subcommand(
+      "fused",
+      "Benchmark the fused memory-bound ops (softmax, log_softmax, layer_norm, rms_norm, add_layer_norm,\n"
+      "add_rms_norm, bias_gelu, silu_and_mul; fwd and bwd) in GB/s of their minimum bytes, vs the unfused\n"
+      "variant, the measured device copy bandwidth and a same-size copy. Default: bf16 on rows {4096, 16384} x\n"
+      "width {1024 ... 32768} and edge shapes, fp16/fp32 on a few shapes, the cpu variant at two small shapes");
+  fused->add_option("--ops", fused_filters.ops, "all, or op names separated by commas")->delimiter(',')->capture_default_str();
+  fused->add_option("--directions", fused_filters.directions, "fwd, bwd")->delimiter(',')->capture_default_str();
+  fused->add_option("--dtypes", fused_filters.dtypes, "fp32, fp16, bf16 [default: each standard config's]")
+      ->delimiter(',');
+  fused->add_option("--shapes", fused_filters.shapes,
+                    "ROWSxWIDTH or ROWSxWIDTH:LD (row stride), separated by commas [default: the standard grid]; "
+                    "silu_and_mul's WIDTH is d (x holds 2*d)")
+      ->delimiter(',');
+  fused->add_option("--variants", fused_filters.variants,
+                    "all | cuda | cpu | names (unfused, fused_streaming, fused_registers, auto, cpu)")
+      ->delimiter(',')
+      ->capture_default_str();
+  fused->add_flag("--quick", fused_quick, "A few shapes per dtype and short measurements (--min-time 0.05 --max-time 0.3)");
+  fused->add_option("--threads", fused_threads, "CPU rows: thread count (0: all)")->capture_default_str();
+  fused->add_option("--gelu", fused_gelu, "bias_gelu's form: none (erf) or tanh")->capture_default_str();
+  fused->add_option("--check-rows", fused_check_rows,
+                    "Rows validated per large group (first, last, evenly spaced); groups of <= 2^24 elements are checked whole")
+      ->capture_default_str();
+  fused->add_option("--cpu-max-elements", fused_cpu_max, "Run the cpu variant up to rows*width <= N [default: 2^24]");
+  fused->add_flag("--no-baseline", fused_no_baseline, "Do not time the unfused variant next to the CUDA rows");
+  fused->add_flag("--no-copy", fused_no_copy, "Do not time the same-size device copy next to each group");
+  fused->add_flag("--no-ceilings", fused_no_ceilings, "Do not measure the copy bandwidth (no roofline column)");
+  add_common_options(fused, fused_common);
+
   // ---- ceilings -------------------------------------------------------------------------------
   CommonOptions ceilings_common;
   CLI::App* ceilings = app.add_subcommand(
@@ -185,16 +225,19 @@ int main(int argc, char** argv) {
 
   // ---- all ------------------------------------------------------------------------------------
   CommonOptions all_common;
-  bool all_no_cpu = false, all_no_gpu = false;
+  bool all_no_cpu = false, all_no_gpu = false, all_no_fused = false, all_fused_quick = false;
   int64_t all_cpu_max_size = 0;
   CLI::App* all = app.add_subcommand(
       "all",
       "The standard report: ceilings; every GPU variant at fp32 and bf16 for 1024, 4096, 8192 and\n"
-      "4097x4095x4093 vs cuBLAS; every CPU variant at fp32 for 1024 and 2048, 1 and all threads, vs OpenBLAS");
+      "4097x4095x4093 vs cuBLAS; every CPU variant at fp32 for 1024 and 2048, 1 and all threads, vs OpenBLAS;\n"
+      "the fused ops on their standard grid (see `fused --help`)");
   all->add_flag("--no-cpu", all_no_cpu, "Leave out the CPU rows");
   all->add_flag("--no-gpu", all_no_gpu, "Leave out the GPU rows and ceilings");
   all->add_option("--cpu-max-size", all_cpu_max_size,
                   "Run cpu_naive and cpu_blocked up to M*N*K <= S^3 [default: naive 1024, blocked 2048]");
+  all->add_flag("--no-fused", all_no_fused, "Leave out the fused ops");
+  all->add_flag("--fused-quick", all_fused_quick, "The fused ops on a few shapes only (as `fused --quick`)");
   add_common_options(all, all_common);
 
   try {
@@ -211,8 +254,15 @@ int main(int argc, char** argv) {
     const bool gpu = report.machine.gpu.has_value();
     bench::Progress progress;
 
-    CommonOptions& common = matmul->parsed() ? matmul_common : ceilings->parsed() ? ceilings_common : all_common;
+    CommonOptions& common = matmul->parsed()   ? matmul_common
+                             : fused->parsed()  ? fused_common
+                             : ceilings->parsed() ? ceilings_common
+                                                  : all_common;
     common.measure.flush_cache = !common.no_flush;
+    if (fused->parsed() && fused_quick) {  // shorter measurements unless given
+      if (fused->count("--min-time") == 0) common.measure.min_time_s = 0.05;
+      if (fused->count("--max-time") == 0) common.measure.max_time_s = 0.3;
+    }
     report.options = common.measure;
 
     auto note_openblas = [&] {
@@ -251,13 +301,69 @@ int main(int argc, char** argv) {
         report.notes.push_back(msg);
       }
       if (!all_no_cpu) note_openblas();
+      // The fused ops: the standard GPU configs when the GPU rows run, the CPU one with the CPU rows.
+      std::vector<bench::FusedBenchConfig> fused_cfgs;
+      if (!all_no_fused) {
+        for (bench::FusedBenchConfig c : bench::default_fused_configs(all_fused_quick, run_gpu)) {
+          const bool cpu_config = c.variants == std::vector<optimized::FusedVariant>{optimized::FusedVariant::kCpu};
+          if (cpu_config && all_no_cpu) continue;
+          c.measure = common.measure;
+          fused_cfgs.push_back(c);
+        }
+      }
+      int fused_tasks = 0;
+      for (const auto& c : fused_cfgs) fused_tasks += bench::count_fused_tasks(c, run_gpu);
       bench::CeilingPlan plan = bench::CeilingPlan::everything(run_gpu);
       plan.host_copy = plan.openblas = !all_no_cpu;
       progress.set_total(plan.count() + (run_gpu ? bench::count_gemm_tasks(gpu_cfg, true) : 0) +
-                         (all_no_cpu ? 0 : bench::count_gemm_tasks(cpu_cfg, gpu)));
+                         (all_no_cpu ? 0 : bench::count_gemm_tasks(cpu_cfg, gpu)) + fused_tasks);
       report.ceilings = bench::measure_ceilings(plan, common.measure, progress, report.notes);
       if (run_gpu) bench::run_gemm_bench(gpu_cfg, report.ceilings, progress, report.results, report.notes);
       if (!all_no_cpu) bench::run_gemm_bench(cpu_cfg, report.ceilings, progress, report.results, report.notes);
+      if (!fused_cfgs.empty()) {
+        for (auto& n : bench::fused_notes(fused_cfgs)) report.notes.push_back(n);
+        for (const auto& c : fused_cfgs)
+          bench::run_fused_bench(c, report.ceilings, progress, report.results, report.notes);
+      }
+      return finish(report, progress, common);
+    }
+
+    if (fused->parsed()) {
+      std::vector<bench::FusedBenchConfig> cfgs = bench::fused_configs(fused_filters, fused_quick, gpu);
+      const optimized::GeluApproximation gelu = fused_gelu == "tanh" ? optimized::GeluApproximation::kTanh
+                                                : fused_gelu == "none"
+                                                    ? optimized::GeluApproximation::kNone
+                                                    : throw std::invalid_argument("--gelu: expected none or tanh; given '" +
+                                                                                  fused_gelu + "'");
+      if (fused_check_rows < 2) throw std::invalid_argument("--check-rows: expected >= 2");
+      bool has_gpu_rows = false, has_cpu_rows = false;
+      int tasks = 0;
+      for (auto& c : cfgs) {
+        c.measure = common.measure;
+        c.threads = fused_threads;
+        c.gelu = gelu;
+        c.check_rows = fused_check_rows;
+        c.baseline = !fused_no_baseline;
+        c.copy_same_size = !fused_no_copy;
+        if (fused_cpu_max > 0) c.cpu_max_elements = fused_cpu_max;
+        for (auto v : c.variants)
+          ((v == optimized::FusedVariant::kAuto ? gpu : optimized::fused_variant_is_cuda(v)) ? has_gpu_rows
+                                                                                             : has_cpu_rows) = true;
+        tasks += bench::count_fused_tasks(c, gpu);
+      }
+      if (cfgs.empty()) throw std::invalid_argument("fused: the filters leave no row to run");
+      if (!gpu)
+        report.notes.push_back("no CUDA GPU found (" + optimized::cuda_unavailable_reason() +
+                               "): the CUDA rows are left out (or listed as skipped when named)");
+      bench::CeilingPlan plan;
+      if (!fused_no_ceilings) {
+        plan.device_copy = has_gpu_rows && gpu;
+        plan.host_copy = has_cpu_rows;
+      }
+      progress.set_total(plan.count() + tasks);
+      report.ceilings = bench::measure_ceilings(plan, common.measure, progress, report.notes);
+      for (auto& n : bench::fused_notes(cfgs)) report.notes.push_back(n);
+      for (const auto& c : cfgs) bench::run_fused_bench(c, report.ceilings, progress, report.results, report.notes);
       return finish(report, progress, common);
     }
 

@@ -73,7 +73,7 @@ std::string smem_label(int bytes) {
 // ---- derived metrics ------------------------------------------------------------------------
 
 double Result::tflops() const {
-  if (!timed() || time.median <= 0) return kNaN;
+  if (!timed() || time.median <= 0 || flops <= 0) return kNaN;  // memory-bound rows count no flops
   return flops / (time.median * 1e-3) / 1e12;
 }
 
@@ -88,11 +88,19 @@ double Result::vs_baseline() const {
 }
 
 double Result::roofline_fraction() const {
+  // Memory-bound rows declare no flops and carry only a bandwidth: the fraction of it they reach.
+  if (timed() && flops == 0 && !roofline_peak && roofline_bandwidth && roofline_bandwidth->value > 0)
+    return min_bytes / (roofline_bandwidth->value * 1e9) / (time.median * 1e-3);
   if (!timed() || !roofline_peak || roofline_peak->value <= 0) return kNaN;
   double ideal_s = flops / (roofline_peak->value * 1e12);
   if (roofline_bandwidth && roofline_bandwidth->value > 0)
     ideal_s = std::max(ideal_s, min_bytes / (roofline_bandwidth->value * 1e9));
   return ideal_s / (time.median * 1e-3);
+}
+
+double Result::vs_copy_same_size() const {
+  if (!timed() || !copy_same_size || !copy_same_size->valid() || time.median <= 0) return kNaN;
+  return copy_same_size->median / time.median;
 }
 
 const Ceiling* best_ceiling(const std::vector<Ceiling>& ceilings, const std::string& name) {
@@ -166,6 +174,8 @@ nlohmann::ordered_json rate_json(const std::optional<Rate>& r) {
 nlohmann::ordered_json result_json(const Result& r) {
   nlohmann::ordered_json j;
   j["op"] = r.op;
+  if (!r.family.empty()) j["family"] = r.family;
+  if (!r.direction.empty()) j["direction"] = r.direction;
   j["variant"] = r.variant;
   if (!r.resolved_variant.empty()) j["resolved_variant"] = r.resolved_variant;
   j["backend"] = r.backend;
@@ -181,6 +191,7 @@ nlohmann::ordered_json result_json(const Result& r) {
   j["time_ms"] = r.timed() ? stats_json(r.time) : nlohmann::ordered_json(nullptr);
   j["flops"] = num(r.flops);
   j["min_bytes"] = num(r.min_bytes);
+  if (!r.bytes_formula.empty()) j["bytes_formula"] = r.bytes_formula;
   j["tflops"] = num(r.tflops());
   j["gbps"] = num(r.gbps());
   if (r.baseline) {
@@ -197,6 +208,13 @@ nlohmann::ordered_json result_json(const Result& r) {
   j["roofline_fraction"] = num(r.roofline_fraction());
   j["roofline_peak"] = rate_json(r.roofline_peak);
   j["roofline_bandwidth"] = rate_json(r.roofline_bandwidth);
+  if (r.copy_same_size) {
+    nlohmann::ordered_json c;
+    c["time_ms"] = stats_json(*r.copy_same_size);
+    c["gbps"] = num(r.copy_same_size->median > 0 ? r.min_bytes / (r.copy_same_size->median * 1e-3) / 1e9 : kNaN);
+    j["copy_same_size"] = c;
+    j["vs_copy_same_size"] = num(r.vs_copy_same_size());
+  }
   if (r.kernel) {
     nlohmann::ordered_json k;
     k["name"] = r.kernel->name;
@@ -310,17 +328,22 @@ void print_results(FILE* out, const std::vector<Result>& results) {
                              "regs  smem(s+d)  occ   local";
   std::fprintf(out, "\nResults (vs base = baseline time / ours, >1 is faster; roofline = ideal time / ours)\n");
   std::fprintf(out, "%s\n", header.c_str());
+  // Rows of one op (and direction), backend, dtype, shape and thread count form a group.
+  auto group_of = [](const Result& q) {
+    return q.op + "|" + q.direction + "|" + q.backend + "|" + q.dtype + "|" + q.shape_label + "|" +
+           (q.threads ? std::to_string(*q.threads) : "-");
+  };
   std::string last_group;
   for (const auto& r : results) {
     const std::string thr = r.threads ? std::to_string(*r.threads) : "-";
-    const std::string group = r.backend + "|" + r.dtype + "|" + r.shape_label + "|" + thr;
+    const std::string group = group_of(r);
     if (group != last_group) {
       last_group = group;
       std::fprintf(out, "\n");
+      if (!r.direction.empty()) std::fprintf(out, "%s %s\n", r.op.c_str(), r.direction.c_str());
       // The baseline of the group, as a bracketed pseudo-row.
       for (const auto& q : results) {
-        const std::string qthr = q.threads ? std::to_string(*q.threads) : "-";
-        if (q.backend + "|" + q.dtype + "|" + q.shape_label + "|" + qthr != group || !q.baseline) continue;
+        if (group_of(q) != group || !q.baseline) continue;
         const auto& b = *q.baseline;
         std::string line = pad(r.backend, 7) + " " + pad(thr, 4, true) + "  " +
                            pad("[" + b.name + "]", 17) + pad(r.dtype, 6) + pad(r.shape_label, 17) +
@@ -350,6 +373,7 @@ void print_results(FILE* out, const std::vector<Result>& results) {
                 pad(smem_label(k.static_smem) + "+" + smem_label(k.dynamic_smem), 10) +
                 pad(fmt("%.0f%%", k.occupancy * 100), 5, true) + "  " + std::to_string(k.local_bytes);
       }
+      if (r.copy_same_size) line += "  same-size copy " + fmt("%.0f%%", r.vs_copy_same_size() * 100);
     }
     std::fprintf(out, "%s\n", line.c_str());
   }

@@ -69,12 +69,20 @@ struct Result {
   std::optional<Rate> roofline_bandwidth;  // memory ceiling used for the roofline (GB/s)
   std::optional<KernelInfo> kernel;
   std::string resolved_variant;            // for "auto": what it resolved to
+  // Memory-bound families (fused_bench.h); empty / absent for GEMM rows.
+  std::string family;                      // "fused": names the results file (fused.json)
+  std::string direction;                   // "fwd" | "bwd"
+  std::string bytes_formula;               // how min_bytes was counted: "2*R*W*E (read x, write y)"
+  std::optional<Stats> copy_same_size;     // a device copy moving min_bytes (min_bytes/2 read and
+                                           // min_bytes/2 written), timed the same way in the same run
 
   bool timed() const { return status == "ok" && time.valid(); }
   double tflops() const;             // flops / median time / 1e12; NaN when not timed
   double gbps() const;               // min_bytes / median time / 1e9
   double vs_baseline() const;        // baseline median / our median (> 1: faster); NaN when none
   double roofline_fraction() const;  // max(flops/peak, bytes/bandwidth) / time; NaN when no peak
+                                     // (rows with flops == 0: bytes/bandwidth, the copy fraction)
+  double vs_copy_same_size() const;  // copy_same_size median / our median; NaN when none
 };
 
 // A machine ceiling measured in the same run.

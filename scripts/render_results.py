@@ -2,10 +2,24 @@
 """Turns benchmark JSON (schema optimized-ops-bench/1) into markdown.
 
   render_results.py table RESULT.json                 markdown tables of one run, to stdout
-  render_results.py place RESULT.json --results DIR   copy into DIR/<machine>/<op>.json (+ .md)
-  render_results.py docs --results DIR --out FILE     docs/performance.md from every committed run
+  render_results.py place RESULT.json --results DIR   copy into DIR/<machine>/<family>.json (+ .md), one
+                                                      file per op family of the run (matmul, fused); a
+                                                      Python runner's JSON becomes python-<family>.json
+  render_results.py docs --results DIR --out FILE     docs/performance.md from every committed run, and the
+                                                      generated blocks of docs/perf-notes/*.md
 
 The docs are generated from the JSON the benchmark wrote, never typed by hand.
+
+Generated blocks in docs/perf-notes/*.md (filled by `docs`, between the marker and
+`<!-- end generated -->`); a spec is `key=value` pairs, machine= required, file= the JSON's name
+without .json (e.g. fused, python-fused); any other key filters the rows by that field
+(op, direction, dtype, shape, variant, backend, threads, rows, width):
+  <!-- generated: ladder file=matmul machine=h100 op=matmul dtype=bf16 shape=4096x4096x4096 -->
+        one row per variant (GEMM columns; fused rows get the fused columns)
+  <!-- generated: fused-table file=fused machine=h100 op=rms_norm dtype=bf16 -->
+        the fused pivot: one line per (op, direction, dtype, shape), GB/s per variant
+  <!-- generated: grid file=fused machine=h100 dtype=bf16 direction=fwd variant=auto rows=16384 metric=roofline -->
+        ops down, widths across; metric: gbps | roofline (fraction of copy) | vs_baseline | vs_copy
 """
 import argparse
 import json
@@ -80,18 +94,170 @@ def results_table(results):
     return "\n".join(rows)
 
 
+# ---- the fused family ----------------------------------------------------------------------
+
+def family_of(r):
+    return r.get("family") or r["op"]
+
+
+def pct(x):
+    return "-" if x is None else f"{x * 100:.0f}%"
+
+
+def in_target_scope(r):
+    """The issue's target shapes: bf16, >= 4096 rows, widths 1024 to 32768 (CUDA rows)."""
+    sh = r.get("shape", {})
+    return (r.get("dtype") == "bf16" and r.get("backend") == "cuda" and sh.get("rows", 0) >= 4096
+            and 1024 <= sh.get("width", 0) <= 32768)
+
+
+def headline_variant(variants):
+    """The variant a fused line is judged by: ours at auto, else the best rung present."""
+    for v in ("auto", "fused_registers", "fused_streaming", "cpu"):
+        if v in variants:
+            return v
+    return next((v for v in variants if not v.startswith("torch")), variants[0])
+
+
+def fused_line_key(r):
+    return (r["op"], r.get("direction", ""), r["backend"], r["dtype"], r["shape_label"], fmt(r.get("threads")))
+
+
+def fused_pivot(results):
+    """One line per (op, direction, backend, dtype, shape): GB/s of every variant, then the
+    headline variant's fraction of the copy bandwidth, of a same-size copy, its ratio to the
+    baseline, and the target (>= 90% of copy on the target shapes; Python rows: and >= torch.compile)."""
+    lines = {}
+    for r in results:
+        lines.setdefault(fused_line_key(r), []).append(r)
+    variants = list(dict.fromkeys(r["variant"] for r in results))
+    python = any(v.startswith("torch") for v in variants)
+    head = ("| op | dir | backend | dtype | shape | " + " | ".join(f"{v} GB/s" for v in variants) +
+            " | headline | % of copy | vs same-size copy | vs baseline | target |")
+    out = [head, "|" + "---|" * (5 + len(variants)) + "---|---:|---:|---:|---|"]
+    failures = []
+    for key, rows in lines.items():
+        by_v = {r["variant"]: r for r in rows}
+        cells = []
+        for v in variants:
+            r = by_v.get(v)
+            if r is None:
+                cells.append("")
+            elif r["status"] == "ok":
+                cells.append(fmt(r.get("gbps")))
+            else:
+                cells.append("skip" if r["status"] == "skipped" else "FAILED")
+                if r["status"] == "failed":
+                    failures.append(f"- {' '.join(key[:5])} {v}: {r.get('reason', '')}")
+        hv = headline_variant([v for v in variants if v in by_v])
+        h = by_v.get(hv)
+        ok = h is not None and h["status"] == "ok"
+        hname = hv + (f" ({h['resolved_variant']})" if ok and h.get("resolved_variant") else "")
+        base = h.get("baseline") if ok else None
+        vs = f"{h['vs_baseline']:.2f}x {base['name']}" if ok and base and h.get("vs_baseline") else "-"
+        target = ""
+        if ok:
+            goals = []
+            if in_target_scope(h) and h.get("roofline_fraction") is not None:
+                goals.append(h["roofline_fraction"] >= 0.9)
+            if python and h.get("vs_baseline") is not None and base and "compile" in base["name"]:
+                goals.append(h["vs_baseline"] >= 1.0)
+            target = "" if not goals else ("met" if all(goals) else "**missed**")
+        elif h is not None:
+            target = "**missed**" if h["status"] == "failed" else ""
+        out.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {key[4]} | " + " | ".join(cells) +
+                   f" | {hname} | {pct(h.get('roofline_fraction')) if ok else '-'} "
+                   f"| {pct(h.get('vs_copy_same_size')) if ok else '-'} | {vs} | {target} |")
+    text = "\n".join(out)
+    if failures:
+        text += "\n\nFailed:\n" + "\n".join(failures)
+    return text
+
+
+def fused_target_summary(results):
+    """A line on the issue's targets, from the headline rows."""
+    lines = {}
+    for r in results:
+        lines.setdefault(fused_line_key(r), []).append(r)
+    scoped, met, worst = 0, 0, None
+    compile_total, compile_met = 0, 0
+    for rows in lines.values():
+        by_v = {r["variant"]: r for r in rows}
+        h = by_v.get(headline_variant(list(by_v)))
+        if h is None:
+            continue
+        if in_target_scope(h):
+            scoped += 1
+            f = h.get("roofline_fraction") if h["status"] == "ok" else None
+            if f is not None and f >= 0.9:
+                met += 1
+            if f is not None and (worst is None or f < worst[0]):
+                worst = (f, f"{h['op']} {h.get('direction', '')} {h['shape_label']}")
+        base = h.get("baseline") or {}
+        if h["status"] == "ok" and "compile" in base.get("name", "") and h.get("vs_baseline") is not None:
+            compile_total += 1
+            compile_met += h["vs_baseline"] >= 1.0
+    parts = []
+    if scoped:
+        parts.append(f"{met} of {scoped} target lines (bf16, >= 4096 rows, width 1024-32768) at >= 90% of the "
+                     f"measured copy bandwidth" + (f"; lowest {worst[0] * 100:.0f}% ({worst[1]})" if worst else ""))
+    if compile_total:
+        parts.append(f"{compile_met} of {compile_total} lines at or above torch.compile")
+    return ("Targets (issue 4): " + "; ".join(parts) + ".") if parts else ""
+
+
+def fused_rows_table(results):
+    """One row per result with the fused columns (the ladder block of a fused shape)."""
+    rows = ["| variant | op | dir | dtype | shape | median ms [p10-p90] | CV | GB/s | % of copy | vs same-size copy "
+            "| vs baseline |", "|" + "---|" * 11]
+    for r in results:
+        lead = f"| {r['variant']} | {r['op']} | {r.get('direction', '')} | {r['dtype']} | {r['shape_label']} "
+        if r.get("status") != "ok":
+            rows.append(lead + f"| {r['status']}: {r.get('reason', '')} | | | | | |")
+            continue
+        t = r["time_ms"]
+        base = r.get("baseline")
+        vs = f"{r['vs_baseline']:.2f}x {base['name']}" if base and r.get("vs_baseline") else "-"
+        variant_note = f" ({r['resolved_variant']})" if r.get("resolved_variant") else ""
+        rows.append(lead.replace(f"| {r['variant']} |", f"| {r['variant']}{variant_note} |", 1) +
+                    f"| {fmt(t['median'])} [{fmt(t['p10'])}-{fmt(t['p90'])}] | {t['cv'] * 100:.1f}% "
+                    f"| {fmt(r.get('gbps'))} | {pct(r.get('roofline_fraction'))} | {pct(r.get('vs_copy_same_size'))} "
+                    f"| {vs} |")
+    return "\n".join(rows)
+
+
+def fused_formulas(data):
+    notes = [n for n in data.get("notes", []) if n.startswith("min_bytes ")]
+    return "\n".join(f"- `{n.removeprefix('min_bytes ')}`" for n in notes)
+
+
 def run_markdown(data, heading_level=2):
     h = "#" * heading_level
     m = data["machine"]
-    out = [f"{h} {m.get('gpu') or 'CPU only'} ({m.get('cpu')}, {m.get('cpu_threads')} threads, "
+    fused_only = bool(data["results"]) and all(family_of(r) == "fused" for r in data["results"])
+    what = ("Fused ops" + (", Python runner" if is_python_run(data) else "") + ": ") if fused_only else ""
+    out = [f"{h} {what}{m.get('gpu') or 'CPU only'} ({m.get('cpu')}, {m.get('cpu_threads')} threads, "
            f"CPU microkernel {m.get('cpu_isa')})",
            "", f"Run {data['created']}: `{data['command']}`", "", f"{h}# Ceilings measured in the same run", "",
            ceilings_table(data), ""]
     groups = {}
     for r in data["results"]:
-        groups.setdefault((r["op"], r["backend"]), []).append(r)
-    for (op, backend), rows in groups.items():
-        out += [f"{h}# {op} on {backend}", "", results_table(rows), ""]
+        groups.setdefault((family_of(r), r["backend"]), []).append(r)
+    for (family, backend), rows in groups.items():
+        if family == "fused":
+            out += [f"{h}# fused ops on {backend}", ""]
+            summary = fused_target_summary(rows)
+            out += [summary, ""] if summary else []
+            out += [fused_pivot(rows), ""]
+        else:
+            out += [f"{h}# {family} on {backend}", "", results_table(rows), ""]
+    if any(family_of(r) == "fused" for r in data["results"]):
+        formulas = fused_formulas(data)
+        if formulas:
+            out += [f"{h}# Minimum bytes (GB/s = min_bytes / median time)", "", formulas, ""]
+        other = [n for n in data.get("notes", []) if not n.startswith("min_bytes ")]
+        if other:
+            out += [f"{h}# Notes", ""] + [f"- {n}" for n in other] + [""]
     return "\n".join(out)
 
 
@@ -99,43 +265,120 @@ def cmd_table(args):
     print(run_markdown(load(args.json)))
 
 
+def is_python_run(data):
+    return "benchmark_all.py" in data.get("command", "") or "benchmark_fused.py" in data.get("command", "")
+
+
 def cmd_place(args):
+    """One file per op family of the run: DIR/<machine>/<family>.json (+ .md), each holding the run's
+    ceilings and notes and that family's rows; a single-family run is copied as it is."""
     data = load(args.json)
     dest = pathlib.Path(args.results) / machine_key(data)
     dest.mkdir(parents=True, exist_ok=True)
-    ops = sorted({r["op"] for r in data["results"]}) or ["ceilings"]
-    name = "-".join(ops)
-    shutil.copyfile(args.json, dest / f"{name}.json")
-    (dest / f"{name}.md").write_text(run_markdown(data) + "\n")
-    print(f"placed {dest / (name + '.json')}")
+    prefix = "python-" if is_python_run(data) else ""
+    families = list(dict.fromkeys(family_of(r) for r in data["results"])) or ["ceilings"]
+    for family in families:
+        name = prefix + family
+        if len(families) == 1:
+            shutil.copyfile(args.json, dest / f"{name}.json")
+            part = data
+        else:
+            part = dict(data, results=[r for r in data["results"] if family_of(r) == family])
+            if family != "fused":  # the fused notes (byte formulas) belong to the fused file
+                part["notes"] = [n for n in data.get("notes", []) if not n.startswith(("min_bytes ", "fused "))]
+            (dest / f"{name}.json").write_text(json.dumps(part, indent=2) + "\n")
+        (dest / f"{name}.md").write_text(run_markdown(part) + "\n")
+        print(f"placed {dest / (name + '.json')}")
+        png = pathlib.Path(args.json).with_name(f"{name}.png")  # the Python runner's plot, beside its JSON
+        if png.is_file() and png.resolve() != (dest / png.name).resolve():
+            shutil.copyfile(png, dest / png.name)
+            print(f"placed {dest / png.name}")
 
 
-BLOCK = re.compile(r"(<!-- generated: ladder (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
+BLOCK = re.compile(r"(<!-- generated: (?P<kind>ladder|fused-table|grid) (?P<spec>[^>]*?) -->\n)(?P<body>.*?)"
+                   r"(<!-- end generated -->)", re.S)
+SPEC_KEYS = {"machine", "file", "metric"}  # every other key of a spec filters the rows
 
 
-def ladder_block(root, spec):
-    """A ladder table for `machine=KEY op=OP dtype=D shape=S [file=F] [backend=B] [threads=T]` from the
-    committed JSON (file: the JSON's name without .json, e.g. matmul for the C++ runner's output)."""
-    want = dict(kv.split("=", 1) for kv in spec.split())
+def row_field(r, key):
+    if key in ("shape",):
+        return r["shape_label"]
+    if key in ("rows", "width"):
+        return str(r.get("shape", {}).get(key))
+    if key == "threads":
+        return str(fmt(r.get("threads")))
+    if key == "family":
+        return family_of(r)
+    return str(r.get(key))
+
+
+def select_rows(root, want):
     rows = []
     for path in sorted((root / want["machine"]).glob(want.get("file", "*") + ".json")):
         for r in load(path)["results"]:
-            if r["op"] != want["op"] or r["dtype"] != want["dtype"] or r["shape_label"] != want["shape"]:
-                continue
-            if "backend" in want and r["backend"] != want["backend"]:
-                continue
-            if "threads" in want and str(fmt(r.get("threads"))) != want["threads"]:
-                continue
-            rows.append(r)
+            if all(row_field(r, k) == v for k, v in want.items() if k not in SPEC_KEYS):
+                rows.append(r)
+    return rows
+
+
+def ladder_block(root, spec):
+    """A ladder table for `machine=KEY op=OP dtype=D shape=S [file=F] [backend=B] [threads=T] [...]` from
+    the committed JSON (file: the JSON's name without .json, e.g. matmul for the C++ runner's output)."""
+    want = dict(kv.split("=", 1) for kv in spec.split())
+    rows = select_rows(root, want)
     if not rows:
         return f"(no results for {spec} under {root})\n"
-    return f"Measured: `{spec}` (from `{root.as_posix()}/{want['machine']}/`)\n\n" + results_table(rows) + "\n"
+    table = fused_rows_table(rows) if all(family_of(r) == "fused" for r in rows) else results_table(rows)
+    return f"Measured: `{spec}` (from `{root.as_posix()}/{want['machine']}/`)\n\n" + table + "\n"
+
+
+def fused_table_block(root, spec):
+    want = dict(kv.split("=", 1) for kv in spec.split())
+    rows = [r for r in select_rows(root, want) if family_of(r) == "fused"]
+    if not rows:
+        return f"(no results for {spec} under {root})\n"
+    return f"Measured: `{spec}` (from `{root.as_posix()}/{want['machine']}/`)\n\n" + fused_pivot(rows) + "\n"
+
+
+GRID_METRICS = {"gbps": ("GB/s", lambda r: fmt(r.get("gbps"))),
+                "roofline": ("fraction of the measured copy bandwidth", lambda r: pct(r.get("roofline_fraction"))),
+                "vs_baseline": ("baseline time / ours", lambda r: f"{r['vs_baseline']:.2f}x"
+                                if r.get("vs_baseline") else "-"),
+                "vs_copy": ("same-size copy time / ours", lambda r: pct(r.get("vs_copy_same_size")))}
+
+
+def grid_block(root, spec):
+    """ops down, widths across, one metric of the selected rows (one per cell: filter variant=,
+    direction=, dtype=, rows= so that each (op, width) has one row)."""
+    want = dict(kv.split("=", 1) for kv in spec.split())
+    metric = want.get("metric", "gbps")
+    if metric not in GRID_METRICS:
+        return f"(unknown metric '{metric}' in {spec}: expected {', '.join(GRID_METRICS)})\n"
+    rows = select_rows(root, want)
+    if not rows:
+        return f"(no results for {spec} under {root})\n"
+    what, value = GRID_METRICS[metric]
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    widths = sorted({r.get("shape", {}).get("width", 0) for r in rows})
+    out = ["| op | " + " | ".join(str(w) for w in widths) + " |", "|---|" + "---:|" * len(widths)]
+    for op in ops:
+        cells = []
+        for w in widths:
+            m = [r for r in rows if r["op"] == op and r.get("shape", {}).get("width") == w]
+            cells.append("" if not m else (value(m[0]) if m[0]["status"] == "ok" else m[0]["status"]))
+        out.append(f"| {op} | " + " | ".join(cells) + " |")
+    return (f"Measured: `{spec}` (from `{root.as_posix()}/{want['machine']}/`): {what}, columns = width\n\n" +
+            "\n".join(out) + "\n")
+
+
+BLOCK_KINDS = {"ladder": ladder_block, "fused-table": fused_table_block, "grid": grid_block}
 
 
 def refresh_generated_blocks(root, notes_dir):
     for path in sorted(pathlib.Path(notes_dir).glob("*.md")):
         text = path.read_text()
-        new = BLOCK.sub(lambda m: m.group(1) + ladder_block(root, m.group("spec")) + m.group(4), text)
+        new = BLOCK.sub(lambda m: m.group(1) + BLOCK_KINDS[m.group("kind")](root, m.group("spec")) + m.group(5),
+                        text)
         if new != text:
             path.write_text(new)
             print(f"refreshed {path}")

@@ -10,8 +10,9 @@
 // float64 on the library's own code.
 //
 // Optional operands are passed as an empty view (`TensorView{}`, rank 0): "absent".
-// An output may be the very same view as an input of the same shape (in place: y = x, dx = dy);
-// any other overlap between an output and another operand is rejected.
+// An output may be the very same view as an input of the same shape (in place: y = x,
+// residual_out = residual, dx = dy); any other overlap between an output and another operand is
+// rejected. A backward over zero rows writes zeros to dweight / dbias.
 #pragma once
 
 #include <span>

@@ -14,15 +14,13 @@
 //     holds is what was normalized); bias + GELU does NOT round x + bias;
 //   - dweight / dbias: per-thread partial sums over the thread's rows in fp32 (fp64 for fp64),
 //     added in thread order (deterministic for a given thread count), then rounded to the dtype.
-// Backward of the norms reads the saved fp32 mean / rstd; for fp64 it recomputes them in fp64
-// from h instead, because fp64 exists for float64 gradient checks and fp32 statistics would cap
-// them at fp32 accuracy.
+// Backward of the norms reads the saved fp32 mean / rstd, fp64 included: the backward has no eps
+// to recompute rstd with, so fp64 gradients of the norms are as accurate as fp32 statistics allow.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 #include <vector>
 
 #include "fused/fused_params.h"
@@ -227,7 +225,6 @@ template <class D>
 void norm_backward(const FusedParams& p, int nth) {
   using A = typename D::Acc;
   using T = typename D::T;
-  constexpr bool kRecomputeStats = std::is_same_v<A, double>;  // fp64: see the header comment
   const int64_t n = p.width;
   const auto* weight = static_cast<const T*>(p.weight);
   const bool layer = p.is_layer_norm();
@@ -242,13 +239,7 @@ void norm_backward(const FusedParams& p, int nth) {
     for (int64_t r = 0; r < p.rows; ++r) {
       load_row<D>(p.x, p.ld_x, r, n, h.data());
       load_row<D>(p.dy, p.ld_dy, r, n, dy.data());
-      A mean = 0, rstd = 0;
-      if (kRecomputeStats) {
-        row_stats(p, h.data(), n, mean, rstd);
-      } else {
-        mean = layer ? A(p.mean[r]) : A(0);
-        rstd = A(p.rstd[r]);
-      }
+      const A mean = layer ? A(p.mean[r]) : A(0), rstd = A(p.rstd[r]);
       // h becomes xhat = (h - mean) * rstd; g = dy * weight.
       for (int64_t j = 0; j < n; ++j) {
         h[j] = (h[j] - mean) * rstd;

@@ -3,6 +3,7 @@
 // dispatches to the CPU backend or a CUDA launcher.
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -195,6 +196,25 @@ class Operands {
   std::vector<std::pair<const TensorView*, const char*>> inputs_, outputs_;
 };
 
+// dweight / dbias of a backward over zero rows: zeros.
+void zero_parameter_gradients(const FusedParams& p, Device device, const ExecutionContext& ctx) {
+  const size_t bytes = static_cast<size_t>(p.width) * dtype_size(p.dtype);
+  for (void* grad : {p.dweight, p.dbias}) {
+    if (!grad) continue;
+    if (!device.is_cuda()) {
+      std::memset(grad, 0, bytes);
+      continue;
+    }
+#if OPTIMIZED_WITH_CUDA
+    DeviceGuard guard(device.index);
+    check_cuda(cudaMemsetAsync(grad, 0, bytes, static_cast<cudaStream_t>(ctx.cuda_stream)),
+               "cudaMemsetAsync (zero-row parameter gradient)");
+#else
+    (void)ctx;
+#endif
+  }
+}
+
 // Resolves the variant, checks it can run the call, and runs it.
 void run(FusedParams& p, const Operands& ops, FusedVariant variant, const ExecutionContext& ctx) {
   p.dtype = ops.dtype();
@@ -208,8 +228,11 @@ void run(FusedParams& p, const Operands& ops, FusedVariant variant, const Execut
   if (fused_variant_is_cuda(variant) != device.is_cuda())
     invalid("variant " + std::string(fused_variant_name(variant)) + " runs on " +
             (device.is_cuda() ? "the CPU" : "CUDA devices") + "; given operands on " + device_name(device));
+  if (device.is_cuda() && cuda_device_count() == 0)
+    throw Error(Status::kUnsupported, what + ": operands on " + device_name(device) +
+                                          " but no CUDA device can be used: " + cuda_unavailable_reason());
   if (device.is_cuda() && p.dtype == DType::kF64)
-    throw Error(Status::kUnsupported, what + ": fp64 runs on the cpu variant only; given fp64 on " +
+    throw Error(Status::kUnsupported, what + ": x: fp64 runs on the cpu variant only; given fp64 on " +
                                           device_name(device));
   if (variant == FusedVariant::kCudaFusedRegisters) {
     const int64_t max_width = fused_registers_max_width(p.op, p.dtype, p.backward, aligned);
@@ -220,7 +243,10 @@ void run(FusedParams& p, const Operands& ops, FusedVariant variant, const Execut
                                             "; given width " + std::to_string(p.width) +
                                             " (use fused_streaming or auto)");
   }
-  if (p.rows == 0) return;
+  if (p.rows == 0) {
+    zero_parameter_gradients(p, device, ctx);  // a sum over no rows is 0, as torch gives
+    return;
+  }
   if (variant == FusedVariant::kCpu) {
     cpu_fused(p, ctx.cpu_threads);
     return;
@@ -300,14 +326,14 @@ FusedOp parse_fused_op(std::string_view name) {
 
 std::span<const FusedOp> all_fused_ops() { return kOps; }
 
-// The short-row kernel keeps up to 8 (forward) or 2 (backward) 16-byte vectors of the row per
+// The short-row kernel keeps up to 4 (forward) or 2 (backward) 16-byte vectors of the row per
 // thread, on up to 512 threads per block and a cluster of up to 8 blocks per row
 // (src/cuda/fused/row_registers.cu).
 int64_t fused_registers_max_width(FusedOp op, DType dtype, bool backward, bool aligned_rows) {
   if (op == FusedOp::kBiasGelu || op == FusedOp::kSiluAndMul) return 0;
   if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16) return 0;
   const int64_t per_vector = aligned_rows ? 16 / static_cast<int64_t>(dtype_size(dtype)) : 1;
-  const int64_t vectors_per_thread = backward ? 2 : 8;
+  const int64_t vectors_per_thread = backward ? 2 : 4;
   constexpr int64_t kThreads = 512, kClusterBlocks = 8;
   return kThreads * kClusterBlocks * vectors_per_thread * per_vector;
 }
@@ -375,7 +401,7 @@ void norm_forward(bool layer, const TensorView& x, const TensorView& residual, c
   p.y = ops.rows_out(y, "y", &p.ld_y);
   if (layer) p.mean = ops.stats(mean, "mean", true, false);
   p.rstd = ops.stats(rstd, "rstd", true, false);
-  ops.check_overlaps(!add);
+  ops.check_overlaps(true);
   if (!(eps >= 0.0f)) invalid("eps: expected >= 0; given " + std::to_string(eps));
   p.eps = eps;
   run(p, ops, variant, ctx);
@@ -401,7 +427,7 @@ void norm_backward(bool layer, const TensorView& dy, const TensorView& h, const 
   p.dweight = ops.vector_out(dweight, "dweight");
   if (p.dweight && !p.weight) invalid("dweight: asked for without weight (the forward had no weight)");
   if (layer) p.dbias = ops.vector_out(dbias, "dbias");
-  ops.check_overlaps(false);
+  ops.check_overlaps(true);
   run(p, ops, variant, ctx);
 }
 
@@ -460,7 +486,7 @@ void bias_gelu_backward(const TensorView& dy, const TensorView& x, const TensorV
   p.bias = ops.vector_in(bias, "bias");
   p.dx = ops.rows_out(dx, "dx", &p.ld_dx);
   p.dbias = ops.vector_out(dbias, "dbias");
-  ops.check_overlaps(false);
+  ops.check_overlaps(true);
   p.gelu = approximate;
   run(p, ops, variant, ctx);
 }
@@ -472,7 +498,7 @@ void silu_and_mul_forward(const TensorView& x, const TensorView& y, FusedVariant
   Operands ops(p.op, false);
   p.x = ops.rows_in(x, "x", &p.ld_x, 2);
   p.y = ops.rows_out(y, "y", &p.ld_y);
-  ops.check_overlaps(false);
+  ops.check_overlaps(true);
   run(p, ops, variant, ctx);
 }
 
@@ -485,7 +511,7 @@ void silu_and_mul_backward(const TensorView& dy, const TensorView& x, const Tens
   p.x = ops.rows_in(x, "x", &p.ld_x, 2);
   p.dy = ops.rows_in(dy, "dy", &p.ld_dy);
   p.dx = ops.rows_out(dx, "dx", &p.ld_dx, 2);
-  ops.check_overlaps(false);
+  ops.check_overlaps(true);
   run(p, ops, variant, ctx);
 }
 

@@ -213,8 +213,11 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           // exp(-inf - m) = 0 for padding; a row of all -inf gives NaN, as torch does.
-          v[i][j] = expf(v[i][j] - m);
-          if (in_row(i)) s += v[i][j];
+          const float e = expf(v[i][j] - m);
+          if (in_row(i)) s += e;
+          // softmax keeps e; log_softmax keeps scale * x and writes (scale * x - m) - log(s), which
+          // stays exact where e underflows.
+          if (!log) v[i][j] = e;
         }
       red[0] = s;
       red[1] = 0.0f;
@@ -227,7 +230,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
         Vec<T, kVec> yv;
 #pragma unroll
         for (int j = 0; j < kVec; ++j)
-          yv.v[j] = from_float<T>(log ? logf(v[i][j]) - log_s : v[i][j] * inv_s);
+          yv.v[j] = from_float<T>(log ? (v[i][j] - m) - log_s : v[i][j] * inv_s);
         store_vec<T, kVec>(yr + col_of(i), yv);
       }
     } else if constexpr (kKind == Kind::kNormFwd) {
@@ -398,7 +401,9 @@ int pow2_ceil(int64_t v) {
 // thread (enough bytes in flight per thread without starving occupancy of registers), one block
 // per row up to kMaxThreadsPerRow threads, then clusters; throws when the row does not fit.
 Plan make_plan(const FusedParams& p, int vec) {
-  const int max_kv = p.backward ? 2 : 8;  // backward holds two rows and the dweight/dbias sums
+  // Forward holds one row (8 vectors spilled: 64 fp32 values and the softmax temporaries exceed the
+  // 128 registers of a 512-thread block); backward holds two rows and the dweight/dbias sums.
+  const int max_kv = p.backward ? 2 : 4;
   const int target_kv = p.backward ? 2 : 4;
   Plan plan;
   plan.vecs = (p.width + vec - 1) / vec;
@@ -483,12 +488,8 @@ void launch_with_vec(const FusedParams& p, cudaStream_t stream) {
     case 1: go(std::integral_constant<int, 1>{}); return;
     case 2: go(std::integral_constant<int, 2>{}); return;
     case 4:
-    case 8:
       if constexpr (!kBackward) {
-        if (plan.kv == 4)
-          go(std::integral_constant<int, 4>{});
-        else
-          go(std::integral_constant<int, 8>{});
+        go(std::integral_constant<int, 4>{});
         return;
       }
       break;

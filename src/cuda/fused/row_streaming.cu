@@ -2,14 +2,15 @@
 // row and streams it from global memory in passes, so a row of any length fits:
 //
 //   softmax fwd    pass 1: running max and rescaled sum (online softmax)   pass 2: write y
-//   norm fwd       pass 1: (add form: write h) sums of h - h[0] and its square   pass 2: write y
+//   norm fwd       pass 1: (add form: write h) sum of h   pass 2: sum of (h - mean)^2
+//                  pass 3: write y (rms_norm: passes 1 and 2 are one)
 //   softmax bwd    pass 1: sum(dy * y) or sum(dy)                           pass 2: write dx
 //   norm bwd       pass 1: sum(g * xhat), sum(g)    pass 2: write dx, add dweight / dbias terms
 //
 // The second pass re-reads the row, mostly from L2 (a block's row is at most a few hundred KB and
 // a few hundred blocks are resident), so the DRAM bytes stay near the minimum while the row is
-// far longer than registers could hold. The variance uses sums shifted by the row's first
-// element, which keeps E[d^2] - E[d]^2 from cancelling when the mean is large against the spread.
+// far longer than registers could hold. The variance is summed around the exact mean in its own
+// pass: a one-pass E[h^2] - E[h]^2 (even shifted) cancels when the mean is large against the spread.
 // dweight / dbias: each block keeps an fp32 row of partial sums in global memory for its columns
 // (read-modify-write per row it visits: acceptable because this design serves long rows, which
 // are few), summed by column_sum_kernel at the end.
@@ -125,11 +126,8 @@ __global__ void __launch_bounds__(kThreads) row_streaming_kernel(const FusedPara
       const T* xr = static_cast<const T*>(p.x) + row * p.ld_x;
       const T* rr = static_cast<const T*>(p.residual) + row * p.ld_residual;
       T* hr = static_cast<T*>(p.residual_out) + row * p.ld_residual_out;
-      // The shift: h[0] (rounded as residual_out will hold it).
-      float shift = to_float(xr[0]);
-      if (p.residual) shift = to_float(from_float<T>(shift + to_float(rr[0])));
-      if (!layer) shift = 0.0f;
-      float sums[2] = {0.0f, 0.0f};  // sum(h - shift), sum((h - shift)^2)
+      // Pass 1: h (add form: x + residual, rounded and written to residual_out) and its sum.
+      float sums[1] = {0.0f}, sq[1] = {0.0f};  // sum(h); rms_norm: sum(h^2)
       for (int64_t v = threadIdx.x; v < vecs; v += kThreads) {
         Vec<T, kVec> hv = load_vec<T, kVec>(xr + v * kVec);
         if (p.residual) {
@@ -140,21 +138,33 @@ __global__ void __launch_bounds__(kThreads) row_streaming_kernel(const FusedPara
         }
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          const float d = to_float(hv.v[j]) - shift;
-          sums[0] += d;
-          sums[1] += d * d;
+          const float h = to_float(hv.v[j]);
+          sums[0] += h;
+          sq[0] += h * h;
         }
       }
-      block_sum<2>(sums, scratch);
-      const float mean_d = layer ? sums[0] * inv_width : 0.0f;
-      const float var = fmaxf(sums[1] * inv_width - mean_d * mean_d, 0.0f);
-      const float mean = shift + mean_d;
-      const float rstd = 1.0f / sqrtf(var + p.eps);
+      const T* src = p.residual ? hr : xr;  // later passes read h back (this thread wrote it)
+      float mean = 0.0f;
+      if (layer) {
+        block_sum<1>(sums, scratch);
+        mean = sums[0] * inv_width;
+      }
+      // Pass 2 (from L2; layer_norm only): the sum of squared deviations from the exact mean.
+      if (layer) sq[0] = 0.0f;
+      for (int64_t v = threadIdx.x; layer && v < vecs; v += kThreads) {
+        const Vec<T, kVec> hv = load_vec<T, kVec>(src + v * kVec);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float d = to_float(hv.v[j]) - mean;
+          sq[0] += d * d;
+        }
+      }
+      block_sum<1>(sq, scratch);
+      const float rstd = 1.0f / sqrtf(sq[0] * inv_width + p.eps);
       if (threadIdx.x == 0) {
         if (p.mean) p.mean[row] = mean;
         if (p.rstd) p.rstd[row] = rstd;
       }
-      const T* src = p.residual ? hr : xr;  // pass 2 reads h back (this thread wrote it)
       T* yr = static_cast<T*>(p.y) + row * p.ld_y;
       for (int64_t v = threadIdx.x; v < vecs; v += kThreads) {
         const Vec<T, kVec> hv = load_vec<T, kVec>(src + v * kVec);

@@ -35,7 +35,7 @@
 //                     -> dx = rstd*(g - mean(g) - xhat*mean(g*xhat)) (rms: no mean(g) term)
 //                     -> dx += dresidual_out (a separate add kernel; dx goes through a tmp)
 //   bias_gelu fwd     z = x + bias [tmp; z = x when bias is absent] -> y = gelu(z)
-//   bias_gelu bwd     z [tmp] -> d = gelu'(z) [tmp] -> dx = dy*d -> dbias: column sum of dx
+//   bias_gelu bwd     z [tmp] -> d = gelu'(z) [tmp] -> d = dy*d -> dbias: column sum of d -> dx = d
 //   silu_and_mul fwd  s = silu(a) [tmp] -> y = s*b                         (x = [a | b])
 //   silu_and_mul bwd  sig = sigmoid(a) [tmp] -> s = silu(a) [tmp]
 //                     -> da = dy*b*sig*(1 + a*(1 - sig)) -> db = dy*s
@@ -616,11 +616,13 @@ void bias_gelu_backward(const FusedParams& p, cudaStream_t stream) {
     launch_map(stream, "bias_gelu backward gelu'", rows, n, gelu_grad, d_mat, z_mat);
     z.release();
   }
-  launch_map(stream, "bias_gelu backward dx", rows, n, Multiply{}, dx, dy, d_mat);
-  d.release();
-  // dbias = sum over rows of dx as written (in T), as an eager framework sums its dx tensor.
+  // dx in fp32 first (in place over gelu'), so that dbias sums the unrounded values like the other
+  // variants; then dx is written in T by its own kernel.
+  launch_map(stream, "bias_gelu backward dy * gelu'", rows, n, Multiply{}, d_mat, dy, d_mat);
   if (p.dbias != nullptr)
-    launch_column_sum<T>(stream, "bias_gelu backward dbias", rows, n, Mat<const T>{dx.p, dx.ld}, p.dbias);
+    launch_column_sum<T>(stream, "bias_gelu backward dbias", rows, n, Mat<const float>{d.get(), n}, p.dbias);
+  launch_map(stream, "bias_gelu backward dx", rows, n, Identity{}, dx, d_mat);
+  d.release();
 }
 
 // ---- SiLU-and-mul --------------------------------------------------------------------------

@@ -1,0 +1,563 @@
+#!/usr/bin/env python3
+"""Python benchmark of the fused memory-bound ops: optimized_ops against torch eager and
+torch.compile of the same torch expression, forward, backward and forward+backward, in one run.
+
+    python bench/benchmark_fused.py [--device cuda|cpu] [--fused-ops softmax,rms_norm,...]
+        [--dtypes bf16,fp16,fp32] [--shapes 16384x8192,4097x4099] [--variants auto|all|NAME,...]
+        [--directions fwd,bwd,fwd+bwd] [--gelu none|tanh] [--no-compile] [--quick] [--out bench/results]
+
+is `python bench/benchmark_all.py --ops fused ...` (benchmark_all.py holds the harness: statistics,
+stopping rule, cold-cache timing with CUDA events, rotating inputs, ceilings, output files).
+
+What is compared, per (op, dtype, shape ROWSxWIDTH; silu_and_mul's WIDTH is d, its x is R x 2d):
+  ours           optimized_ops.<op>(..., variant=V), V = auto (default) or each rung (--variants all)
+  torch_eager    the torch expression: F.softmax, F.log_softmax, F.layer_norm, F.rms_norm;
+                 h = x + residual then F.layer_norm / F.rms_norm (returning y and h); F.gelu(x + bias);
+                 a, b = x.chunk(2, -1); F.silu(a) * b
+  torch_compile  torch.compile of that expression (mode default, fullgraph=True, dynamic=False;
+                 torch._dynamo.reset() before each group so no recompile limit is hit; compiled and
+                 warmed up by the validation run, outside the timed region)
+Directions (inputs require grad in all three, as in training):
+  fwd      the forward (it saves what the backward needs);
+  bwd      torch.autograd.grad(outputs, inputs, cotangents) on the graph of a forward run just before
+           each sample, untimed (enqueued ahead of the L2 flush and the start event): the backward
+           alone, cold, as training runs it (retain_graph is not used: torch.compile's backward
+           donates its saved buffers and refuses it);
+  fwd+bwd  the forward, then torch.autograd.grad, timed together.
+Every gradient is taken (input, residual, weight, bias); the add forms receive a cotangent for both
+y and residual_out.
+
+Validation (before any timing; design.md's rule): every implementation's outputs and gradients on
+input set 0 against float64 (the torch expression on float64 copies, in row chunks on the device;
+weight/bias gradients summed over the chunks); per tensor, max|ours - ref| must be <= 2 x
+max|torch_eager - ref| + u * max|ref| (u: the dtype's unit roundoff; rounding noise). torch_compile
+is checked the same way; a baseline that fails is noted, not dropped.
+
+GB/s counts the minimum bytes (the byte model of the C++ benchmark, bench/fused_bench.cpp: each input
+read once, each output written once, statistics fp32; fwd+bwd = fwd + bwd); roofline = the fraction
+of torch's device copy bandwidth measured in this run; copy_same_size = a copy_ of the same bytes,
+timed the same way; vs baseline = torch.compile's time over ours.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+import sys
+
+import torch
+import torch.nn.functional as F
+
+FUSED_OPS = ["softmax", "log_softmax", "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "bias_gelu",
+             "silu_and_mul"]
+DIRECTIONS = ["fwd", "bwd", "fwd+bwd"]
+EPS = 1e-5
+
+# Standard shapes per device and dtype (torch.compile compiles once per (op, dtype, shape): keep it lean).
+DEFAULT_SHAPES = {
+    "cuda": {"bf16": ["4096x4096", "16384x8192", "4096x32768", "4097x4099"],
+             "fp16": ["16384x8192"], "fp32": ["16384x8192"]},
+    "cpu": {"fp32": ["256x1024", "1024x4096"]},
+}
+QUICK_SHAPES = {"cuda": {"bf16": ["4096x4096", "16384x8192"]}, "cpu": {"fp32": ["256x1024"]}}
+UNIT_ROUNDOFF = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
+
+
+# ---- the byte model (bench/fused_bench.cpp: rows, vector and statistics units) -----------------
+
+BYTE_MODEL = {  # (op, direction): (R*W*E units, W*E units, 4*R units, what)
+    ("softmax", "fwd"): (2, 0, 0, "read x; write y"),
+    ("softmax", "bwd"): (3, 0, 0, "read y, dy; write dx"),
+    ("layer_norm", "fwd"): (2, 2, 2, "read x, weight, bias; write y, mean, rstd"),
+    ("layer_norm", "bwd"): (3, 3, 2, "read dy, h, weight, mean, rstd; write dx, dweight, dbias"),
+    ("rms_norm", "fwd"): (2, 1, 1, "read x, weight; write y, rstd"),
+    ("rms_norm", "bwd"): (3, 2, 1, "read dy, h, weight, rstd; write dx, dweight"),
+    ("add_layer_norm", "fwd"): (4, 2, 2, "read x, residual, weight, bias; write y, residual_out, mean, rstd"),
+    ("add_layer_norm", "bwd"): (4, 3, 2, "read dy, h, dresidual_out, weight, mean, rstd; write dx, dweight, dbias"),
+    ("add_rms_norm", "fwd"): (4, 1, 1, "read x, residual, weight; write y, residual_out, rstd"),
+    ("add_rms_norm", "bwd"): (4, 2, 1, "read dy, h, dresidual_out, weight, rstd; write dx, dweight"),
+    ("bias_gelu", "fwd"): (2, 1, 0, "read x, bias; write y"),
+    ("bias_gelu", "bwd"): (3, 2, 0, "read dy, x, bias; write dx, dbias"),
+    ("silu_and_mul", "fwd"): (3, 0, 0, "read x (R x 2d); write y (R x d)"),
+    ("silu_and_mul", "bwd"): (5, 0, 0, "read dy (R x d), x (R x 2d); write dx (R x 2d)"),
+}
+BYTE_MODEL[("log_softmax", "fwd")] = BYTE_MODEL[("softmax", "fwd")]
+BYTE_MODEL[("log_softmax", "bwd")] = BYTE_MODEL[("softmax", "bwd")]
+
+
+def min_bytes(op, direction, rows, width, elem):
+    if direction == "fwd+bwd":
+        return min_bytes(op, "fwd", rows, width, elem) + min_bytes(op, "bwd", rows, width, elem)
+    a, b, c, _ = BYTE_MODEL[(op, direction)]
+    return a * rows * width * elem + b * width * elem + c * 4 * rows
+
+
+def bytes_formula(op, direction):
+    if direction == "fwd+bwd":
+        return f"fwd + bwd: {bytes_formula(op, 'fwd')}; {bytes_formula(op, 'bwd')}"
+    a, b, c, what = BYTE_MODEL[(op, direction)]
+    w = "d" if op == "silu_and_mul" else "W"
+    s = f"{a}*R*{w}*E"
+    if b:
+        s += f" + {b}*W*E" if b > 1 else " + W*E"
+    if c:
+        s += f" + {4 * c}*R"
+    return f"{s} ({what})"
+
+
+# ---- the ops: inputs, the torch expression, ours ---------------------------------------------
+
+class Spec:
+    """One op: which tensors it takes (row tensors are (R, W), or (R, 2d) for silu_and_mul's x;
+    vectors are (W)), the torch expression and the optimized_ops call; both return a tuple."""
+
+    def __init__(self, name, rows_inputs, vector_inputs, torch_fn, ours_fn):
+        self.name, self.rows_inputs, self.vector_inputs = name, rows_inputs, vector_inputs
+        self.torch_fn, self.ours_fn = torch_fn, ours_fn
+
+    def inputs(self):
+        return self.rows_inputs + self.vector_inputs
+
+
+def make_specs(gelu_approximate):
+    import optimized_ops as oo
+
+    def norm_shape(x):
+        return (x.shape[-1],)
+
+    def add_ln(x, residual, weight, bias):
+        h = x + residual
+        return F.layer_norm(h, norm_shape(h), weight, bias, EPS), h
+
+    def add_rms(x, residual, weight):
+        h = x + residual
+        return F.rms_norm(h, norm_shape(h), weight, EPS), h
+
+    def silu_mul(x):
+        a, b = x.chunk(2, dim=-1)
+        return (F.silu(a) * b,)
+
+    return {
+        "softmax": Spec("softmax", ["x"], [], lambda x: (F.softmax(x, -1),),
+                        lambda v, x: (oo.softmax(x, -1, variant=v),)),
+        "log_softmax": Spec("log_softmax", ["x"], [], lambda x: (F.log_softmax(x, -1),),
+                            lambda v, x: (oo.log_softmax(x, -1, variant=v),)),
+        "layer_norm": Spec("layer_norm", ["x"], ["weight", "bias"],
+                           lambda x, weight, bias: (F.layer_norm(x, norm_shape(x), weight, bias, EPS),),
+                           lambda v, x, weight, bias: (oo.layer_norm(x, norm_shape(x), weight, bias, EPS, variant=v),)),
+        "rms_norm": Spec("rms_norm", ["x"], ["weight"],
+                         lambda x, weight: (F.rms_norm(x, norm_shape(x), weight, EPS),),
+                         lambda v, x, weight: (oo.rms_norm(x, norm_shape(x), weight, EPS, variant=v),)),
+        "add_layer_norm": Spec("add_layer_norm", ["x", "residual"], ["weight", "bias"], add_ln,
+                               lambda v, x, residual, weight, bias: tuple(oo.add_layer_norm(
+                                   x, residual, norm_shape(x), weight, bias, EPS, variant=v))),
+        "add_rms_norm": Spec("add_rms_norm", ["x", "residual"], ["weight"], add_rms,
+                             lambda v, x, residual, weight: tuple(oo.add_rms_norm(
+                                 x, residual, norm_shape(x), weight, EPS, variant=v))),
+        "bias_gelu": Spec("bias_gelu", ["x"], ["bias"],
+                          lambda x, bias: (F.gelu(x + bias, approximate=gelu_approximate),),
+                          lambda v, x, bias: (oo.bias_gelu(x, bias, gelu_approximate, variant=v),)),
+        "silu_and_mul": Spec("silu_and_mul", ["x"], [], silu_mul, lambda v, x: (oo.silu_and_mul(x, variant=v),)),
+    }
+
+
+def parse_shape(text):
+    parts = text.lower().split("x")
+    try:
+        rows, width = (int(p) for p in parts)
+    except ValueError:
+        rows = width = 0
+    if len(parts) != 2 or rows < 1 or width < 1:
+        raise SystemExit(f"--shapes: fused shapes are ROWSxWIDTH with positive integers; given '{text}'")
+    return rows, width
+
+
+# ---- operands --------------------------------------------------------------------------------
+
+class InputSet:
+    """Leaves (requiring grad) and cotangents of one rotating set."""
+
+    def __init__(self, spec, rows, width, dtype, device, gen):
+        def uniform(*shape):  # drawn on the device (fast for the large shapes), in float32, then cast
+            return (torch.rand(*shape, generator=gen, device=device) * 2 - 1).to(dtype)
+
+        self.leaves = {}
+        for name in spec.rows_inputs:
+            cols = 2 * width if spec.name == "silu_and_mul" else width
+            self.leaves[name] = uniform(rows, cols).requires_grad_()
+        for name in spec.vector_inputs:
+            self.leaves[name] = uniform(width).requires_grad_()
+        n_out = 2 if spec.name.startswith("add_") else 1
+        self.cotangents = [uniform(rows, width) for _ in range(n_out)]
+
+    def args(self):
+        return list(self.leaves.values())
+
+
+def run_fwd(fn, s):
+    return fn(*s.args())
+
+
+def run_fwd_bwd(fn, s):
+    outs = fn(*s.args())
+    return outs, torch.autograd.grad(outs, s.args(), s.cotangents)
+
+
+# ---- validation ------------------------------------------------------------------------------
+
+def reference_and_check(spec, s0, impls, dname, device, log):
+    """Outputs and gradients of each implementation (run once on set 0) against float64, chunked
+    over rows. impls: {name: (outs, grads)}. Returns {name: {"fwd": validation, "bwd": validation}}."""
+    rows = s0.cotangents[0].shape[0]
+    width_total = sum(t.shape[-1] for n, t in s0.leaves.items() if n in spec.rows_inputs)
+    chunk = max(1, (1 << 24) // max(width_total, 1))
+    names = list(s0.leaves)
+    n_out = len(s0.cotangents)
+    # per impl, per tensor key: [max err, max |ref|]
+    acc = {k: {} for k in impls}
+    vec_ref = {}
+
+    def record(impl, key, got, ref):
+        err = (got.double() - ref).abs()
+        e = math.inf if torch.isnan(err).any().item() else err.max().item() if err.numel() else 0.0
+        m = ref.abs().max().item() if ref.numel() else 0.0
+        cur = acc[impl].setdefault(key, [0.0, 0.0, 0])
+        cur[0], cur[1], cur[2] = max(cur[0], e), max(cur[1], m), cur[2] + ref.numel()
+
+    for r0 in range(0, rows, chunk):
+        sl = slice(r0, min(rows, r0 + chunk))
+        leaves64 = []
+        for n in names:
+            t = s0.leaves[n].detach()
+            t64 = (t[sl] if n in spec.rows_inputs else t).double().requires_grad_()
+            leaves64.append(t64)
+        outs64 = spec.torch_fn(*leaves64)
+        grads64 = torch.autograd.grad(outs64, leaves64, [c[sl].double() for c in s0.cotangents])
+        for impl, (outs, grads) in impls.items():
+            for i in range(n_out):
+                record(impl, f"out{i}", outs[i][sl], outs64[i].detach())
+            for n, g, g64 in zip(names, grads, grads64):
+                if n in spec.rows_inputs:
+                    record(impl, f"d{n}", g[sl], g64)
+        for n, g64 in zip(names, grads64):
+            if n not in spec.rows_inputs:
+                vec_ref[n] = vec_ref.get(n, 0) + g64
+    for impl, (outs, grads) in impls.items():
+        for n, g in zip(names, grads):
+            if n not in spec.rows_inputs:
+                record(impl, f"d{n}", g, vec_ref[n])
+
+    u = UNIT_ROUNDOFF[dname]
+    eager = acc["torch_eager"]
+    out = {}
+    for impl in impls:
+        res = {}
+        for direction, keys in (("fwd", [k for k in acc[impl] if k.startswith("out")]),
+                                ("bwd", [k for k in acc[impl] if k.startswith("d")])):
+            worst, max_rel, checked, first = 0.0, 0.0, 0, ""
+            for k in keys:
+                err, mag, n = acc[impl][k]
+                allowed = 2 * eager[k][0] + u * mag + 1e-300
+                ratio = err / allowed
+                if ratio > 1 and not first:
+                    first = f"{k}: max error {err:.3g}, allowed {allowed:.3g} (torch eager {eager[k][0]:.3g})"
+                worst, checked = max(worst, ratio), checked + n
+                max_rel = max(max_rel, err / mag if mag > 0 else 0.0)
+            res[direction] = {"passed": worst <= 1.0, "max_rel_error": max_rel, "worst_ratio": worst,
+                              "checked": checked, "first_failure": first}
+        out[impl] = res
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def check_for(direction, v):
+    """The validation record of a row: fwd rows the outputs, bwd the gradients, fwd+bwd both."""
+    if direction == "fwd":
+        return v["fwd"]
+    if direction == "bwd":
+        return v["bwd"]
+    a, b = v["fwd"], v["bwd"]
+    return {"passed": a["passed"] and b["passed"], "max_rel_error": max(a["max_rel_error"], b["max_rel_error"]),
+            "worst_ratio": max(a["worst_ratio"], b["worst_ratio"]), "checked": a["checked"] + b["checked"],
+            "first_failure": a["first_failure"] or b["first_failure"]}
+
+
+def _validation_json(v):
+    return {k: v[k] for k in ("passed", "max_rel_error", "worst_ratio", "checked")}
+
+
+# ---- the rows --------------------------------------------------------------------------------
+
+def resolve_variants(args, device):
+    import optimized_ops as oo
+
+    given = args.variants_arg
+    if given is None:
+        return ["auto"]
+    out = []
+    for name in given:
+        if name == "all":
+            out += ["auto"] + [v for v in oo.fused_variants() if (v == "cpu") == (device == "cpu")]
+        elif name in ("auto", *oo.fused_variants()):
+            if (name == "cpu") == (device == "cpu") or name == "auto":
+                out.append(name)
+        else:
+            raise SystemExit(f"--variants: expected auto, all or some of {', '.join(oo.fused_variants())}; "
+                             f"given '{name}'")
+    return list(dict.fromkeys(out))
+
+
+def shapes_by_dtype(args, device):
+    if args.dtypes_arg is None and args.shapes_arg is None:
+        table = (QUICK_SHAPES if args.quick else DEFAULT_SHAPES)[device]
+        return {d: [parse_shape(s) for s in shapes] for d, shapes in table.items()}
+    dtypes = args.dtypes_arg or (["bf16"] if device == "cuda" else ["fp32"])
+    if args.shapes_arg is None:
+        table = (QUICK_SHAPES if args.quick else DEFAULT_SHAPES)[device]
+        default = next(iter(table.values()))
+        return {d: [parse_shape(s) for s in table.get(d, default)] for d in dtypes}
+    return {d: [parse_shape(s) for s in args.shapes_arg] for d in dtypes}
+
+
+def fused_rows(args, device, timer, ceilings, log, notes):
+    """Rows of the fused ops (the OPS entry of benchmark_all.py); appends to `notes`."""
+    import benchmark_all as ba
+    import optimized_ops as oo
+
+    notes += ["Python fused rows (bench/benchmark_fused.py): ours = optimized_ops.<op>, torch_eager = the torch "
+              "expression, torch_compile = torch.compile of it (default mode, fullgraph, dynamic=False); "
+              "vs baseline = torch.compile's time over ours; roofline = fraction of the device copy bandwidth; "
+              "fwd = training forward (inputs require grad); bwd = autograd.grad on the graph of an untimed forward "
+              "run just before each sample (ahead of the L2 flush); fwd+bwd = both, timed together",
+              "Python fused validation: max|impl - float64| <= 2 x max|torch eager - float64| + u max|float64| "
+              "per output and gradient"]
+    notes += [f"min_bytes {op} {d} = {bytes_formula(op, d)}" for op in (args.fused_ops or FUSED_OPS)
+              for d in (args.directions or DIRECTIONS) if (op, d if d != "fwd+bwd" else "fwd") in BYTE_MODEL]
+
+    specs = make_specs(args.gelu)
+    ops = args.fused_ops or FUSED_OPS
+    for op in ops:
+        if op not in specs:
+            raise SystemExit(f"--fused-ops: expected some of {', '.join(FUSED_OPS)}; given '{op}'")
+    directions = args.directions or DIRECTIONS
+    for d in directions:
+        if d not in DIRECTIONS:
+            raise SystemExit(f"--directions: expected some of {', '.join(DIRECTIONS)}; given '{d}'")
+    variants = resolve_variants(args, device)
+    plan = shapes_by_dtype(args, device)
+    bw = next((c for c in ceilings if c["unit"] == "GB/s"), None)
+    impl_names = [f"ours:{v}" for v in variants] + ["torch_eager"] + ([] if args.no_compile else ["torch_compile"])
+    rows_out = []
+    for op in ops:
+        spec = specs[op]
+        for dname, shapes in plan.items():
+            dtype = ba.DTYPES[dname]
+            elem = torch.tensor([], dtype=dtype).element_size()
+            for rows, width in shapes:
+                label = f"{rows}x{width}"
+                # -- operands: enough sets to cover 2x the cache
+                set_bytes = int(min_bytes(op, "fwd", rows, width, elem) + min_bytes(op, "bwd", rows, width, elem))
+                budget = (torch.cuda.mem_get_info()[0] // 4) if device == "cuda" else (1 << 30)
+                nsets = ba.rotating_set_count(set_bytes, timer.cache_bytes, budget)
+                gen = torch.Generator(device=device).manual_seed(4242)
+                sets = [InputSet(spec, rows, width, dtype, device, gen) for _ in range(nsets)]
+                log(f"fused {op} {dname} {label} ({nsets} input sets)")
+
+                # -- the implementations; ours that cannot run here are skipped rows
+                fns, skip = {}, {}
+                for v in variants:
+                    max_w = oo.fused_registers_max_width(op, dtype, False) if v == "fused_registers" else 0
+                    if v == "fused_registers" and op in ("bias_gelu", "silu_and_mul"):
+                        skip[f"ours:{v}"] = "elementwise op: fused_registers runs the same kernel as fused_streaming"
+                    elif v == "fused_registers" and 0 < max_w < width:
+                        skip[f"ours:{v}"] = f"row of {width} elements exceeds fused_registers' {max_w}"
+                    fns[f"ours:{v}"] = (lambda f, v: (lambda *a: f(v, *a)))(spec.ours_fn, v)
+                fns["torch_eager"] = spec.torch_fn
+                if not args.no_compile:
+                    torch._dynamo.reset()
+                    fns["torch_compile"] = torch.compile(spec.torch_fn, fullgraph=True, dynamic=False)
+
+                # -- validate every implementation once (compiles and warms up torch.compile)
+                results, failed = {}, {}
+                for name in impl_names:
+                    if name in skip:
+                        continue
+                    try:
+                        outs, grads = run_fwd_bwd(fns[name], sets[0])
+                        results[name] = (tuple(o.detach() for o in outs), grads)
+                    except Exception as e:  # noqa: BLE001 - reported in the row
+                        failed[name] = f"{type(e).__name__}: {e}".splitlines()[0]
+                checks = {}
+                if "torch_eager" in results:
+                    checks = reference_and_check(spec, sets[0], results, dname, device, log)
+                del results
+                for name, v in checks.items():
+                    if name.startswith("torch") and not (v["fwd"]["passed"] and v["bwd"]["passed"]):
+                        note = (f"{name} at {op} {dname} {label} failed validation "
+                                f"({v['fwd']['first_failure'] or v['bwd']['first_failure']}): timed anyway")
+                        notes.append(note)
+                        log("  note: " + note)
+
+                for direction in directions:
+                    mb = min_bytes(op, direction, rows, width, elem)
+                    group_rows = {}
+                    for name in impl_names:
+                        variant = name.split(":", 1)[1] if name.startswith("ours:") else name
+                        r = {"op": op, "family": "fused", "direction": direction, "variant": variant,
+                             "backend": device, "dtype": dname, "shape": {"rows": rows, "width": width},
+                             "shape_label": label,
+                             "threads": torch.get_num_threads() if device == "cpu" else None, "status": "ok",
+                             "reason": "", "validation": None, "time_ms": None, "flops": 0.0, "min_bytes": mb,
+                             "bytes_formula": bytes_formula(op, direction), "tflops": None, "gbps": None,
+                             "baseline": None, "vs_baseline": None, "roofline_fraction": None,
+                             "roofline_peak": None, "roofline_bandwidth": None, "kernel": None}
+                        if variant == "auto" and name.startswith("ours:"):
+                            r["resolved_variant"] = oo.resolve_fused_variant(op, dtype, device, width,
+                                                                              direction == "bwd")
+                        group_rows[name] = r
+                        if name in skip:
+                            r.update(status="skipped", reason=skip[name])
+                            continue
+                        if name in failed:
+                            r.update(status="failed", reason=failed[name])
+                            continue
+                        if name not in checks:
+                            r.update(status="failed", reason="not validated: torch eager (the yardstick of the "
+                                                             "tolerance) failed: " + failed.get("torch_eager", "?"))
+                            continue
+                        v = check_for(direction, checks[name])
+                        r["validation"] = _validation_json(v)
+                        if not v["passed"] and name.startswith("ours:"):
+                            r.update(status="failed", reason="validation: " + v["first_failure"])
+                            continue
+                        st = time_direction(fns[name], sets, direction, timer)
+                        r["time_ms"] = ba._stats_json(st)
+                        r["gbps"] = mb / (st["median"] * 1e-3) / 1e9
+                        if bw:
+                            r["roofline_bandwidth"] = {"name": bw["name"], "value": bw["value"], "unit": "GB/s"}
+                            r["roofline_fraction"] = r["gbps"] / bw["value"]
+                        log(f"  {direction:>7} {name:>24}: {st['median']:.4g} ms [{st['p10']:.4g}-{st['p90']:.4g}] "
+                            f"{r['gbps']:.0f} GB/s" + (f" ({r['roofline_fraction'] * 100:.0f}% of copy)" if bw else ""))
+                    # the same-size copy and the baseline (torch.compile, else torch eager)
+                    copy = same_size_copy(mb, timer, device)
+                    base_name = "torch_compile" if "torch_compile" in group_rows else "torch_eager"
+                    base = group_rows[base_name]
+                    for name, r in group_rows.items():
+                        if r["status"] != "ok" or r["time_ms"] is None:
+                            continue
+                        r["copy_same_size"] = {"time_ms": ba._stats_json(copy),
+                                               "gbps": mb / (copy["median"] * 1e-3) / 1e9}
+                        r["vs_copy_same_size"] = copy["median"] / r["time_ms"]["median"]
+                        if name != base_name and base["status"] == "ok" and base["time_ms"]:
+                            r["baseline"] = {"name": base_name.replace("_", "."), "time_ms": base["time_ms"],
+                                             "tflops": 0.0, "validation": base["validation"]}
+                            r["vs_baseline"] = base["time_ms"]["median"] / r["time_ms"]["median"]
+                    rows_out += list(group_rows.values())
+                del sets, fns
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+    return rows_out
+
+
+def time_direction(fn, sets, direction, timer):
+    n = len(sets)
+    if direction == "fwd":
+        return timer.measure(lambda i: run_fwd(fn, sets[i % n]))
+    if direction == "fwd+bwd":
+        return timer.measure(lambda i: run_fwd_bwd(fn, sets[i % n]))
+    graph = {}  # the forward of sample i, run untimed before it
+
+    def forward(i):
+        graph["outs"] = fn(*sets[i % n].args())
+
+    def backward(i):
+        outs = graph.pop("outs")
+        return torch.autograd.grad(outs, sets[i % n].args(), sets[i % n].cotangents)
+
+    return timer.measure(backward, before=forward)
+
+
+def same_size_copy(nbytes, timer, device):
+    import benchmark_all as ba
+
+    half = max(16, int(nbytes // 2))
+    budget = (torch.cuda.mem_get_info()[0] // 4) if device == "cuda" else (1 << 30)
+    pairs = ba.rotating_set_count(2 * half, timer.cache_bytes, budget)
+    bufs = [(torch.empty(half, dtype=torch.uint8, device=device).fill_(60),
+             torch.empty(half, dtype=torch.uint8, device=device)) for _ in range(pairs)]
+    st = timer.measure(lambda i: bufs[i % pairs][1].copy_(bufs[i % pairs][0]))
+    del bufs
+    return st
+
+
+# ---- the plot --------------------------------------------------------------------------------
+
+def plot_fused(report, path):
+    """One PNG for the family: a panel per (op, direction), GB/s of each implementation per
+    (dtype, shape), the measured copy bandwidth as a dashed line. Returns [path] or []."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("benchmark_fused: matplotlib is not installed: no plot", file=sys.stderr)
+        return []
+    rows = [r for r in report["results"] if r.get("family") == "fused" and r["status"] == "ok"]
+    if not rows:
+        return []
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    directions = [d for d in DIRECTIONS if any(r["direction"] == d for r in rows)]
+    impls = list(dict.fromkeys(r["variant"] for r in rows))
+    bw = next((c for c in report.get("ceilings", []) if c["unit"] == "GB/s"), None)
+    machine = report["machine"].get("gpu") or f"CPU ({report['machine'].get('cpu')})"
+    fig, axes = plt.subplots(len(ops), len(directions), figsize=(5.2 * len(directions), 2.9 * len(ops)),
+                             squeeze=False)
+    cmap = plt.get_cmap("viridis")
+    colors = {"torch_eager": "#ff7f0e", "torch_compile": "#d62728"}
+    ours = [v for v in impls if v not in colors]
+    for i, v in enumerate(ours):
+        colors[v] = cmap(0.15 + 0.7 * i / max(len(ours) - 1, 1))
+    for oi, op in enumerate(ops):
+        for di, direction in enumerate(directions):
+            ax = axes[oi, di]
+            sel = [r for r in rows if r["op"] == op and r["direction"] == direction]
+            groups = list(dict.fromkeys((r["dtype"], r["shape_label"]) for r in sel))
+            width = 0.8 / max(len(impls), 1)
+            for vi, v in enumerate(impls):
+                ys = []
+                for g in groups:
+                    m = next((r for r in sel if (r["dtype"], r["shape_label"]) == g and r["variant"] == v), None)
+                    ys.append(m["gbps"] if m else 0)
+                xs = [k + (vi - (len(impls) - 1) / 2) * width for k in range(len(groups))]
+                label = v if v.startswith("torch") else f"optimized_ops {v}"
+                ax.bar(xs, ys, width, label=label, color=colors[v])
+            if bw:
+                ax.axhline(bw["value"], color="black", linestyle="--", linewidth=0.8)
+                ax.axhline(0.9 * bw["value"], color="gray", linestyle=":", linewidth=0.8)
+            ax.set_xticks(range(len(groups)))
+            ax.set_xticklabels([f"{d}\n{s}" for d, s in groups], fontsize=7)
+            ax.set_title(f"{op} {direction}", fontsize=9)
+            ax.set_ylabel("GB/s (min bytes)", fontsize=7)
+            ax.tick_params(axis="y", labelsize=7)
+            ax.grid(axis="y", alpha=0.3)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    extra = "; dashed: device copy, dotted: 90% of it" if bw else ""
+    fig.suptitle(f"fused ops on {machine}: GB/s of the minimum bytes{extra}", fontsize=11)
+    fig.legend(handles, labels, loc="upper right", fontsize=8, ncol=len(labels))
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return [path]
+
+
+def main(argv=None):
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import benchmark_all
+
+    argv = sys.argv[1:] if argv is None else argv
+    return benchmark_all.main(["--ops", "fused", *argv])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
