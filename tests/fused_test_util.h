@@ -765,6 +765,30 @@ struct FusedRun {
   std::string error;
 };
 
+// A call over zero rows: no byte of any operand changes, except dweight / dbias, whose views hold
+// zeros afterwards (a sum over no rows; fused.h) while their padding and guard stay untouched.
+inline void expect_zero_rows_result(const FusedOperands& o, const FusedRun& run) {
+  for (int r = 0; r < kRoles; ++r) {
+    const Operand& op = o.ops[r];
+    if (!op.present || op.owner != r) continue;
+    const bool zeroed = r == kDweight || r == kDbias;
+    const size_t elem = dtype_size(op.dtype);
+    const auto* before = static_cast<const unsigned char*>(op.host.data());
+    const auto* after = static_cast<const unsigned char*>(run.after[r].data());
+    const size_t first = static_cast<size_t>(op.layout.offset) * elem;
+    const size_t last = first + static_cast<size_t>(op.layout.cols) * elem;
+    for (size_t b = 0; b < op.host.bytes(); ++b) {
+      const bool in_view = zeroed && b >= first && b < last;
+      const unsigned char want = in_view ? 0 : before[b];
+      if (after[b] != want) {
+        ADD_FAILURE() << o.cs.describe() << ": " << role_name(static_cast<Role>(r)) << " byte " << b
+                      << (in_view ? " should be 0 (zero-row gradient)" : " changed");
+        break;
+      }
+    }
+  }
+}
+
 // Runs the case; throws what the API throws. A CUDA error is reported in FusedRun::error.
 inline FusedRun run_fused(const FusedOperands& o) {
   const FusedCase& cs = o.cs;

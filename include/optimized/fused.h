@@ -24,7 +24,8 @@ namespace optimized {
 
 // The ladder, from what a naive implementation launches to the fused kernels.
 enum class FusedVariant : uint8_t {
-  kAuto,             // CPU: kCpu; CUDA: kCudaFusedRegisters when the row fits, else kCudaFusedStreaming
+  kAuto,             // CPU: kCpu; CUDA: the fused design measured faster for the op, width and
+                     // alignment (resolve_fused_variant), kCudaFusedStreaming past the registers' limit
   kCpu,              // plain loops on the host, threads over rows (fp32 math; fp64 for fp64)
   kCudaUnfused,      // one kernel per elementary step, temporaries in global memory
   kCudaFusedStreaming,// one kernel; a block per row streams the row from global memory in passes

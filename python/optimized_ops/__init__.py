@@ -15,6 +15,14 @@ The ops are also reachable as ``torch.ops.optimized.<op>``; without this package
 
 from ._library import library_path
 from .gemm import built_with_cuda, matmul, variant_supports, variants
+from .fused import (add_layer_norm, add_rms_norm, bias_gelu, fused_registers_max_width, fused_variants, gelu,
+                    layer_norm, log_softmax, resolve_fused_variant, rms_norm, silu_and_mul, softmax)
+from . import nn
+from . import data  # the streaming loader: optimized_ops.data.StreamingLoader
 
 __version__ = "0.1.0"
-__all__ = ["library_path", "matmul", "variants", "variant_supports", "built_with_cuda", "__version__"]
+__all__ = ["library_path", "matmul", "variants", "variant_supports", "built_with_cuda", "__version__",
+           "softmax", "log_softmax", "layer_norm", "add_layer_norm", "rms_norm", "add_rms_norm", "gelu",
+           "bias_gelu", "silu_and_mul", "fused_variants", "fused_registers_max_width", "resolve_fused_variant",
+           "nn"]
+__all__ += ["data"]

@@ -338,12 +338,23 @@ int64_t fused_registers_max_width(FusedOp op, DType dtype, bool backward, bool a
   return kThreads * kClusterBlocks * vectors_per_thread * per_vector;
 }
 
+// Which design kAuto runs, from the H100 measurements in docs/perf-notes/fused.md (bf16, 4096 and
+// 16384 rows): the streaming design won wherever a row did not start on a 16-byte boundary (the
+// registers design then loads element by element over a cluster), for the norms' forward from
+// 4096 columns up, and for softmax backward from 16384 columns up; the registers design won
+// everywhere else, and by 3-6x on the norms' backward (the streaming design's dweight partials
+// cost more traffic than the row itself).
 FusedVariant resolve_fused_variant(FusedOp op, DType dtype, Device device, int64_t width, bool backward,
                                    bool aligned_rows) {
   if (!device.is_cuda()) return FusedVariant::kCpu;
   const int64_t max_width = fused_registers_max_width(op, dtype, backward, aligned_rows);
-  if (max_width == 0 || width <= max_width) return FusedVariant::kCudaFusedRegisters;
-  return FusedVariant::kCudaFusedStreaming;
+  if (max_width == 0) return FusedVariant::kCudaFusedRegisters;  // elementwise: one fused kernel
+  if (width > max_width) return FusedVariant::kCudaFusedStreaming;
+  const bool softmax = op == FusedOp::kSoftmax || op == FusedOp::kLogSoftmax;
+  if (!aligned_rows && width > 64) return FusedVariant::kCudaFusedStreaming;
+  if (!softmax && !backward && width >= 4096) return FusedVariant::kCudaFusedStreaming;
+  if (softmax && backward && width >= 16384) return FusedVariant::kCudaFusedStreaming;
+  return FusedVariant::kCudaFusedRegisters;
 }
 
 // ---- softmax -------------------------------------------------------------------------------

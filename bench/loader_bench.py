@@ -1,0 +1,750 @@
+#!/usr/bin/env python3
+"""Streaming loader benchmark: bytes per second delivered into GPU memory, against the ceilings and
+the usual alternative, all measured in the same run on the same files.
+
+  ceilings   the disk's own O_DIRECT sequential read (1 and 8 reads in flight, 4 MiB each, cold:
+             O_DIRECT bypasses the page cache); pinned host-to-device copy bandwidth (the page
+             cache path's ceiling); a GPU compute load alone (bf16 matmuls, TFLOP/s)
+  from disk  the loader (O_DIRECT, sequential and shuffled; pipelined with the compute load running
+             on another stream, and without it; the synchronous rung) and
+             torch.utils.data.DataLoader(pin_memory=True, workers reading records with pread),
+             each from a cold page cache (posix_fadvise DONTNEED before each run)
+  from cache the same with every file in the page cache (loader direct_io="off")
+
+Each loader/DataLoader row is one pass (time-capped) over the dataset: GB/s = record bytes delivered
+/ seconds from the first batch to the last one's arrival on the GPU (the first batch is excluded, so
+start-up costs are not counted for either), p10/p90 from the per-batch intervals. A few batches are
+checked byte-exact first (record i starts with the 8-byte index i).
+
+    PYTHONPATH=build-py/site python3 bench/loader_bench.py            # writes bench/results/<gpu>/loader.{json,md}
+    python3 bench/loader_bench.py --out DIR --gib 8 --budget-s 200   # flat DIR/loader.json, loader.md
+
+Targets (issue 5, on the H100): >= 0.9x the disk's O_DIRECT read with compute running; from page
+cache >= 0.8x pinned H2D; faster than DataLoader(pin_memory=True).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import mmap
+import os
+import pathlib
+import platform
+import re
+import shutil
+import signal
+import statistics
+import sys
+import threading
+import time
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+GiB = 1 << 30
+START = time.perf_counter()
+DEV = "cuda"  # "cpu" with --smoke: the whole script on a machine without a GPU, tiny, for testing it
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - START:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+class Progress:
+    """A progress bar on stderr: redrawn in place on a terminal, a line per quarter otherwise."""
+
+    def __init__(self, label: str, total: float, unit: str = "GiB"):
+        self.label, self.total, self.unit = label, total, unit
+        self.tty = sys.stderr.isatty()
+        self.t0 = time.perf_counter()
+        self.next_mark = 0.25
+
+    def update(self, done: float) -> None:
+        frac = min(1.0, done / self.total) if self.total else 1.0
+        rate = done / max(1e-9, time.perf_counter() - self.t0)
+        if self.tty:
+            bar = "#" * int(frac * 30)
+            print(f"\r  {self.label:<34} [{bar:<30}] {done:6.2f}/{self.total:.2f} {self.unit} {rate:6.2f} {self.unit}/s",
+                  end="", file=sys.stderr, flush=True)
+        elif frac >= self.next_mark:
+            print(f"  {self.label}: {frac * 100:3.0f}% ({rate:.2f} {self.unit}/s)", file=sys.stderr, flush=True)
+            while self.next_mark <= frac:
+                self.next_mark += 0.25
+
+    def close(self) -> None:
+        if self.tty:
+            print(file=sys.stderr)
+
+
+# ---- the machine -------------------------------------------------------------------------------
+
+def gpu_key(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100' (the C++ benchmark's rule: letters then digits)."""
+    for tok in re.findall(r"[a-z0-9]+", name.lower()):
+        m = re.match(r"([a-z]{1,3})(\d)", tok)
+        if m and tok != "nvidia":
+            return tok
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def machine() -> dict:
+    cpu = platform.processor()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    m = {"gpu": None, "gpu_key": None, "cpu": cpu, "cpu_threads": os.cpu_count(), "cpu_isa": "-",
+         "ram_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "kernel": platform.release(),
+         "torch": torch.__version__}
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name()
+        m.update(gpu=name, gpu_key=gpu_key(name), cuda_runtime=torch.version.cuda)
+    return m
+
+
+def direct_io_works(d: pathlib.Path) -> str:
+    """'' when O_DIRECT reads work in d, else why not."""
+    probe = d / ".odirect-probe"
+    try:
+        probe.write_bytes(b"\1" * 4096)
+        fd = os.open(probe, os.O_RDONLY | os.O_DIRECT)
+        try:
+            buf = mmap.mmap(-1, 4096)
+            os.preadv(fd, [buf], 0)
+        finally:
+            os.close(fd)
+        return ""
+    except OSError as e:
+        return f"{e.strerror}"
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
+
+
+def pick_data_dir(requested: str | None, need_bytes: int) -> tuple[pathlib.Path, list[str]]:
+    """The first candidate with O_DIRECT and room for the dataset."""
+    notes = []
+    cands = [requested] if requested else [os.environ.get("LOADER_BENCH_DIR"),
+                                           str(ROOT / os.environ.get("OPTIMIZED_BUILD_DIR", "build")),
+                                           "/var/tmp", "/tmp", os.path.expanduser("~")]
+    for c in [c for c in cands if c]:
+        d = pathlib.Path(c) / "loader-bench-data"
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            notes.append(f"{d}: {e.strerror}")
+            continue
+        free = shutil.disk_usage(d).free
+        why = direct_io_works(d)
+        if why:
+            notes.append(f"{d}: no O_DIRECT ({why})")
+            continue
+        existing = sum(f.stat().st_size for f in d.glob("*/*.osh"))
+        if free + existing < need_bytes * 1.1:
+            notes.append(f"{d}: {free / GiB:.1f} GiB free, {need_bytes / GiB:.1f} GiB needed")
+            continue
+        return d, notes
+    raise SystemExit("no data directory with O_DIRECT and enough room: " + "; ".join(notes))
+
+
+# ---- the dataset -------------------------------------------------------------------------------
+
+def make_dataset(path: pathlib.Path, records: int, record_bytes: int, per_shard: int) -> dict:
+    """Records of pseudo-random bytes whose first 8 bytes hold their index; reused when present."""
+    from optimized_ops import data
+    try:
+        info = data.dataset_info(str(path))
+        if info.num_records == records and info.record_bytes == record_bytes:
+            log(f"dataset {path}: reusing {records} records of {record_bytes} bytes")
+            return {"written_s": None}
+    except (ValueError, RuntimeError):
+        pass
+    base = torch.randint(0, 256, (64 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    chunk = max(1, (64 << 20) // record_bytes)
+    t0 = time.perf_counter()
+    prog = Progress("writing shards", records * record_bytes / GiB)
+    with data.ShardWriter(str(path), torch.uint8, (record_bytes,), per_shard, overwrite=True) as w:
+        for first in range(0, records, chunk):
+            n = min(chunk, records - first)
+            block = torch.empty((n, record_bytes), dtype=torch.uint8)
+            for k in range(n):
+                off = ((first + k) * 7919 * 64) % (base.numel() - record_bytes)
+                block[k] = base[off:off + record_bytes]
+            block[:, :8] = torch.arange(first, first + n, dtype=torch.int64).view(torch.uint8).view(n, 8)
+            w.append(block)
+            prog.update((first + n) * record_bytes / GiB)
+    prog.close()
+    return {"written_s": time.perf_counter() - t0}
+
+
+def shard_files(path: pathlib.Path) -> list[pathlib.Path]:
+    return sorted(path.glob("shard-*.osh"))
+
+
+def evict(path: pathlib.Path) -> None:
+    """Drops the files' pages from the page cache (clean pages: no root needed)."""
+    for f in shard_files(path):
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def read_files(path: pathlib.Path, threads: int, chunk: int, direct: bool, cap_bytes: int, cap_s: float,
+               label: str) -> dict:
+    """Reads the shard files front to back in `chunk` pieces, `threads` in flight; GB/s."""
+    files = shard_files(path)
+    pieces = [(f, off) for f in files for off in range(0, f.stat().st_size, chunk)]
+    lock = threading.Lock()
+    state = {"next": 0, "bytes": 0, "stop": False}
+    prog = Progress(label, min(cap_bytes, sum(f.stat().st_size for f in files)) / GiB)
+    fds = {f: os.open(f, os.O_RDONLY | (os.O_DIRECT if direct else 0)) for f in files}
+    t0 = time.perf_counter()
+
+    def worker():
+        buf = mmap.mmap(-1, chunk)  # page-aligned, as O_DIRECT needs
+        while True:
+            with lock:
+                i = state["next"]
+                if i >= len(pieces) or state["stop"]:
+                    return
+                state["next"] += 1
+            f, off = pieces[i]
+            n = os.preadv(fds[f], [buf], off)
+            with lock:
+                state["bytes"] += n
+                if state["bytes"] >= cap_bytes or time.perf_counter() - t0 > cap_s:
+                    state["stop"] = True
+
+    ts = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    while any(t.is_alive() for t in ts):
+        time.sleep(0.1)
+        prog.update(state["bytes"] / GiB)
+    for t in ts:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    prog.close()
+    for fd in fds.values():
+        os.close(fd)
+    return {"bytes": state["bytes"], "seconds": elapsed, "gbps": state["bytes"] / elapsed / 1e9}
+
+
+# ---- GPU side ----------------------------------------------------------------------------------
+
+def pinned_h2d(bytes_: int = 256 << 20, reps: int = 20) -> dict:
+    src = torch.empty(bytes_, dtype=torch.uint8).pin_memory()
+    dst = torch.empty(bytes_, dtype=torch.uint8, device="cuda")
+    for _ in range(3):
+        dst.copy_(src, non_blocking=True)
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src, non_blocking=True)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    med = statistics.median(times)
+    return {"gbps": bytes_ / (med / 1e3) / 1e9, "time_ms": stats_ms(times)}
+
+
+class ComputeLoad:
+    """bf16 matmuls (8192^3) on their own stream in a background thread, 8 per synchronize; the
+    GIL is released while it waits, so it runs beside the consumer loop."""
+
+    def __init__(self, n: int = 8192):
+        self.n = n
+        self.stream = torch.cuda.Stream()
+        with torch.cuda.stream(self.stream):
+            self.a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+            self.b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+            self.c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+        self.stream.synchronize()
+        self.flops = 0.0
+        self._stop = threading.Event()
+        self._thread = None
+
+    def _run(self):
+        with torch.cuda.stream(self.stream):
+            while not self._stop.is_set():
+                for _ in range(8):
+                    torch.matmul(self.a, self.b, out=self.c)
+                self.stream.synchronize()
+                self.flops += 8 * 2.0 * self.n ** 3
+
+    def __enter__(self):
+        self.flops = 0.0
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._t0 = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.tflops = self.flops / (time.perf_counter() - self._t0) / 1e12
+
+
+class TrainStep:
+    """A stand-in for a training step that consumes each batch: bf16 matmuls on the current stream
+    after the batch arrives, `count` of them, sized to take about as long as reading the batch."""
+
+    def __init__(self, seconds: float, n: int = 8192):
+        self.a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        self.c = torch.empty_like(self.a)
+        torch.matmul(self.a, self.a, out=self.c)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(5):
+            torch.matmul(self.a, self.a, out=self.c)
+        torch.cuda.synchronize()
+        one = (time.perf_counter() - t) / 5
+        self.count = max(1, round(seconds / one))
+        self.seconds = self.count * one
+
+    def __call__(self, batch: torch.Tensor) -> None:
+        self.c[0, :8].copy_(batch[0, :8])  # depends on the batch
+        for _ in range(self.count):
+            torch.matmul(self.a, self.a, out=self.c)
+
+
+class NoCompute:
+    """--smoke: no GPU, no compute load."""
+    tflops = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def stats_ms(samples_ms: list[float]) -> dict:
+    if not samples_ms:
+        return {"median": None, "p10": None, "p90": None, "cv": 0.0, "samples": 0}
+    s = sorted(samples_ms)
+    q = lambda p: s[min(len(s) - 1, int(p * (len(s) - 1) + 0.5))]
+    mean = sum(s) / len(s)
+    cv = statistics.pstdev(s) / mean if mean else 0.0
+    return {"median": statistics.median(s), "p10": q(0.1), "p90": q(0.9), "cv": cv, "samples": len(s)}
+
+
+def check_batch(batch: torch.Tensor, ids: torch.Tensor) -> None:
+    """Record i starts with its index (little-endian int64)."""
+    head = batch[:, :8].contiguous().cpu().view(torch.int64).flatten()
+    if not torch.equal(head, ids):
+        bad = (head != ids).nonzero()[0].item()
+        raise AssertionError(f"batch record {bad}: starts with {head[bad].item()}, expected {ids[bad].item()}")
+
+
+def run_loader(path, label, batch_size, cap_bytes, cap_s, compute=None, validate=3, step=None, **kw) -> dict:
+    """One (capped) pass of StreamingLoader; GB/s from the first batch to the last one's arrival."""
+    from optimized_ops import data
+    loader = data.StreamingLoader(str(path), batch_size=batch_size, device=DEV, return_indices=True, **kw)
+    info = {"io": loader.io_backend, "direct_io": loader.direct_io, "gds": loader.gds, "notes": loader.notes}
+    total = min(cap_bytes, loader.records_per_epoch * loader._impl.record_bytes())
+    prog = Progress(label, total / GiB)
+    ctx = compute if compute is not None else _Null()
+    arrivals, nbytes, first_bytes, checked = [], 0, 0, 0
+    stream = torch.cuda.current_stream() if DEV == "cuda" else None
+    with ctx:
+        t_start = time.perf_counter()
+        for batch, ids in loader:
+            if checked < validate:
+                check_batch(batch, ids)
+                checked += 1
+            if step is not None:
+                step(batch)  # the training step: on the current stream, after the batch's copy
+            if stream is not None:
+                # The arrival of the batch in GPU memory, not just its hand-off: wait for its copy
+                # (and the step, when there is one).
+                stream.synchronize()
+            now = time.perf_counter()
+            if not arrivals:
+                first_bytes = batch.numel()
+            arrivals.append(now)
+            nbytes += batch.numel()
+            del batch
+            prog.update(nbytes / GiB)
+            if nbytes >= cap_bytes or now - t_start > cap_s:
+                break
+    prog.close()
+    st = loader.stats()
+    loader.close()
+    span = arrivals[-1] - arrivals[0] if len(arrivals) > 1 else float("nan")
+    intervals = [(b - a) * 1e3 for a, b in zip(arrivals, arrivals[1:])]
+    out = {"bytes": nbytes, "seconds": span, "gbps": (nbytes - first_bytes) / span / 1e9 if span > 0 else None,
+           "batches": len(arrivals), "first_batch_s": arrivals[0] - t_start if arrivals else None,
+           "consumer_wait_s": st["consumer_wait_s"], "read_bytes": st["read_bytes"], "time_ms": stats_ms(intervals),
+           **info}
+    if compute is not None:
+        out["compute_tflops"] = compute.tflops
+    return out
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def run_dataloader(path, label, batch_size, cap_bytes, cap_s, workers, per_shard, compute=None,
+                   shuffle=False) -> dict:
+    """torch.utils.data.DataLoader(pin_memory=True): map-style dataset, one pread per record."""
+    from torch.utils.data import DataLoader
+    ds = ShardRecords(path, per_shard)
+    loader = DataLoader(ds, batch_size=batch_size, shuffle=shuffle, num_workers=workers, pin_memory=DEV == "cuda",
+                        prefetch_factor=4, persistent_workers=False, drop_last=False)
+    # The workers are forked here, before the compute thread starts (forking beside a running
+    # thread that may hold a lock is how such benchmarks hang).
+    batches = iter(loader)
+    total = min(cap_bytes, len(ds) * ds.record_bytes)
+    prog = Progress(label, total / GiB)
+    ctx = compute if compute is not None else _Null()
+    arrivals, nbytes, first_bytes, checked = [], 0, 0, 0
+    stream = torch.cuda.current_stream() if DEV == "cuda" else None
+    with ctx:
+        t_start = time.perf_counter()
+        for cpu_batch, ids in batches:
+            batch = cpu_batch.to(DEV, non_blocking=True)
+            if checked < 3:
+                check_batch(batch, ids)
+                checked += 1
+            if stream is not None:
+                stream.synchronize()
+            now = time.perf_counter()
+            if not arrivals:
+                first_bytes = batch.numel()
+            arrivals.append(now)
+            nbytes += batch.numel()
+            del batch, cpu_batch
+            prog.update(nbytes / GiB)
+            if nbytes >= cap_bytes or now - t_start > cap_s:
+                break
+    prog.close()
+    del batches, loader
+    span = arrivals[-1] - arrivals[0] if len(arrivals) > 1 else float("nan")
+    intervals = [(b - a) * 1e3 for a, b in zip(arrivals, arrivals[1:])]
+    out = {"bytes": nbytes, "seconds": span, "gbps": (nbytes - first_bytes) / span / 1e9 if span > 0 else None,
+           "batches": len(arrivals), "first_batch_s": arrivals[0] - t_start if arrivals else None,
+           "workers": workers, "time_ms": stats_ms(intervals)}
+    if compute is not None:
+        out["compute_tflops"] = compute.tflops
+    return out
+
+
+class ShardRecords(torch.utils.data.Dataset):
+    """The shard files as a map-style dataset: record i with one pread (through the page cache, as
+    such datasets do). Shards hold `per_shard` records each, the last one the rest."""
+
+    def __init__(self, path, per_shard):
+        from optimized_ops import data
+        info = data.dataset_info(str(path))
+        self.record_bytes, self.per_shard, self.total = info.record_bytes, per_shard, info.num_records
+        self.files = [str(f) for f in shard_files(path)]
+        self.fds = None
+
+    def __len__(self):
+        return self.total
+
+    def __getitem__(self, i):
+        if self.fds is None:  # opened in each worker
+            self.fds = [os.open(f, os.O_RDONLY) for f in self.files]
+        s, k = divmod(i, self.per_shard)
+        buf = os.pread(self.fds[s], self.record_bytes, 4096 + k * self.record_bytes)
+        return torch.frombuffer(bytearray(buf), dtype=torch.uint8), i
+
+
+# ---- the report ---------------------------------------------------------------------------------
+
+def row(variant: str, source: str, m: dict, shape: str, baseline: dict | None, ceiling: tuple | None,
+        threads=None) -> dict:
+    ok = m.get("gbps") is not None and not m.get("error")
+    r = {"op": "loader", "family": "loader", "variant": variant, "backend": source, "dtype": "uint8",
+         "shape": {}, "shape_label": shape, "threads": threads, "status": "ok" if ok else "failed",
+         "reason": m.get("error", ""), "time_ms": m.get("time_ms") or stats_ms([]), "tflops": None,
+         "gbps": m.get("gbps"), "measurement": m}
+    if ok and baseline and baseline.get("gbps"):
+        r["baseline"] = {"name": baseline["name"], "gbps": baseline["gbps"]}
+        r["vs_baseline"] = m["gbps"] / baseline["gbps"]
+    if ok and ceiling and ceiling[1]:
+        r["roofline_fraction"] = m["gbps"] / ceiling[1]
+        r["roofline_bandwidth"] = {"name": ceiling[0], "value": ceiling[1], "unit": "GB/s"}
+    return r
+
+
+def markdown(doc: dict) -> str:
+    m = doc["machine"]
+    lines = [f"## Streaming loader: {m.get('gpu') or 'CPU only'} ({m['cpu']}, {m['cpu_threads']} threads, "
+             f"{m['ram_bytes'] / GiB:.0f} GiB RAM)", "",
+             f"Run {doc['created']}: `{doc['command']}`", "",
+             f"Dataset: {doc['options']['dataset']}", "",
+             "### Ceilings measured in the same run", "", "| ceiling | value | unit |", "|---|---:|---|"]
+    for c in doc["ceilings"]:
+        lines.append(f"| {c['name']} | {c['value']:.2f} | {c['unit']} |")
+    lines += ["", "### Delivered into GPU memory", "",
+              "| what | source | GB/s | batch interval ms median [p10-p90] | vs ceiling | vs DataLoader | compute TFLOP/s beside it | io |",
+              "|---|---|---:|---|---:|---:|---:|---|"]
+    for r in doc["results"]:
+        meas = r["measurement"]
+        if r["status"] != "ok":
+            lines.append(f"| {r['variant']} | {r['backend']} | failed: {r['reason']} | | | | | |")
+            continue
+        t = r["time_ms"]
+        roof = f"{r['roofline_fraction']:.2f}x {r['roofline_bandwidth']['name']}" if r.get("roofline_fraction") else "-"
+        vs = f"{r['vs_baseline']:.2f}x" if r.get("vs_baseline") else "-"
+        tf = f"{meas['compute_tflops']:.0f}" if meas.get("compute_tflops") else "-"
+        io = meas.get("io", f"{meas.get('workers', '')} workers")
+        ti = f"{t['median']:.2f} [{t['p10']:.2f}-{t['p90']:.2f}]" if t.get("median") is not None else "-"
+        lines.append(f"| {r['variant']} | {r['backend']} | {r['gbps']:.2f} | {ti} | {roof} | {vs} | {tf} | {io} |")
+    lines += ["", "### Targets (issue 5)", ""] + [f"- {t}" for t in doc["targets"]]
+    if doc.get("notes"):
+        lines += ["", "### Notes", ""] + [f"- {n}" for n in doc["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+# ---- main --------------------------------------------------------------------------------------
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", help="directory for loader.json and loader.md (default bench/results/<gpu>/)")
+    p.add_argument("--data-dir", help="where to write the dataset (must take O_DIRECT)")
+    p.add_argument("--gib", type=float, default=8.0, help="dataset size")
+    p.add_argument("--record-bytes", type=int, default=3 * 224 * 224, help="a record (default: a 224x224 RGB image, not a multiple of 4 KiB)")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--workers", type=int, default=0, help="DataLoader workers (0: half the cores)")
+    p.add_argument("--cap-s", type=float, default=12.0, help="longest single pass")
+    p.add_argument("--keep-data", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="run everything on the CPU device, tiny (tests the script)")
+    args = p.parse_args()
+    global DEV
+    if args.smoke:
+        DEV = "cpu"
+    elif not torch.cuda.is_available():
+        print("loader_bench: needs a CUDA GPU (the loader's CPU path is tested by ctest/pytest)", file=sys.stderr)
+        return 0
+    from optimized_ops import data  # noqa: F401  (registers the classes)
+
+    mach = machine()
+    r_bytes = args.record_bytes
+    records = int(args.gib * GiB) // r_bytes
+    size = records * r_bytes
+    data_root, dir_notes = pick_data_dir(args.data_dir, size)
+    path = data_root / f"r{r_bytes}-n{records}"
+    notes = [f"data directory {data_root} (skipped: {'; '.join(dir_notes)})" if dir_notes else f"data directory {data_root}"]
+    workers = args.workers or max(2, (os.cpu_count() or 4) // 2)
+    log(f"{mach['gpu']}, {mach['cpu_threads']} CPU threads; dataset {records} records x {r_bytes} B = "
+        f"{size / GiB:.2f} GiB in {path}")
+    per_shard = max(1, (1 << 30) // r_bytes)
+    written = make_dataset(path, records, r_bytes, per_shard)
+    shape = f"{size / GiB:.1f}GiB r{r_bytes} b{args.batch}"
+    cap, cap_s = size, args.cap_s
+    results, ceilings = [], []
+
+    def safe(fn, *a, **k):
+        try:
+            return fn(*a, **k)
+        except Exception as e:  # a failed measurement becomes a failed row, the run goes on
+            log(f"FAILED: {type(e).__name__}: {e}")
+            return {"error": f"{type(e).__name__}: {e}"}
+
+    h2d, compute, disk_ceiling, dl_cold, dl_warm = {"gbps": None}, NoCompute(), 0.0, {}, {}
+    # A timeout (SIGTERM) still leaves the report of what was measured.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
+    try:
+        # ---- ceilings
+        if DEV == "cuda":
+            log("pinned host-to-device copy")
+            h2d = pinned_h2d()
+            ceilings.append({"name": "pinned_h2d", "unit": "GB/s", "value": h2d["gbps"], "time_ms": h2d["time_ms"],
+                             "bytes": 256 << 20})
+            compute = ComputeLoad()
+            log("compute load alone")
+            with compute:
+                time.sleep(2.0)
+            ceilings.append({"name": "compute_alone_bf16_matmul", "unit": "TFLOP/s", "value": compute.tflops,
+                             "shape": "8192x8192x8192"})
+        else:
+            h2d, compute = {"gbps": None}, NoCompute()
+        evict(path)
+        disk = {}
+        for threads in (1, 8):
+            log(f"disk O_DIRECT sequential read, {threads} x 4 MiB in flight")
+            disk[threads] = safe(read_files, path, threads, 4 << 20, True, min(cap, 4 * GiB), cap_s,
+                                 f"O_DIRECT read QD{threads}")
+            if disk[threads].get("gbps"):
+                ceilings.append({"name": f"disk_odirect_qd{threads}", "unit": "GB/s", "value": disk[threads]["gbps"]})
+        disk_ceiling = max((d.get("gbps") or 0) for d in disk.values())
+        dc = ("disk O_DIRECT", disk_ceiling)
+        hc = ("pinned H2D", h2d["gbps"])
+
+        # ---- from disk (cold)
+        def cold(fn, *a, **k):
+            evict(path)
+            return safe(fn, *a, **k)
+
+        log("DataLoader(pin_memory=True), cold, compute running")
+        dl_cold = cold(run_dataloader, path, "DataLoader cold + compute", args.batch, cap, cap_s, workers, per_shard,
+                       compute)
+        dl_base = {"name": "DataLoader(pin_memory=True)", "gbps": dl_cold.get("gbps")}
+        results.append(row(f"torch DataLoader(pin_memory, {workers} workers)", "disk", dl_cold, shape, None, dc))
+        log("loader, O_DIRECT sequential, compute running")
+        seq = cold(run_loader, path, "loader seq + compute", args.batch, cap, cap_s, compute=compute, shuffle=False)
+        results.append(row("loader pipelined, sequential", "disk", seq, shape, dl_base, dc))
+        log("loader, O_DIRECT shuffled, compute running")
+        shuf = cold(run_loader, path, "loader shuffled + compute", args.batch, cap, cap_s, compute=compute, shuffle=True)
+        results.append(row("loader pipelined, shuffled", "disk", shuf, shape, dl_base, dc))
+        log("loader, O_DIRECT sequential, no compute")
+        alone = cold(run_loader, path, "loader seq alone", args.batch, min(cap, 4 * GiB), cap_s, shuffle=False)
+        results.append(row("loader pipelined, sequential, no compute", "disk", alone, shape, dl_base, dc))
+        log("loader, synchronous rung, compute running")
+        sync = cold(run_loader, path, "loader synchronous + compute", args.batch, min(cap, 3 * GiB), cap_s,
+                    compute=compute, variant="synchronous")
+        results.append(row("loader synchronous (no prefetch)", "disk", sync, shape, dl_base, dc))
+        if DEV == "cuda":
+            # Overlap where it matters: the consumer itself runs a step per batch, as long as the
+            # batch takes to read. Pipelined: max(read, step) per batch; synchronous: read + step.
+            step = TrainStep(0.8 * args.batch * r_bytes / ((disk_ceiling or 1.5) * 1e9))
+            notes.append(f"training step: {step.count} bf16 8192^3 matmuls per batch on the consumer's stream, "
+                         f"{step.seconds * 1e3:.1f} ms (0.8x a batch's read time at the disk ceiling)")
+            for variant in ("pipelined", "synchronous"):
+                log(f"loader {variant} with a training step per batch")
+                m = cold(run_loader, path, f"loader {variant} + step", args.batch, min(cap, 2 * GiB), cap_s,
+                         step=step, variant=variant)
+                results.append(row(f"loader {variant}, sequential, training step per batch", "disk", m, shape,
+                                   dl_base, dc))
+            del step
+        if os.path.exists("/proc/driver/nvidia-fs") or os.environ.get("LOADER_BENCH_GDS"):
+            log("loader, GPUDirect Storage, compute running")
+            gds = cold(run_loader, path, "loader GDS + compute", args.batch, cap, cap_s, compute=compute, gds="on")
+            results.append(row("loader pipelined, GPUDirect Storage", "disk", gds, shape, dl_base, dc))
+
+        # ---- from the page cache
+        log("page cache: loading the files")
+        warm = safe(read_files, path, 8, 4 << 20, False, size, 120.0, "buffered read (fills the cache)")
+        notes.append(f"buffered cold read with 8 x 4 MiB in flight (fills the page cache): {warm.get('gbps', 0):.2f} GB/s")
+        log("DataLoader(pin_memory=True), page cache, compute running")
+        dl_warm = safe(run_dataloader, path, "DataLoader cached + compute", args.batch, cap, cap_s, workers,
+                       per_shard, compute)
+        dl_wbase = {"name": "DataLoader(pin_memory=True)", "gbps": dl_warm.get("gbps")}
+        results.append(row(f"torch DataLoader(pin_memory, {workers} workers)", "page cache", dl_warm, shape, None, hc))
+        cache_cap = 4 * size  # several epochs: one takes a fraction of a second
+        for label, kw in [("loader pipelined, sequential", {}),
+                          ("loader pipelined, shuffled", {"shuffle": True}),
+                          ("loader pipelined, sequential, 12 threads", {"threads": 12}),
+                          ("loader pipelined, sequential, verify off", {"verify": False})]:
+            log(f"{label}, page cache, compute running")
+            m = safe(run_cached_epochs, path, label, args.batch, cache_cap, min(cap_s, 6.0), compute, kw)
+            results.append(row(label, "page cache", m, shape, dl_wbase, hc, kw.get("threads")))
+
+    finally:
+        # ---- targets
+        def get(variant, source):
+            return next((r for r in results if r["variant"] == variant and r["backend"] == source and r["status"] == "ok"), None)
+
+        targets = []
+        s = get("loader pipelined, sequential", "disk")
+        if s and disk_ceiling:
+            f = s["gbps"] / disk_ceiling
+            targets.append(f"disk: {s['gbps']:.2f} GB/s with compute running = {f:.2f}x the disk's O_DIRECT read "
+                           f"({disk_ceiling:.2f} GB/s): {'met' if f >= 0.9 else 'missed'} (>= 0.9x)")
+        c = get("loader pipelined, sequential", "page cache")
+        if c and h2d["gbps"]:
+            f = c["gbps"] / h2d["gbps"]
+            best = max((r for r in results if r["backend"] == "page cache" and r["variant"].startswith("loader")
+                        and r["status"] == "ok"), key=lambda r: r["gbps"])
+            targets.append(f"page cache: {c['gbps']:.2f} GB/s = {f:.2f}x pinned H2D ({h2d['gbps']:.2f} GB/s): "
+                           f"{'met' if f >= 0.8 else 'missed'} (>= 0.8x); best configuration: {best['variant']} "
+                           f"{best['gbps']:.2f} GB/s = {best['gbps'] / h2d['gbps']:.2f}x")
+        for source, base in (("disk", dl_cold), ("page cache", dl_warm)):
+            s = get("loader pipelined, sequential", source)
+            if s and base.get("gbps"):
+                f = s["gbps"] / base["gbps"]
+                targets.append(f"{source}: {f:.2f}x DataLoader(pin_memory=True) ({base['gbps']:.2f} GB/s): "
+                               f"{'met' if f > 1 else 'missed'} (faster)")
+        for r in results:
+            meas = r["measurement"]
+            for n in meas.get("notes", []) or []:
+                if n not in notes:
+                    notes.append(n)
+        notes.append("GB/s = record bytes delivered into GPU memory (the consumer synchronizes on each batch's arrival) "
+                     "/ seconds from the first batch to the last; time_ms = intervals between batch arrivals")
+        if compute_tf := next((c["value"] for c in ceilings if c["name"].startswith("compute")), None):
+            notes.append(f"compute load: bf16 8192^3 matmuls on another stream, {compute_tf:.0f} TFLOP/s alone; the "
+                         "'compute TFLOP/s beside it' column is what it kept while the loader ran")
+        doc = {"schema": "optimized-ops-bench/1",
+               "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "command": "bench/loader_bench.py " + " ".join(sys.argv[1:]),
+               "machine": mach,
+               "options": {"dataset": f"{records} records x {r_bytes} bytes = {size / GiB:.2f} GiB in "
+                                      f"{len(shard_files(path))} shards; batch {args.batch}",
+                           "records": records, "record_bytes": r_bytes, "batch": args.batch, "written": written},
+               "ceilings": ceilings, "results": results, "targets": targets, "notes": notes}
+        out = pathlib.Path(args.out) if args.out else ROOT / "bench" / "results" / (mach["gpu_key"] or "cpu")
+        if args.smoke and not args.out:
+            raise SystemExit("--smoke needs --out (its numbers are not results)")
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "loader.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        (out / "loader.md").write_text(markdown(doc))
+        print(markdown(doc))
+        log(f"wrote {out / 'loader.json'} and loader.md")
+        if not args.keep_data:
+            shutil.rmtree(path, ignore_errors=True)
+    return 0
+
+
+def run_cached_epochs(path, label, batch, cap_bytes, cap_s, compute, kw) -> dict:
+    """Page-cache passes: several epochs in one loader (direct_io off), until cap_bytes or cap_s."""
+    from optimized_ops import data
+    loader = data.StreamingLoader(str(path), batch_size=batch, device=DEV, direct_io="off",
+                                  return_indices=True, **kw)
+    info = {"io": loader.io_backend, "direct_io": loader.direct_io, "notes": loader.notes}
+    prog = Progress(label + " (cache)", cap_bytes / GiB)
+    arrivals, nbytes, first_bytes, checked = [], 0, 0, 0
+    stream = torch.cuda.current_stream() if DEV == "cuda" else None
+    with compute:
+        t_start = time.perf_counter()
+        done = False
+        while not done:
+            for b, ids in loader:
+                if checked < 3:
+                    check_batch(b, ids)
+                    checked += 1
+                if stream is not None:
+                    stream.synchronize()
+                now = time.perf_counter()
+                if not arrivals:
+                    first_bytes = b.numel()
+                arrivals.append(now)
+                nbytes += b.numel()
+                del b
+                if len(arrivals) % 16 == 0:
+                    prog.update(nbytes / GiB)
+                if nbytes >= cap_bytes or now - t_start > cap_s:
+                    done = True
+                    break
+    prog.close()
+    loader.close()
+    span = arrivals[-1] - arrivals[0]
+    intervals = [(b - a) * 1e3 for a, b in zip(arrivals, arrivals[1:])]
+    return {"bytes": nbytes, "seconds": span, "gbps": (nbytes - first_bytes) / span / 1e9, "batches": len(arrivals),
+            "time_ms": stats_ms(intervals), "compute_tflops": getattr(compute, "tflops", None), **info}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

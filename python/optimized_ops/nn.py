@@ -1,0 +1,124 @@
+"""Drop-in ``nn`` modules on the fused kernels: :class:`LayerNorm` and :class:`RMSNorm`.
+
+Each is a subclass of its torch counterpart (:class:`torch.nn.LayerNorm`,
+:class:`torch.nn.RMSNorm`): the same constructor arguments, attributes (``normalized_shape``,
+``eps``, ``elementwise_affine``), parameters (``weight``, ``bias``), ``reset_parameters`` and
+state_dict keys, so checkpoints load both ways, ``isinstance(m, torch.nn.LayerNorm)`` still holds
+for code that looks for norms (weight-decay groups, wrapping policies), and a model switches by
+replacing the class. Only ``forward`` differs: it runs :func:`optimized_ops.layer_norm` /
+:func:`optimized_ops.rms_norm`, with the rung chosen by the keyword-only ``variant``.
+
+>>> import torch, optimized_ops
+>>> ours, theirs = optimized_ops.nn.RMSNorm(512), torch.nn.RMSNorm(512)
+>>> theirs.load_state_dict(ours.state_dict())
+<All keys matched successfully>
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .fused import _VARIANTS, _normalized_shape, _ShapeLike, layer_norm, rms_norm
+
+__all__ = ["LayerNorm", "RMSNorm"]
+
+
+def _check_variant(variant: str) -> str:
+    if variant not in _VARIANTS:
+        raise ValueError(f"variant: expected one of {', '.join(_VARIANTS)}; given {variant!r}")
+    return variant
+
+
+class LayerNorm(torch.nn.LayerNorm):
+    r"""Layer normalization over the trailing ``normalized_shape`` dimensions, on the fused kernels;
+    a drop-in for :class:`torch.nn.LayerNorm`.
+
+    .. math::  y = \frac{x - \mathrm{E}[x]}{\sqrt{\mathrm{Var}[x] + \epsilon}} \cdot \gamma + \beta
+
+    Parameters
+    ----------
+    normalized_shape : int or sequence of int
+        The trailing dimensions of the input to normalize over.
+    eps : float
+        Added to the variance. Default ``1e-5``.
+    elementwise_affine : bool
+        Learnable ``weight`` (ones) and, with ``bias``, ``bias`` (zeros) of shape
+        ``normalized_shape``. Default True.
+    bias : bool
+        Whether the affine transform has a bias. Default True.
+    device, dtype : optional
+        Of the parameters, as in torch.
+    variant : str, keyword-only
+        The rung of the ladder (``"auto"``, ``"cpu"``, ``"unfused"``, ``"fused_streaming"``,
+        ``"fused_registers"``); not part of the state_dict.
+
+    Notes
+    -----
+    Parameters of a dtype other than the input's (float32 parameters with bfloat16 activations)
+    are cast to the input's dtype for the kernel; the output has the input's dtype, as torch's
+    does, and the gradients reach the parameters in their own dtype.
+
+    Examples
+    --------
+    >>> norm = optimized_ops.nn.LayerNorm(1024, device="cuda", dtype=torch.bfloat16)
+    >>> norm(torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16)).shape
+    torch.Size([8, 1024])
+    """
+
+    def __init__(self, normalized_shape: _ShapeLike, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = True, device=None, dtype=None, *, variant: str = "auto") -> None:
+        super().__init__(normalized_shape, eps, elementwise_affine, bias, device, dtype)
+        self.variant = _check_variant(variant)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """Normalizes ``input`` (shape ``(*, *normalized_shape)``); returns a new tensor of its shape."""
+        return layer_norm(input, _normalized_shape(self.normalized_shape), self.weight, self.bias, self.eps,
+                          variant=self.variant)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ("" if self.variant == "auto" else f", variant={self.variant!r}")
+
+
+class RMSNorm(torch.nn.RMSNorm):
+    r"""Root-mean-square normalization over the trailing ``normalized_shape`` dimensions, on the
+    fused kernels; a drop-in for :class:`torch.nn.RMSNorm`.
+
+    .. math::  y = \frac{x}{\sqrt{\mathrm{E}[x^2] + \epsilon}} \cdot \gamma
+
+    Parameters
+    ----------
+    normalized_shape : int or sequence of int
+        The trailing dimensions of the input to normalize over.
+    eps : float, optional
+        Added to the mean square; ``None`` (the default) takes ``torch.finfo(input.dtype).eps``,
+        as torch does.
+    elementwise_affine : bool
+        A learnable ``weight`` (ones) of shape ``normalized_shape``. Default True.
+    device, dtype : optional
+        Of the parameter, as in torch.
+    variant : str, keyword-only
+        The rung of the ladder, as for :class:`LayerNorm`.
+
+    Notes
+    -----
+    A ``weight`` of another dtype than the input is cast to the input's dtype, and the output has
+    the input's dtype (torch's RMSNorm would promote the output to the wider dtype).
+
+    Examples
+    --------
+    >>> norm = optimized_ops.nn.RMSNorm(4096, eps=1e-6, device="cuda", dtype=torch.bfloat16)
+    """
+
+    def __init__(self, normalized_shape: _ShapeLike, eps: Optional[float] = None, elementwise_affine: bool = True,
+                 device=None, dtype=None, *, variant: str = "auto") -> None:
+        super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
+        self.variant = _check_variant(variant)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """Normalizes ``input`` (shape ``(*, *normalized_shape)``); returns a new tensor of its shape."""
+        return rms_norm(input, _normalized_shape(self.normalized_shape), self.weight, self.eps, variant=self.variant)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ("" if self.variant == "auto" else f", variant={self.variant!r}")

@@ -1,0 +1,48 @@
+// How the loader reads: an engine takes read requests (file, offset, length, destination) and calls
+// back when each has finished, from its own thread.
+//
+//   pread     a pool of threads, one blocking pread per request: works everywhere
+//   io_uring  one thread keeps up to queue_depth reads in flight through one ring (liburing): fewer
+//             threads and system calls for the same depth; containers often forbid it, so it is
+//             tried at run time and the pread pool is the fallback
+//   cufile    GPUDirect Storage: cuFileRead from the pool's threads into GPU memory (cufile_shim.h)
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loader/worker_pool.h"
+
+namespace optimized::loader {
+
+struct IoRequest {
+  uint32_t file = 0;          // index into the engine's files
+  uint64_t offset = 0;        // file offset
+  uint64_t bytes = 0;
+  uint8_t* base = nullptr;    // destination buffer (host, or device for cufile)
+  uint64_t base_offset = 0;   // destination = base + base_offset
+  void* tag = nullptr;        // the caller's
+};
+
+// result: bytes read (fewer than requested only at end of file), or -errno.
+using IoDone = std::function<void(const IoRequest&, int64_t result)>;
+
+class IoEngine {
+ public:
+  virtual ~IoEngine() = default;  // waits for the requests in flight
+  virtual void submit(const IoRequest* requests, size_t count) = 0;
+  virtual const char* name() const = 0;
+};
+
+// Reads with pread on `pool`'s threads from `fds`.
+std::unique_ptr<IoEngine> make_pread_engine(WorkerPool& pool, std::vector<int> fds, IoDone done);
+
+// io_uring with `queue_depth` reads in flight; nullptr and `why_not` when this build or this system
+// cannot (not built with liburing, the kernel or a seccomp policy refuses io_uring_setup, ...).
+std::unique_ptr<IoEngine> make_uring_engine(std::vector<int> fds, int queue_depth, IoDone done,
+                                            std::string& why_not);
+
+}  // namespace optimized::loader

@@ -1,0 +1,177 @@
+// The io_uring engine (see io_engine.h): one thread owns one ring, moves queued requests into
+// submission entries while fewer than queue_depth are in flight, submits and waits in one call,
+// and reaps completions, resubmitting the rest of a short read. Built only with liburing
+// (OPTIMIZED_WITH_LIBURING); elsewhere make_uring_engine says why not.
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "loader/io_engine.h"
+
+#if OPTIMIZED_WITH_LIBURING
+#include <liburing.h>
+#endif
+
+namespace optimized::loader {
+
+#if OPTIMIZED_WITH_LIBURING
+
+namespace {
+
+class UringEngine final : public IoEngine {
+ public:
+  UringEngine(std::vector<int> fds, int depth, IoDone done) : fds_(std::move(fds)), depth_(depth), done_(std::move(done)) {}
+
+  // Returns 0 or -errno from io_uring_queue_init.
+  int init() {
+    const int rc = io_uring_queue_init(static_cast<unsigned>(depth_), &ring_, 0);
+    if (rc == 0) {
+      ready_ = true;
+      thread_ = std::thread([this] { run(); });
+    }
+    return rc;
+  }
+
+  ~UringEngine() override {
+    if (!ready_) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();  // the thread leaves once nothing is queued or in flight
+    io_uring_queue_exit(&ring_);
+  }
+
+  void submit(const IoRequest* requests, size_t count) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (size_t i = 0; i < count; ++i) queue_.push_back({requests[i], 0});
+    }
+    cv_.notify_one();
+  }
+
+  const char* name() const override { return "io_uring"; }
+
+ private:
+  struct Pending {
+    IoRequest req;
+    uint64_t done;  // bytes already read (short reads continue from here)
+  };
+
+  void run() {
+    std::vector<Pending*> slots(depth_, nullptr);  // in flight, indexed by user_data
+    std::vector<int> free_slots;
+    for (int i = depth_ - 1; i >= 0; --i) free_slots.push_back(i);
+    int in_flight = 0;
+    for (;;) {
+      int added = 0;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        if (in_flight == 0) cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (in_flight == 0 && queue_.empty() && stopping_) return;
+        while (!queue_.empty() && !free_slots.empty()) {
+          io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+          if (!sqe) break;
+          const int slot = free_slots.back();
+          free_slots.pop_back();
+          slots[slot] = new Pending(queue_.front());
+          queue_.pop_front();
+          const Pending& p = *slots[slot];
+          io_uring_prep_read(sqe, fds_[p.req.file], p.req.base + p.req.base_offset + p.done,
+                             static_cast<unsigned>(p.req.bytes - p.done), p.req.offset + p.done);
+          io_uring_sqe_set_data64(sqe, static_cast<uint64_t>(slot));
+          ++added;
+        }
+      }
+      in_flight += added;
+      // Submit what was added and wait for at least one completion. A request queued meanwhile waits
+      // for that completion, which comes soon since reads are in flight.
+      int rc;
+      do {
+        rc = io_uring_submit_and_wait(&ring_, 1);
+      } while (rc == -EINTR);
+      if (rc < 0) {
+        // The ring itself failed: fail everything in flight.
+        for (int s = 0; s < depth_; ++s)
+          if (slots[s]) {
+            done_(slots[s]->req, rc);
+            delete slots[s];
+            slots[s] = nullptr;
+            free_slots.push_back(s);
+            --in_flight;
+          }
+        continue;
+      }
+      io_uring_cqe* cqe;
+      unsigned head, seen = 0;
+      std::vector<Pending*> again;
+      io_uring_for_each_cqe(&ring_, head, cqe) {
+        ++seen;
+        const int slot = static_cast<int>(io_uring_cqe_get_data64(cqe));
+        Pending* p = slots[slot];
+        slots[slot] = nullptr;
+        free_slots.push_back(slot);
+        --in_flight;
+        const int res = cqe->res;
+        if (res == -EINTR || res == -EAGAIN) {
+          again.push_back(p);
+        } else if (res < 0) {
+          done_(p->req, res);
+          delete p;
+        } else if (res > 0 && p->done + static_cast<uint64_t>(res) < p->req.bytes) {
+          p->done += static_cast<uint64_t>(res);  // short read: continue where it stopped
+          again.push_back(p);
+        } else {
+          done_(p->req, static_cast<int64_t>(p->done + static_cast<uint64_t>(res)));  // res 0: end of file
+          delete p;
+        }
+      }
+      io_uring_cq_advance(&ring_, seen);
+      if (!again.empty()) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (auto it = again.rbegin(); it != again.rend(); ++it) {
+          queue_.push_front(**it);
+          delete *it;
+        }
+      }
+    }
+  }
+
+  std::vector<int> fds_;
+  int depth_;
+  IoDone done_;
+  io_uring ring_{};
+  bool ready_ = false;
+  std::thread thread_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Pending> queue_;
+  bool stopping_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<IoEngine> make_uring_engine(std::vector<int> fds, int queue_depth, IoDone done, std::string& why_not) {
+  auto engine = std::make_unique<UringEngine>(std::move(fds), queue_depth, std::move(done));
+  const int rc = engine->init();
+  if (rc != 0) {
+    why_not = std::string("io_uring_queue_init failed: ") + std::strerror(-rc);
+    return nullptr;
+  }
+  return engine;
+}
+
+#else
+
+std::unique_ptr<IoEngine> make_uring_engine(std::vector<int>, int, IoDone, std::string& why_not) {
+  why_not = "built without liburing (scripts/install-deps installs liburing-dev; scripts/pack-deps carries it)";
+  return nullptr;
+}
+
+#endif
+
+}  // namespace optimized::loader

@@ -1,0 +1,1025 @@
+// The streaming loader's pipeline (the API is include/optimized/loader.h).
+//
+//   producer thread   for each batch in order, up to `prefetch` ahead of the consumer: takes a free
+//                     staging slot, plans the batch's reads (read_plan.h) and submits them
+//   I/O engine        io_uring, a pread pool or cuFile (io_engine.h) reads into the slot
+//   worker pool       checks every record's CRC32C, then delivers: on CUDA, allocates the output
+//                     from the loader's memory pool and copies on the loader's stream (one H2D per
+//                     run, or one H2D of the staging and a gather kernel), recording the batch's
+//                     event; on the CPU, packs the records into a new host buffer
+//   consumer          next() takes batches in order from the ready map
+//
+// Batches complete out of order and are handed out in order. A failed read or checksum becomes the
+// error of its batch, thrown by next() when that batch's turn comes (and after: nothing is skipped).
+// Memory handed out (BatchMemory) is freed by its last owner in stream order, so it may outlive the
+// loader; the staging slots, threads and descriptors are the loader's and go with stop().
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "loader/crc32c.h"
+#include "loader/cufile_shim.h"
+#include "loader/io_engine.h"
+#include "loader/order.h"
+#include "loader/read_plan.h"
+#include "loader/shard_format.h"
+#include "loader/worker_pool.h"
+#include "optimized/loader.h"
+
+#if OPTIMIZED_WITH_CUDA
+#include "core/cuda_device_guard.h"
+#include "loader/gather.h"
+#endif
+
+namespace optimized {
+
+using loader::align_up;
+using loader::kAlign;
+
+// ---- names ------------------------------------------------------------------------------------
+
+std::string_view loader_variant_name(LoaderVariant v) {
+  return v == LoaderVariant::kSynchronous ? "synchronous" : "pipelined";
+}
+LoaderVariant parse_loader_variant(std::string_view name) {
+  if (name == "synchronous") return LoaderVariant::kSynchronous;
+  if (name == "pipelined") return LoaderVariant::kPipelined;
+  throw Error(Status::kInvalidArgument,
+              "variant: expected \"synchronous\" or \"pipelined\"; given \"" + std::string(name) + "\"");
+}
+std::string_view io_backend_name(IoBackend b) {
+  switch (b) {
+    case IoBackend::kIoUring: return "io_uring";
+    case IoBackend::kPread: return "pread";
+    default: return "auto";
+  }
+}
+IoBackend parse_io_backend(std::string_view name) {
+  if (name == "auto") return IoBackend::kAuto;
+  if (name == "io_uring") return IoBackend::kIoUring;
+  if (name == "pread") return IoBackend::kPread;
+  throw Error(Status::kInvalidArgument,
+              "io: expected \"auto\", \"io_uring\" or \"pread\"; given \"" + std::string(name) + "\"");
+}
+namespace {
+template <typename E>
+E parse_tristate(std::string_view name, const char* what) {
+  if (name == "auto") return E::kAuto;
+  if (name == "on") return E::kOn;
+  if (name == "off") return E::kOff;
+  throw Error(Status::kInvalidArgument,
+              std::string(what) + ": expected \"auto\", \"on\" or \"off\"; given \"" + std::string(name) + "\"");
+}
+}  // namespace
+DirectIo parse_direct_io(std::string_view name) { return parse_tristate<DirectIo>(name, "direct_io"); }
+GdsMode parse_gds_mode(std::string_view name) { return parse_tristate<GdsMode>(name, "gds"); }
+
+std::vector<uint64_t> loader_epoch_order(uint64_t num_records, const LoaderOptions& o, uint64_t epoch) {
+  const loader::RankOrder order(num_records, o.shuffle, o.seed, o.rank, o.world_size,
+                                static_cast<uint64_t>(o.batch_size), o.drop_last);
+  std::vector<uint64_t> all, batch;
+  for (uint64_t b = 0; b < order.batches; ++b) {
+    order.batch_records(epoch, b, batch);
+    all.insert(all.end(), batch.begin(), batch.end());
+  }
+  return all;
+}
+
+namespace {
+
+// "Says so once": the first notice of each kind per process goes to stderr; every loader also keeps
+// its own in notes().
+void notice_once(const std::string& kind, const std::string& text) {
+  static std::mutex mutex;
+  static std::set<std::string> printed;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (printed.insert(kind).second) std::fprintf(stderr, "optimized loader: %s\n", text.c_str());
+}
+
+// ---- batch memory -----------------------------------------------------------------------------
+
+// Host buffers of one size (a staging slot's capacity), recycled: fresh pages cost a page fault
+// each on first touch, which made a 38 MB batch cost more to pack than to read. Keeps up to `keep`
+// free buffers; the loader and the batches it handed out share it.
+class HostPool {
+ public:
+  HostPool(uint64_t bytes, size_t keep) : bytes_(align_up(std::max<uint64_t>(bytes, 1), kAlign)), keep_(keep) {}
+  ~HostPool() {
+    for (void* p : free_) std::free(p);
+  }
+  uint8_t* get() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!free_.empty()) {
+        void* p = free_.back();
+        free_.pop_back();
+        return static_cast<uint8_t*>(p);
+      }
+    }
+    void* p = std::aligned_alloc(kAlign, bytes_);  // 4 KiB aligned: O_DIRECT reads into it
+    if (!p) throw Error(Status::kOutOfMemory, "host allocation of " + std::to_string(bytes_) + " bytes failed");
+    return static_cast<uint8_t*>(p);
+  }
+  void put(void* p) {
+    if (!p) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (free_.size() < keep_) {
+        free_.push_back(p);
+        return;
+      }
+    }
+    std::free(p);
+  }
+
+ private:
+  uint64_t bytes_;
+  size_t keep_;
+  std::mutex mutex_;
+  std::vector<void*> free_;
+};
+
+// A batch on the CPU: a pool buffer (the staging slot's own buffer when the records already lie
+// packed in it, then the slot takes a new one), the records at `offset` in it.
+class HostBatchMemory final : public BatchMemory {
+ public:
+  HostBatchMemory(std::shared_ptr<HostPool> pool, uint8_t* buffer, uint64_t offset)
+      : pool_(std::move(pool)), buffer_(buffer), offset_(offset) {}
+  ~HostBatchMemory() override { pool_->put(buffer_); }
+  void* data() const override { return buffer_ + offset_; }
+  void release_after(void*) override {}
+
+ private:
+  std::shared_ptr<HostPool> pool_;
+  uint8_t* buffer_;
+  uint64_t offset_;
+};
+
+// 4 KiB-aligned host memory (O_DIRECT needs it), for the O_DIRECT probe.
+void* alloc_aligned_host(uint64_t bytes) {
+  void* p = std::aligned_alloc(kAlign, align_up(std::max<uint64_t>(bytes, 1), kAlign));
+  if (!p) throw Error(Status::kOutOfMemory, "host allocation of " + std::to_string(bytes) + " bytes failed");
+  return p;
+}
+
+#if OPTIMIZED_WITH_CUDA
+
+// What the loader and the memory it handed out share: the device, the copy stream and the memory
+// pool. Lives until the last of them is gone.
+struct CudaContext {
+  int device = 0;
+  cudaStream_t stream = nullptr;     // the loader's copy stream
+  cudaStream_t readback = nullptr;   // GDS + verify: device staging back to the host
+  cudaMemPool_t pool = nullptr;
+
+  explicit CudaContext(int dev, bool with_readback) : device(dev) {
+    DeviceGuard guard(device);
+    // The highest priority: the gather kernels are small and should not queue behind the
+    // training step's kernels for SMs (the copies themselves use the copy engines).
+    int least = 0, greatest = 0;
+    check_cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest), "loader: cudaDeviceGetStreamPriorityRange");
+    check_cuda(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest), "loader: cudaStreamCreate");
+    if (with_readback)
+      check_cuda(cudaStreamCreateWithFlags(&readback, cudaStreamNonBlocking), "loader: cudaStreamCreate");
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    check_cuda(cudaMemPoolCreate(&pool, &props), "loader: cudaMemPoolCreate");
+    // Keep freed batches in the pool for the next ones instead of returning them at each sync.
+    uint64_t keep = UINT64_MAX;
+    check_cuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
+               "loader: cudaMemPoolSetAttribute");
+  }
+  ~CudaContext() {
+    // Errors are ignored: this may run at process exit, after the CUDA runtime has gone.
+    int previous = 0;
+    cudaGetDevice(&previous);
+    cudaSetDevice(device);
+    if (stream) cudaStreamSynchronize(stream);
+    if (pool) cudaMemPoolDestroy(pool);
+    if (stream) cudaStreamDestroy(stream);
+    if (readback) cudaStreamDestroy(readback);
+    cudaGetLastError();
+    cudaSetDevice(previous);
+  }
+};
+
+class DeviceBatchMemory final : public BatchMemory {
+ public:
+  DeviceBatchMemory(std::shared_ptr<CudaContext> ctx, uint64_t bytes) : ctx_(std::move(ctx)) {
+    check_cuda(cudaMallocFromPoolAsync(&data_, std::max<uint64_t>(bytes, 1), ctx_->pool, ctx_->stream),
+               "loader: cudaMallocFromPoolAsync of " + std::to_string(bytes) + " bytes");
+    const cudaError_t e = cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+      cudaFreeAsync(data_, ctx_->stream);
+      check_cuda(e, "loader: cudaEventCreate");
+    }
+  }
+  ~DeviceBatchMemory() override {
+    int previous = 0;
+    cudaGetDevice(&previous);
+    cudaSetDevice(ctx_->device);
+    // Freed on the copy stream (so after the copy into it), after the consumers' streams reach the
+    // points release_after() marked.
+    for (cudaEvent_t e : released_) {
+      cudaStreamWaitEvent(ctx_->stream, e, 0);
+      cudaEventDestroy(e);
+    }
+    cudaFreeAsync(data_, ctx_->stream);
+    cudaEventDestroy(ready_);
+    cudaGetLastError();
+    cudaSetDevice(previous);
+  }
+  void* data() const override { return data_; }
+  void release_after(void* stream) override {
+    DeviceGuard guard(ctx_->device);
+    cudaEvent_t e;
+    check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "loader: cudaEventCreate");
+    std::lock_guard<std::mutex> lock(mutex_);
+    released_.push_back(e);
+    check_cuda(cudaEventRecord(e, static_cast<cudaStream_t>(stream)), "loader: cudaEventRecord (release_after)");
+  }
+  cudaEvent_t ready() const { return ready_; }
+
+ private:
+  std::shared_ptr<CudaContext> ctx_;
+  void* data_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+  std::mutex mutex_;
+  std::vector<cudaEvent_t> released_;
+};
+
+#endif  // OPTIMIZED_WITH_CUDA
+
+}  // namespace
+
+// ---- Batch ------------------------------------------------------------------------------------
+
+void* Batch::data() const { return memory_ ? memory_->data() : nullptr; }
+
+void Batch::wait(void* stream) const {
+#if OPTIMIZED_WITH_CUDA
+  if (ready_event_) {
+    DeviceGuard guard(device_.index);
+    check_cuda(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(ready_event_), 0),
+               "Batch::wait: cudaStreamWaitEvent");
+  }
+#else
+  (void)stream;
+#endif
+}
+
+void Batch::synchronize() const {
+#if OPTIMIZED_WITH_CUDA
+  if (ready_event_) {
+    DeviceGuard guard(device_.index);
+    check_cuda(cudaEventSynchronize(static_cast<cudaEvent_t>(ready_event_)), "Batch::synchronize: cudaEventSynchronize");
+  }
+#endif
+}
+
+// ---- the pipeline -----------------------------------------------------------------------------
+
+namespace {
+
+struct Slot {
+  enum class State { kFree, kBusy, kCopying };
+  uint8_t* host = nullptr;              // staging: pinned (CUDA) or 4 KiB-aligned (CPU)
+  loader::Placement* pieces = nullptr;  // gather table (pinned), CUDA only
+  uint64_t max_pieces = 0;
+  uint8_t* device = nullptr;            // GDS staging (registered with cuFile)
+  State state = State::kFree;
+#if OPTIMIZED_WITH_CUDA
+  cudaEvent_t copied = nullptr;         // the copy out of this slot has finished
+#endif
+};
+
+struct Job {
+  uint64_t seq = 0;
+  LoaderPosition position;
+  int slot = -1;
+  std::vector<uint64_t> ids;
+  loader::ReadPlan plan;
+  std::atomic<int64_t> pending{0};
+  std::mutex mutex;
+  bool failed = false;
+  Status status = Status::kOk;
+  std::string error;
+
+  void fail(Status s, const std::string& message) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (failed) return;  // the first error is the one reported
+    failed = true;
+    status = s;
+    error = message;
+  }
+};
+
+struct Ready {
+  Batch batch;
+  bool failed = false;
+  Status status = Status::kOk;
+  std::string error;
+};
+
+// Copies of one batch with at most this many runs go straight from staging to the output, one
+// cudaMemcpyAsync per run; more runs go through one staging copy and the gather kernel.
+constexpr size_t kMaxDirectCopies = 8;
+
+}  // namespace
+
+struct Loader::Impl {
+  DatasetInfo info;
+  LoaderOptions opt;
+  loader::RankOrder order;
+  uint64_t alignment = 1;
+  bool direct = false;
+  bool use_gds = false;
+  std::string backend;
+  std::vector<std::string> notes;
+  std::vector<std::vector<uint32_t>> tables;  // per shard: the CRC32C of each record
+  std::vector<int> fds;
+  std::vector<void*> cufile_handles;
+  loader::CuFile* cufile = nullptr;
+  std::unique_ptr<loader::WorkerPool> pool;
+  std::unique_ptr<loader::IoEngine> engine;
+  std::vector<Slot> slots;
+  uint64_t slot_capacity = 0;
+  std::shared_ptr<HostPool> host_pool;  // CPU device: staging and batch buffers
+#if OPTIMIZED_WITH_CUDA
+  std::shared_ptr<CudaContext> cuda;
+  std::mutex copy_mutex;  // one batch's copy sequence at a time on the stream
+#endif
+
+  // Shared state, under `mutex`.
+  std::mutex mutex;
+  std::condition_variable cv;
+  LoaderPosition position;
+  uint64_t consumer_seq = 0;   // the next batch the consumer takes
+  uint64_t requested = 0;      // synchronous: batches the consumer has asked for
+  std::map<uint64_t, Ready> ready;
+  std::map<uint64_t, std::shared_ptr<Job>> active;
+  bool producer_stop = false;
+  bool aborting = false;       // in-flight jobs are being drained: no work, no delivery
+  bool stopped = false;
+  std::optional<Error> failure;  // sticky: next() throws it until seek()
+  std::thread producer;
+  LoaderStats stats;
+  std::atomic<uint64_t> read_bytes{0};
+
+  Impl(const std::string& dir, const LoaderOptions& o);
+  ~Impl();
+
+  uint64_t limit() const { return opt.epochs ? opt.epochs * order.batches : UINT64_MAX; }
+  uint64_t seq_of(LoaderPosition p) const { return p.epoch * order.batches + std::min(p.batch, order.batches); }
+  LoaderPosition position_of(uint64_t seq) const { return {seq / order.batches, seq % order.batches}; }
+  void note(const std::string& kind, const std::string& text) {
+    notes.push_back(text);
+    notice_once(kind, text);
+  }
+
+  void open_files();
+  void choose_engine();
+  void allocate_slots();
+  void start_producer();
+  void quiesce();
+  void shutdown();
+
+  void produce(uint64_t seq);
+  int acquire_slot();
+  void on_read(const loader::IoRequest& req, int64_t result);
+  void after_reads(Job* job);
+  void verify_range(Job* job, size_t first, size_t last);
+  void finish(Job* job);
+  Batch deliver(Job* job);
+};
+
+Loader::Impl::Impl(const std::string& dir, const LoaderOptions& o)
+    : info(open_dataset(dir)),
+      opt(o),
+      order(info.num_records, o.shuffle, o.seed, o.rank < 0 ? 0 : o.rank, o.world_size < 1 ? 1 : o.world_size,
+            o.batch_size < 1 ? 1 : static_cast<uint64_t>(o.batch_size), o.drop_last) {}
+
+Loader::Impl::~Impl() { shutdown(); }
+
+void Loader::Impl::open_files() {
+  // O_DIRECT bypasses the page cache: reads go from the device into the staging buffers once,
+  // with no kernel copy and without evicting the training process's memory. Some filesystems refuse
+  // it (at open or at the first read); kAuto then falls back to buffered reads and says so.
+  direct = opt.direct_io != DirectIo::kOff;
+  std::string why_not;
+  for (const ShardInfo& s : info.shards) {
+    int fd = ::open(s.file.c_str(), O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
+    if (fd < 0 && direct && errno == EINVAL) why_not = "open with O_DIRECT: " + std::string(std::strerror(errno));
+    if (fd >= 0 && direct && fds.empty()) {
+      // Probe one aligned read: some filesystems accept the flag at open and reject the reads.
+      void* probe = alloc_aligned_host(kAlign);
+      const ssize_t n = ::pread(fd, probe, kAlign, 0);
+      const int err = errno;
+      std::free(probe);
+      if (n < 0 && err == EINVAL) {
+        why_not = "O_DIRECT read: " + std::string(std::strerror(err));
+        ::close(fd);
+        fd = -1;
+      }
+    }
+    if (fd < 0 && !why_not.empty()) {
+      if (opt.direct_io == DirectIo::kOn)
+        throw Error(Status::kUnsupported, s.file + ": direct_io=on, but " + why_not +
+                                              " (the filesystem does not support O_DIRECT); use direct_io=auto or off");
+      for (int f : fds) ::close(f);
+      fds.clear();
+      note("direct_io", "O_DIRECT unavailable for " + info.path + " (" + why_not + "); reading through the page cache");
+      opt.direct_io = DirectIo::kOff;
+      return open_files();
+    }
+    if (fd < 0) {
+      if (errno == ENOENT) loader::throw_dataset_error(s.file, "missing (removed after the dataset was opened?)");
+      loader::throw_os_error(s.file, "open", errno);
+    }
+    fds.push_back(fd);
+  }
+  alignment = direct ? kAlign : 1;
+}
+
+void Loader::Impl::choose_engine() {
+  const bool cuda_device = opt.device.is_cuda();
+  // GPUDirect Storage: reads straight into GPU memory, where the system has it.
+  if (cuda_device && opt.gds != GdsMode::kOff) {
+    std::string why_not;
+    cufile = loader::CuFile::open(opt.gds == GdsMode::kAuto, why_not);
+    if (cufile) {
+      for (size_t i = 0; i < fds.size() && why_not.empty(); ++i) {
+        void* h = cufile->register_file(fds[i], why_not);
+        if (h) cufile_handles.push_back(h);
+        else why_not = info.shards[i].file + ": " + why_not;
+      }
+      if (!why_not.empty()) {
+        for (void* h : cufile_handles) cufile->deregister_file(h);
+        cufile_handles.clear();
+      }
+    }
+    if (!cufile || !why_not.empty()) {
+      if (opt.gds == GdsMode::kOn)
+        throw Error(Status::kUnsupported, "gds=on: GPUDirect Storage unavailable: " + why_not);
+      note("gds", "GPUDirect Storage unavailable (" + why_not + "); reading through pinned host buffers");
+    } else {
+      use_gds = true;
+    }
+  }
+  if (use_gds) {
+    engine = loader::make_cufile_engine(*cufile, *pool, cufile_handles,
+                                        [this](const loader::IoRequest& r, int64_t n) { on_read(r, n); });
+    backend = "cufile";
+    return;
+  }
+  // io_uring keeps many O_DIRECT reads in flight from one thread. For buffered reads of cached data
+  // it copies from the page cache inline on that one thread, which caps it near one core's memcpy;
+  // the pread pool spreads those copies over all its threads, so kAuto picks it there.
+  const bool want_uring = opt.io == IoBackend::kIoUring || (opt.io == IoBackend::kAuto && direct);
+  if (want_uring) {
+    std::string why_not;
+    engine = loader::make_uring_engine(fds, opt.queue_depth,
+                                       [this](const loader::IoRequest& r, int64_t n) { on_read(r, n); }, why_not);
+    if (engine) {
+      backend = "io_uring";
+      return;
+    }
+    note("io_uring", "io_uring unavailable (" + why_not + "); reading with a pool of " +
+                         std::to_string(pool->size()) + " pread threads");
+  }
+  engine = loader::make_pread_engine(*pool, fds, [this](const loader::IoRequest& r, int64_t n) { on_read(r, n); });
+  backend = "pread";
+}
+
+void Loader::Impl::allocate_slots() {
+  const uint64_t b = static_cast<uint64_t>(opt.batch_size);
+  slot_capacity = loader::staging_capacity(b, info.record_bytes, alignment);
+  const int count = opt.variant == LoaderVariant::kSynchronous ? 1 : opt.prefetch;
+  slots.resize(count);
+  for (Slot& s : slots) {
+#if OPTIMIZED_WITH_CUDA
+    if (cuda) {
+      DeviceGuard guard(cuda->device);
+      check_cuda(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming), "loader: cudaEventCreate");
+      // Pinned (page-locked) staging: the DMA engine reads it directly at full PCIe speed; pageable
+      // memory would be staged through the driver's own pinned buffers at a fraction of it.
+      s.max_pieces = slot_capacity / loader::kGatherPieceBytes + b + 1;
+      void* p = nullptr;
+      check_cuda(cudaHostAlloc(&p, std::max<uint64_t>(slot_capacity, 1), cudaHostAllocDefault),
+                 "loader: cudaHostAlloc of " + std::to_string(slot_capacity) + " staging bytes");
+      s.host = static_cast<uint8_t*>(p);
+      check_cuda(cudaHostAlloc(&p, s.max_pieces * sizeof(loader::Placement), cudaHostAllocDefault),
+                 "loader: cudaHostAlloc of the gather table");
+      s.pieces = static_cast<loader::Placement*>(p);
+      if (use_gds) {
+        check_cuda(cudaMalloc(&p, std::max<uint64_t>(slot_capacity, 1)), "loader: cudaMalloc of GDS staging");
+        s.device = static_cast<uint8_t*>(p);
+        cufile->register_buffer(s.device, slot_capacity);  // optional: unregistered buffers work, slower
+      }
+      continue;
+    }
+#endif
+    if (!host_pool) host_pool = std::make_shared<HostPool>(slot_capacity, static_cast<size_t>(count) + 4);
+    s.host = host_pool->get();
+  }
+}
+
+Loader::Loader(const std::string& dir, const LoaderOptions& options) {
+  const LoaderOptions& o = options;
+  auto bad = [](const std::string& what) { throw Error(Status::kInvalidArgument, what); };
+  if (o.batch_size < 1) bad("batch_size: expected >= 1; given " + std::to_string(o.batch_size));
+  if (o.world_size < 1) bad("world_size: expected >= 1; given " + std::to_string(o.world_size));
+  if (o.rank < 0 || o.rank >= o.world_size)
+    bad("rank: expected in [0, " + std::to_string(o.world_size) + "); given " + std::to_string(o.rank));
+  if (o.prefetch < 1) bad("prefetch: expected >= 1; given " + std::to_string(o.prefetch));
+  if (o.threads < 0) bad("threads: expected >= 0 (0: automatic); given " + std::to_string(o.threads));
+  if (o.queue_depth < 1 || o.queue_depth > 4096)
+    bad("queue_depth: expected in [1, 4096]; given " + std::to_string(o.queue_depth));
+  if (o.chunk_bytes < kAlign || o.chunk_bytes % kAlign != 0 || o.chunk_bytes > (uint64_t{1} << 30))
+    bad("chunk_bytes: expected a multiple of 4096 in [4096, 2^30]; given " + std::to_string(o.chunk_bytes));
+  if (o.device.is_cuda()) {
+    if (!built_with_cuda())
+      throw Error(Status::kUnsupported, "device: cuda needs a CUDA build; this build is CPU-only");
+    const int n = cuda_device_count();
+    if (o.device.index < 0 || o.device.index >= n)
+      throw Error(Status::kInvalidArgument, "device: expected a CUDA device in [0, " + std::to_string(n) + "); given " +
+                                                device_name(o.device) +
+                                                (n == 0 ? " (" + cuda_unavailable_reason() + ")" : ""));
+  }
+
+  impl_ = std::make_unique<Impl>(dir, options);
+  Impl& m = *impl_;
+  if (o.start.batch > m.order.batches)
+    bad("start: batch " + std::to_string(o.start.batch) + " is past the epoch's " +
+        std::to_string(m.order.batches) + " batches");
+  if (o.verify) {
+    m.tables.reserve(m.info.shards.size());
+    for (const ShardInfo& s : m.info.shards) m.tables.push_back(loader::read_checksum_table(s));
+  }
+  m.open_files();
+  int threads = o.threads;
+  if (threads == 0) threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 2, 8);
+  m.pool = std::make_unique<loader::WorkerPool>(threads);
+#if OPTIMIZED_WITH_CUDA
+  if (o.device.is_cuda()) {
+    const bool maybe_gds = o.gds != GdsMode::kOff;
+    m.cuda = std::make_shared<CudaContext>(o.device.index, maybe_gds && o.verify);
+  }
+#endif
+  m.choose_engine();
+  m.allocate_slots();
+  m.position = o.start;
+  m.consumer_seq = m.seq_of(o.start);
+  m.requested = m.consumer_seq;
+  m.start_producer();
+}
+
+Loader::~Loader() {
+  try {
+    stop();
+  } catch (...) {  // a destructor cannot report
+  }
+}
+
+void Loader::Impl::start_producer() {
+  producer_stop = false;
+  const uint64_t first = consumer_seq;
+  producer = std::thread([this, first] { produce(first); });
+}
+
+// Stops the producer and waits for every job in flight to drain; drops batches not yet taken.
+void Loader::Impl::quiesce() {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    producer_stop = true;
+    aborting = true;
+  }
+  cv.notify_all();
+  if (producer.joinable()) producer.join();
+  std::map<uint64_t, Ready> dropped;
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    cv.wait(lock, [&] { return active.empty(); });
+    dropped.swap(ready);
+    aborting = false;
+  }
+  // `dropped` frees its batches here, outside the lock.
+}
+
+void Loader::Impl::shutdown() {
+  if (stopped) return;
+  quiesce();
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    stopped = true;
+  }
+  cv.notify_all();
+  engine.reset();  // before the pool its pread/cufile requests ran on
+  pool.reset();
+  for (void* h : cufile_handles) cufile->deregister_file(h);
+  cufile_handles.clear();
+  for (int fd : fds) ::close(fd);
+  fds.clear();
+#if OPTIMIZED_WITH_CUDA
+  if (cuda) {
+    int previous = 0;
+    cudaGetDevice(&previous);
+    cudaSetDevice(cuda->device);
+    cudaStreamSynchronize(cuda->stream);  // every copy out of the slots is done
+    for (Slot& s : slots) {
+      if (s.copied) cudaEventDestroy(s.copied);
+      if (s.host) cudaFreeHost(s.host);
+      if (s.pieces) cudaFreeHost(s.pieces);
+      if (s.device) {
+        cufile->deregister_buffer(s.device);
+        cudaFree(s.device);
+      }
+    }
+    cudaGetLastError();
+    cudaSetDevice(previous);
+    slots.clear();
+    cuda.reset();  // the context lives on while handed-out batches hold it
+  }
+#endif
+  for (Slot& s : slots)
+    if (host_pool) host_pool->put(s.host);
+  slots.clear();
+  host_pool.reset();  // lives on while handed-out batches hold it
+}
+
+// ---- producer ---------------------------------------------------------------------------------
+
+int Loader::Impl::acquire_slot() {
+  std::unique_lock<std::mutex> lock(mutex);
+  for (;;) {
+    if (producer_stop) return -1;
+    int copying = -1;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (slots[i].state == Slot::State::kFree) {
+        slots[i].state = Slot::State::kBusy;
+        return static_cast<int>(i);
+      }
+      if (slots[i].state == Slot::State::kCopying && copying < 0) copying = static_cast<int>(i);
+    }
+    if (copying >= 0) {
+#if OPTIMIZED_WITH_CUDA
+      // Its copy was issued; wait for the DMA to finish reading it (outside the lock).
+      slots[copying].state = Slot::State::kBusy;
+      lock.unlock();
+      DeviceGuard guard(cuda->device);
+      check_cuda(cudaEventSynchronize(slots[copying].copied), "loader: cudaEventSynchronize (staging slot)");
+      return copying;
+#endif
+    }
+    cv.wait(lock);
+  }
+}
+
+void Loader::Impl::produce(uint64_t seq) {
+  const bool sync = opt.variant == LoaderVariant::kSynchronous;
+  const uint64_t depth = sync ? 1 : static_cast<uint64_t>(opt.prefetch);
+  if (order.batches == 0) return;
+  for (;; ++seq) {
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      cv.wait(lock, [&] { return producer_stop || (seq < consumer_seq + depth && (!sync || seq < requested)); });
+      if (producer_stop || seq >= limit()) return;
+    }
+    std::shared_ptr<Job> job;
+    try {
+      const int slot = acquire_slot();
+      if (slot < 0) return;
+      job = std::make_shared<Job>();
+      job->seq = seq;
+      job->position = position_of(seq);
+      job->slot = slot;
+      order.batch_records(job->position.epoch, job->position.batch, job->ids);
+      loader::plan_batch(info, job->ids, alignment, opt.chunk_bytes, job->plan);
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        active[seq] = job;
+      }
+      Slot& s = slots[slot];
+      uint8_t* base = use_gds ? s.device : s.host;
+      std::vector<loader::IoRequest> requests;
+      requests.reserve(job->plan.chunks.size());
+      for (const loader::ReadChunk& c : job->plan.chunks)
+        requests.push_back({c.shard, c.file_offset, c.bytes, base, c.staging_offset, job.get()});
+      job->pending = static_cast<int64_t>(requests.size());
+      engine->submit(requests.data(), requests.size());
+    } catch (const Error& e) {
+      // Becomes this batch's error; nothing after it is produced.
+      std::lock_guard<std::mutex> lock(mutex);
+      Ready r;
+      r.failed = true;
+      r.status = e.status();
+      r.error = e.what();
+      if (job) {
+        active.erase(seq);
+        if (job->slot >= 0) slots[job->slot].state = Slot::State::kFree;
+      }
+      if (!aborting) ready[seq] = std::move(r);
+      cv.notify_all();
+      return;
+    }
+  }
+}
+
+// ---- reads, checks, delivery (engine and pool threads) ---------------------------------------
+
+void Loader::Impl::on_read(const loader::IoRequest& req, int64_t result) {
+  Job* job = static_cast<Job*>(req.tag);
+  const ShardInfo& shard = info.shards[req.file];
+  auto range = [&] {
+    return "bytes " + std::to_string(req.offset) + ".." + std::to_string(req.offset + req.bytes);
+  };
+  // The first record the range touches, to name in the message.
+  auto first_record = [&] {
+    const uint64_t at = std::max(req.offset, shard.data_offset) - shard.data_offset;
+    return loader::record_location(shard, std::min(at / info.record_bytes, shard.record_count - 1), info.record_bytes);
+  };
+  if (result < 0) {
+    const int err = static_cast<int>(-result);
+    job->fail(Status::kInternal, first_record() + ": read of " + range() + " failed: " + std::strerror(err) +
+                                     (err == EINVAL && direct ? " (O_DIRECT: try direct_io=off)" : ""));
+  } else if (static_cast<uint64_t>(result) < req.bytes) {
+    job->fail(Status::kInvalidArgument, first_record() + ": truncated: reading " + range() + " returned " +
+                                            std::to_string(result) + " bytes (the file shrank after it was opened?)");
+  }
+  if (result > 0) read_bytes += static_cast<uint64_t>(result);
+  if (--job->pending == 0) after_reads(job);
+}
+
+void Loader::Impl::after_reads(Job* job) {
+  bool abort;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    abort = aborting;
+  }
+  if (job->failed || abort || !opt.verify) {
+    // Delivery (a memcpy on the CPU, copies on CUDA) runs on the pool, never on the io_uring thread.
+    pool->post([this, job] { finish(job); });
+    return;
+  }
+  const Slot& s = slots[job->slot];
+#if OPTIMIZED_WITH_CUDA
+  if (use_gds) {
+    // GPUDirect put the bytes in GPU memory; the checksums are computed on the host copy.
+    try {
+      DeviceGuard guard(cuda->device);
+      check_cuda(cudaMemcpyAsync(s.host, s.device, job->plan.staging_bytes, cudaMemcpyDeviceToHost, cuda->readback),
+                 "loader: GDS readback");
+      check_cuda(cudaStreamSynchronize(cuda->readback), "loader: GDS readback");
+    } catch (const Error& e) {
+      job->fail(e.status(), e.what());
+      pool->post([this, job] { finish(job); });
+      return;
+    }
+  }
+#endif
+  (void)s;
+  // Split the records into tasks of about 4 MiB for the pool.
+  const size_t n = job->ids.size();
+  const size_t per_task = std::max<size_t>(1, (4u << 20) / info.record_bytes);
+  const size_t tasks = (n + per_task - 1) / per_task;
+  job->pending = static_cast<int64_t>(tasks);
+  for (size_t t = 0; t < tasks; ++t) {
+    const size_t first = t * per_task, last = std::min(n, first + per_task);
+    pool->post([this, job, first, last] {
+      verify_range(job, first, last);
+      if (--job->pending == 0) finish(job);
+    });
+  }
+}
+
+void Loader::Impl::verify_range(Job* job, size_t first, size_t last) {
+  const uint8_t* staging = slots[job->slot].host;
+  const uint64_t r = info.record_bytes;
+  for (size_t k = first; k < last && !job->failed; ++k) {
+    const uint32_t shard = job->plan.record_shard[k];
+    const ShardInfo& s = info.shards[shard];
+    const uint64_t local = job->ids[k] - s.first_record;
+    const uint32_t expected = tables[shard][local];
+    const uint32_t found = loader::crc32c(staging + job->plan.record_src[k], r);
+    if (found != expected)
+      job->fail(Status::kInvalidArgument, loader::record_location(s, local, r) +
+                                              ": checksum mismatch: expected crc32c " + loader::hex32(expected) +
+                                              "; found " + loader::hex32(found) + " (the record is corrupted)");
+  }
+}
+
+Batch Loader::Impl::deliver(Job* job) {
+  Slot& s = slots[job->slot];
+  const loader::ReadPlan& plan = job->plan;
+  const uint64_t bytes = job->ids.size() * info.record_bytes;
+  Batch b;
+  b.indices_ = job->ids;
+  b.bytes_ = bytes;
+  b.device_ = opt.device;
+  b.position_ = job->position;
+#if OPTIMIZED_WITH_CUDA
+  if (cuda) {
+    DeviceGuard guard(cuda->device);
+    std::lock_guard<std::mutex> copy_lock(copy_mutex);
+    auto memory = std::make_shared<DeviceBatchMemory>(cuda, bytes);
+    uint8_t* out = static_cast<uint8_t*>(memory->data());
+    cudaStream_t stream = cuda->stream;
+    const cudaMemcpyKind kind = use_gds ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
+    const uint8_t* staging = use_gds ? s.device : s.host;
+    if (plan.packed) {
+      check_cuda(cudaMemcpyAsync(out, staging, bytes, kind, stream), "loader: cudaMemcpyAsync (batch)");
+    } else if (plan.placements.size() <= kMaxDirectCopies) {
+      for (const loader::Placement& p : plan.placements)
+        check_cuda(cudaMemcpyAsync(out + p.dst, staging + p.src, p.bytes, kind, stream), "loader: cudaMemcpyAsync (run)");
+    } else {
+      // Many runs: one copy of the staging (unless it is on the GPU already) and the gather kernel.
+      uint64_t pieces = 0;
+      for (const loader::Placement& p : plan.placements)
+        for (uint64_t o = 0; o < p.bytes; o += loader::kGatherPieceBytes)
+          s.pieces[pieces++] = {p.src + o, p.dst + o, std::min(loader::kGatherPieceBytes, p.bytes - o)};
+      const uint64_t data_bytes = use_gds ? 0 : align_up(plan.staging_bytes, 256);
+      const uint64_t table_bytes = pieces * sizeof(loader::Placement);
+      void* scratch = nullptr;
+      check_cuda(cudaMallocFromPoolAsync(&scratch, data_bytes + table_bytes, cuda->pool, stream),
+                 "loader: cudaMallocFromPoolAsync (gather scratch)");
+      uint8_t* scratch8 = static_cast<uint8_t*>(scratch);
+      if (!use_gds)
+        check_cuda(cudaMemcpyAsync(scratch8, s.host, plan.staging_bytes, cudaMemcpyHostToDevice, stream),
+                   "loader: cudaMemcpyAsync (staging)");
+      check_cuda(cudaMemcpyAsync(scratch8 + data_bytes, s.pieces, table_bytes, cudaMemcpyHostToDevice, stream),
+                 "loader: cudaMemcpyAsync (gather table)");
+      check_cuda(loader::launch_gather(use_gds ? s.device : scratch8, out,
+                                       reinterpret_cast<const loader::Placement*>(scratch8 + data_bytes),
+                                       static_cast<int64_t>(pieces), stream),
+                 "loader: gather kernel launch");
+      check_cuda(cudaFreeAsync(scratch, stream), "loader: cudaFreeAsync (gather scratch)");
+    }
+    check_cuda(cudaEventRecord(s.copied, stream), "loader: cudaEventRecord (staging)");
+    check_cuda(cudaEventRecord(memory->ready(), stream), "loader: cudaEventRecord (batch)");
+    b.ready_event_ = memory->ready();
+    b.memory_ = std::move(memory);
+    return b;
+  }
+#endif
+  // CPU: hand out the slot's buffer itself when the batch lies packed in it (one run, or reads
+  // that went to their output offsets) and give the slot a new one; else pack into a new buffer.
+  if (plan.packed || plan.placements.size() == 1) {
+    const uint64_t offset = plan.packed ? 0 : plan.placements[0].src;
+    uint8_t* fresh = host_pool->get();
+    b.memory_ = std::make_shared<HostBatchMemory>(host_pool, s.host, offset);
+    s.host = fresh;
+    return b;
+  }
+  uint8_t* out = host_pool->get();
+  b.memory_ = std::make_shared<HostBatchMemory>(host_pool, out, 0);
+  for (const loader::Placement& p : plan.placements) std::memcpy(out + p.dst, s.host + p.src, p.bytes);
+  return b;
+}
+
+void Loader::Impl::finish(Job* job) {
+  bool abort;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    abort = aborting;
+  }
+  Ready r;
+  bool copying = false;
+  if (!job->failed && !abort) {
+    try {
+      r.batch = deliver(job);
+      copying = r.batch.ready_event() != nullptr;
+    } catch (const Error& e) {
+      job->fail(e.status(), e.what());
+    } catch (const std::exception& e) {
+      job->fail(Status::kInternal, std::string("loader: ") + e.what());
+    }
+  }
+  if (job->failed) {
+    r.failed = true;
+    r.status = job->status;
+    r.error = job->error;
+  }
+  const uint64_t seq = job->seq;
+  std::shared_ptr<Job> keep;  // the job dies after the lock is released
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    slots[job->slot].state = copying ? Slot::State::kCopying : Slot::State::kFree;
+    if (!aborting) ready[seq] = std::move(r);
+    auto it = active.find(seq);
+    if (it != active.end()) {
+      keep = std::move(it->second);
+      active.erase(it);
+    }
+  }
+  cv.notify_all();
+}
+
+// ---- consumer ---------------------------------------------------------------------------------
+
+std::optional<Batch> Loader::next() {
+  Impl& m = *impl_;
+  Ready r;
+  {
+    std::unique_lock<std::mutex> lock(m.mutex);
+    if (m.stopped) throw Error(Status::kInvalidArgument, "Loader::next: the loader is stopped");
+    if (m.failure) throw *m.failure;
+    if (m.opt.epochs && m.position.epoch >= m.opt.epochs) return std::nullopt;
+    if (m.position.batch >= m.order.batches) {
+      m.position = {m.position.epoch + 1, 0};
+      return std::nullopt;
+    }
+    const uint64_t seq = m.seq_of(m.position);
+    m.requested = std::max(m.requested, seq + 1);
+    m.cv.notify_all();
+    const auto t0 = std::chrono::steady_clock::now();
+    m.cv.wait(lock, [&] { return m.ready.count(seq) != 0 || m.stopped; });
+    if (m.stopped) throw Error(Status::kInvalidArgument, "Loader::next: the loader was stopped while waiting");
+    m.stats.consumer_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    auto it = m.ready.find(seq);
+    r = std::move(it->second);
+    m.ready.erase(it);
+    m.consumer_seq = seq + 1;
+    ++m.position.batch;
+    if (r.failed) m.failure = Error(r.status, r.error);
+    else {
+      ++m.stats.batches;
+      m.stats.record_bytes += r.batch.bytes();
+    }
+  }
+  m.cv.notify_all();  // the producer may go on
+  if (r.failed) throw Error(r.status, r.error);
+  if (m.opt.variant == LoaderVariant::kSynchronous) r.batch.synchronize();
+  return std::move(r.batch);
+}
+
+void Loader::wait() {
+  Impl& m = *impl_;
+  {
+    std::unique_lock<std::mutex> lock(m.mutex);
+    if (m.stopped || m.failure) return;
+    if (m.opt.epochs && m.position.epoch >= m.opt.epochs) return;
+    if (m.position.batch >= m.order.batches) return;
+    const uint64_t seq = m.seq_of(m.position);
+    m.requested = std::max(m.requested, seq + 1);
+    m.cv.notify_all();
+    const auto t0 = std::chrono::steady_clock::now();
+    m.cv.wait(lock, [&] { return m.ready.count(seq) != 0 || m.stopped; });
+    m.stats.consumer_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+}
+
+LoaderPosition Loader::position() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->position;
+}
+
+void Loader::seek(LoaderPosition p) {
+  Impl& m = *impl_;
+  if (m.stopped) throw Error(Status::kInvalidArgument, "Loader::seek: the loader is stopped");
+  if (p.batch > m.order.batches)
+    throw Error(Status::kInvalidArgument, "position: batch " + std::to_string(p.batch) + " is past the epoch's " +
+                                              std::to_string(m.order.batches) + " batches");
+  m.quiesce();
+  {
+    std::lock_guard<std::mutex> lock(m.mutex);
+    m.position = p;
+    m.consumer_seq = m.seq_of(p);
+    m.requested = m.consumer_seq;
+    m.failure.reset();
+  }
+  m.start_producer();
+}
+
+void Loader::stop() {
+  if (impl_) impl_->shutdown();
+}
+
+const DatasetInfo& Loader::dataset() const { return impl_->info; }
+uint64_t Loader::batches_per_epoch() const { return impl_->order.batches; }
+uint64_t Loader::records_per_epoch() const { return impl_->order.count; }
+std::string Loader::io_backend() const { return impl_->backend; }
+bool Loader::direct_io() const { return impl_->direct; }
+bool Loader::gds() const { return impl_->use_gds; }
+const std::vector<std::string>& Loader::notes() const { return impl_->notes; }
+
+LoaderStats Loader::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  LoaderStats s = impl_->stats;
+  s.read_bytes = impl_->read_bytes.load();
+  return s;
+}
+
+}  // namespace optimized

@@ -1,0 +1,54 @@
+// The read plan of one batch: which byte ranges of which shards to read into the staging buffer,
+// and where each record then lies in it.
+//
+// Records consecutive in the batch and adjacent in one shard form a run, read as one range (a
+// sequential epoch reads each batch as one or two runs). With O_DIRECT, file offsets, lengths and
+// buffer addresses must be multiples of 4 KiB, and records need not be: each run's range is widened
+// to 4 KiB boundaries and read whole, so a run's records start a few bytes into its staging range.
+// Placements (one per run: staging offset -> output offset, bytes) then pack the records into the
+// batch: a single H2D copy when there is one run, else a gather on the GPU (or memcpy on the CPU).
+// Without O_DIRECT (alignment 1) runs are read straight to their output offsets: staging already
+// holds the packed batch.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "optimized/loader.h"
+
+namespace optimized::loader {
+
+struct ReadChunk {
+  uint32_t shard = 0;
+  uint64_t file_offset = 0;
+  uint64_t bytes = 0;
+  uint64_t staging_offset = 0;
+};
+
+// Copy `bytes` from staging offset `src` to output offset `dst`. Laid out as the gather kernel reads it.
+struct Placement {
+  uint64_t src = 0;
+  uint64_t dst = 0;
+  uint64_t bytes = 0;
+};
+
+struct ReadPlan {
+  std::vector<ReadChunk> chunks;        // reads, each <= chunk_bytes
+  std::vector<Placement> placements;    // one per run, in batch order
+  std::vector<uint64_t> record_src;     // staging offset of each record, in batch order
+  std::vector<uint32_t> record_shard;   // shard of each record
+  uint64_t staging_bytes = 0;           // staging used
+  uint64_t read_bytes = 0;              // sum of chunk bytes
+  bool packed = false;                  // staging[0, n * record_bytes) is the batch as delivered
+};
+
+// Staging bytes a batch of `batch_size` records can need at `alignment`: each record may be its own
+// run, widened by up to one alignment unit on either side.
+uint64_t staging_capacity(uint64_t batch_size, uint64_t record_bytes, uint64_t alignment);
+
+// ids: dataset record indices in batch order. alignment: 4096 (O_DIRECT) or 1. chunk_bytes: a
+// multiple of alignment.
+void plan_batch(const DatasetInfo& info, const std::vector<uint64_t>& ids, uint64_t alignment,
+                uint64_t chunk_bytes, ReadPlan& plan);
+
+}  // namespace optimized::loader

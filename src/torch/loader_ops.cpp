@@ -1,0 +1,304 @@
+// The torch glue of the streaming loader (include/optimized/loader.h): torch custom classes
+//
+//   torch.classes.optimized.StreamingLoader   batches as tensors (records, *record_shape) of the
+//                                             dataset's dtype, on the loader's device
+//   torch.classes.optimized.ShardWriter       tensors -> shard files
+//   torch.ops.optimized.shard_dataset_info    what a dataset directory holds
+//   torch.ops.optimized.verify_shards         every record's checksum
+//
+// A CUDA batch becomes a tensor over the loader's device memory (no copy). Before it is returned,
+// the current stream waits for the batch's copy event, so the tensor is ready for work queued on
+// that stream. When torch frees the tensor, its deleter asks that the memory be reused only after
+// the work queued on the then-current stream, the caching allocator's rule for tensors freed on
+// their stream. The Python API (optimized_ops.data) wraps these classes.
+#include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "optimized/core.h"
+#include "optimized/loader.h"
+
+namespace optimized::torch_glue {
+
+namespace {
+
+struct DtypeName {
+  at::ScalarType type;
+  const char* name;
+};
+constexpr DtypeName kDtypes[] = {{at::kByte, "uint8"},     {at::kChar, "int8"},       {at::kShort, "int16"},
+                                 {at::kUInt16, "uint16"},  {at::kInt, "int32"},       {at::kUInt32, "uint32"},
+                                 {at::kLong, "int64"},     {at::kHalf, "float16"},    {at::kBFloat16, "bfloat16"},
+                                 {at::kFloat, "float32"},  {at::kDouble, "float64"}};
+
+at::ScalarType scalar_type_of(const std::string& name) {
+  for (const DtypeName& d : kDtypes)
+    if (name == d.name) return d.type;
+  TORCH_CHECK_TYPE(false, "optimized loader: the dataset's dtype \"" + name + "\" has no torch dtype");
+}
+
+const char* dtype_name_of(at::ScalarType t) {
+  for (const DtypeName& d : kDtypes)
+    if (t == d.type) return d.name;
+  return nullptr;
+}
+
+// The torch error that matches the C++ status (ValueError, NotImplementedError, RuntimeError).
+[[noreturn]] void rethrow(const Error& e) {
+  switch (e.status()) {
+    case Status::kInvalidArgument: TORCH_CHECK_VALUE(false, e.what());
+    case Status::kUnsupported: TORCH_CHECK_NOT_IMPLEMENTED(false, e.what());
+    default: break;
+  }
+  TORCH_CHECK(false, std::string(e.what()) + " (" + std::string(status_name(e.status())) + ")");
+}
+
+// The current stream of a CUDA device as a cudaStream_t, through c10's device-generic API (so this
+// file needs neither the CUDA headers nor libtorch_cuda).
+void* current_stream(const at::Device& device) {
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).native_handle();
+}
+
+class StreamingLoader : public torch::CustomClassHolder {
+ public:
+  StreamingLoader(std::string path, int64_t batch_size, std::string device, bool shuffle, int64_t seed, int64_t rank,
+                  int64_t world_size, bool drop_last, int64_t epochs, int64_t start_epoch, int64_t start_batch,
+                  std::string variant, int64_t prefetch, int64_t threads, std::string io, std::string direct_io,
+                  std::string gds, bool verify, int64_t chunk_bytes, int64_t queue_depth)
+      : device_(device) {
+    if (device_.is_cuda() && !device_.has_index())
+      device_ = at::Device(at::kCUDA, c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index());
+    TORCH_CHECK_VALUE(device_.is_cpu() || device_.is_cuda(),
+                      "StreamingLoader: device: expected \"cpu\" or \"cuda[:N]\"; given \"" + device + "\"");
+    TORCH_CHECK_VALUE(seed >= 0, "StreamingLoader: seed: expected >= 0; given " + std::to_string(seed));
+    TORCH_CHECK_VALUE(epochs >= 0 && start_epoch >= 0 && start_batch >= 0 && chunk_bytes > 0,
+                      "StreamingLoader: epochs, start position and chunk_bytes must be >= 0");
+    LoaderOptions o;
+    o.batch_size = batch_size;
+    o.device = device_.is_cuda() ? Device::cuda(device_.index()) : Device::cpu();
+    o.shuffle = shuffle;
+    o.seed = static_cast<uint64_t>(seed);
+    o.rank = static_cast<int>(rank);
+    o.world_size = static_cast<int>(world_size);
+    o.drop_last = drop_last;
+    o.epochs = static_cast<uint64_t>(epochs);
+    o.start = {static_cast<uint64_t>(start_epoch), static_cast<uint64_t>(start_batch)};
+    o.prefetch = static_cast<int>(prefetch);
+    o.threads = static_cast<int>(threads);
+    o.chunk_bytes = static_cast<uint64_t>(chunk_bytes);
+    o.queue_depth = static_cast<int>(queue_depth);
+    o.verify = verify;
+    try {
+      o.variant = parse_loader_variant(variant);
+      o.io = parse_io_backend(io);
+      o.direct_io = parse_direct_io(direct_io);
+      o.gds = parse_gds_mode(gds);
+      loader_ = std::make_unique<Loader>(path, o);
+    } catch (const Error& e) {
+      rethrow(e);
+    }
+    const DatasetInfo& info = loader_->dataset();
+    dtype_ = scalar_type_of(info.dtype);
+    shape_ = info.record_shape;
+  }
+
+  // The next batch, or None at the end of the epoch.
+  std::optional<at::Tensor> next() {
+    std::optional<Batch> batch;
+    try {
+      batch = loader_->next();
+    } catch (const Error& e) {
+      rethrow(e);
+    }
+    if (!batch) return std::nullopt;
+    std::vector<int64_t> sizes{batch->records()};
+    sizes.insert(sizes.end(), shape_.begin(), shape_.end());
+    const at::Device device = device_;
+    if (device.is_cuda()) {
+      try {
+        batch->wait(current_stream(device));
+      } catch (const Error& e) {
+        rethrow(e);
+      }
+    }
+    std::shared_ptr<BatchMemory> memory = batch->memory();
+    auto deleter = [memory, device](void*) {
+      if (!device.is_cuda()) return;
+      try {
+        memory->release_after(current_stream(device));
+      } catch (...) {  // at interpreter exit CUDA may be gone; the memory is freed all the same
+      }
+    };
+    at::Tensor t = at::for_blob(batch->data(), sizes)
+                       .deleter(deleter)
+                       .options(at::TensorOptions().dtype(dtype_).device(device))
+                       .target_device(device)
+                       .make_tensor();
+    const std::vector<uint64_t>& ids = batch->indices();
+    last_indices_ = at::empty({static_cast<int64_t>(ids.size())}, at::kLong);
+    std::copy(ids.begin(), ids.end(), last_indices_.data_ptr<int64_t>());
+    return t;
+  }
+
+  at::Tensor last_indices() const { return last_indices_.defined() ? last_indices_ : at::empty({0}, at::kLong); }
+  std::vector<int64_t> position() const {
+    const LoaderPosition p = loader_->position();
+    return {static_cast<int64_t>(p.epoch), static_cast<int64_t>(p.batch)};
+  }
+  void seek(int64_t epoch, int64_t batch) {
+    TORCH_CHECK_VALUE(epoch >= 0 && batch >= 0, "StreamingLoader.seek: expected epoch, batch >= 0");
+    try {
+      loader_->seek({static_cast<uint64_t>(epoch), static_cast<uint64_t>(batch)});
+    } catch (const Error& e) {
+      rethrow(e);
+    }
+  }
+  void stop() { loader_->stop(); }
+  // The C++ loader's address, for optimized_loader_wait through ctypes (waits without the GIL).
+  int64_t handle() const { return static_cast<int64_t>(reinterpret_cast<intptr_t>(loader_.get())); }
+  int64_t batches_per_epoch() const { return static_cast<int64_t>(loader_->batches_per_epoch()); }
+  int64_t records_per_epoch() const { return static_cast<int64_t>(loader_->records_per_epoch()); }
+  int64_t num_records() const { return static_cast<int64_t>(loader_->dataset().num_records); }
+  int64_t record_bytes() const { return static_cast<int64_t>(loader_->dataset().record_bytes); }
+  std::string dtype() const { return loader_->dataset().dtype; }
+  std::vector<int64_t> record_shape() const { return shape_; }
+  std::string io_backend() const { return loader_->io_backend(); }
+  bool direct_io() const { return loader_->direct_io(); }
+  bool gds() const { return loader_->gds(); }
+  std::vector<std::string> notes() const { return loader_->notes(); }
+  // [batches, record bytes, bytes read, seconds the consumer waited]
+  std::vector<double> stats() const {
+    const LoaderStats s = loader_->stats();
+    return {static_cast<double>(s.batches), static_cast<double>(s.record_bytes), static_cast<double>(s.read_bytes),
+            s.consumer_wait_s};
+  }
+
+ private:
+  std::unique_ptr<Loader> loader_;
+  at::Device device_;
+  at::ScalarType dtype_ = at::kByte;
+  std::vector<int64_t> shape_;
+  at::Tensor last_indices_;
+};
+
+class ShardWriterHolder : public torch::CustomClassHolder {
+ public:
+  ShardWriterHolder(std::string path, std::string dtype, std::vector<int64_t> record_shape, int64_t records_per_shard,
+                    bool overwrite)
+      : dtype_(dtype), shape_(record_shape) {
+    TORCH_CHECK_VALUE(records_per_shard >= 1,
+                      "ShardWriter: records_per_shard: expected >= 1; given " + std::to_string(records_per_shard));
+    try {
+      writer_ = std::make_unique<ShardWriter>(path, dtype, record_shape, static_cast<uint64_t>(records_per_shard),
+                                              overwrite);
+    } catch (const Error& e) {
+      rethrow(e);
+    }
+  }
+
+  // records: a CPU tensor (n, *record_shape) of the writer's dtype.
+  void append(const at::Tensor& records) {
+    TORCH_CHECK_VALUE(writer_, "ShardWriter.append: the writer is closed");
+    TORCH_CHECK_VALUE(records.device().is_cpu(), "ShardWriter.append: records: expected a CPU tensor; given one on " +
+                                                     records.device().str());
+    const char* name = dtype_name_of(records.scalar_type());
+    TORCH_CHECK_TYPE(name && dtype_ == name, "ShardWriter.append: records: expected dtype " + dtype_ + "; given " +
+                                                 std::string(c10::toString(records.scalar_type())));
+    bool shape_ok = records.dim() == static_cast<int64_t>(shape_.size()) + 1;
+    for (size_t i = 0; shape_ok && i < shape_.size(); ++i) shape_ok = records.size(static_cast<int64_t>(i) + 1) == shape_[i];
+    if (!shape_ok) {
+      std::string want = "(n", got = "(";
+      for (int64_t d : shape_) want += ", " + std::to_string(d);
+      for (int64_t i = 0; i < records.dim(); ++i) got += (i ? ", " : "") + std::to_string(records.size(i));
+      TORCH_CHECK_VALUE(false, "ShardWriter.append: records: expected shape " + want + "); given " + got + ")");
+    }
+    const at::Tensor c = records.contiguous();
+    try {
+      writer_->append(c.data_ptr(), static_cast<uint64_t>(c.size(0)));
+    } catch (const Error& e) {
+      rethrow(e);
+    }
+  }
+
+  // Finishes the dataset; returns its shard count.
+  int64_t close() {
+    TORCH_CHECK_VALUE(writer_, "ShardWriter.close: already closed");
+    try {
+      const DatasetInfo info = writer_->close();
+      writer_.reset();
+      return static_cast<int64_t>(info.shards.size());
+    } catch (const Error& e) {
+      writer_.reset();
+      rethrow(e);
+    }
+  }
+
+  int64_t records_written() const { return writer_ ? static_cast<int64_t>(writer_->records_written()) : -1; }
+
+ private:
+  std::unique_ptr<ShardWriter> writer_;
+  std::string dtype_;
+  std::vector<int64_t> shape_;
+};
+
+// (dtype, record_shape, record_bytes, num_records, num_shards)
+std::tuple<std::string, std::vector<int64_t>, int64_t, int64_t, int64_t> shard_dataset_info(const std::string& path) {
+  try {
+    const DatasetInfo info = open_dataset(path);
+    return {info.dtype, info.record_shape, static_cast<int64_t>(info.record_bytes),
+            static_cast<int64_t>(info.num_records), static_cast<int64_t>(info.shards.size())};
+  } catch (const Error& e) {
+    rethrow(e);
+  }
+}
+
+void verify_shards(const std::string& path) {
+  try {
+    verify_dataset(path);
+  } catch (const Error& e) {
+    rethrow(e);
+  }
+}
+
+}  // namespace
+
+}  // namespace optimized::torch_glue
+
+TORCH_LIBRARY_FRAGMENT(optimized, m) {
+  using optimized::torch_glue::ShardWriterHolder;
+  using optimized::torch_glue::StreamingLoader;
+  m.class_<StreamingLoader>("StreamingLoader")
+      .def(torch::init<std::string, int64_t, std::string, bool, int64_t, int64_t, int64_t, bool, int64_t, int64_t,
+                       int64_t, std::string, int64_t, int64_t, std::string, std::string, std::string, bool, int64_t,
+                       int64_t>())
+      .def("next", &StreamingLoader::next)
+      .def("last_indices", &StreamingLoader::last_indices)
+      .def("position", &StreamingLoader::position)
+      .def("seek", &StreamingLoader::seek)
+      .def("stop", &StreamingLoader::stop)
+      .def("handle", &StreamingLoader::handle)
+      .def("batches_per_epoch", &StreamingLoader::batches_per_epoch)
+      .def("records_per_epoch", &StreamingLoader::records_per_epoch)
+      .def("num_records", &StreamingLoader::num_records)
+      .def("record_bytes", &StreamingLoader::record_bytes)
+      .def("dtype", &StreamingLoader::dtype)
+      .def("record_shape", &StreamingLoader::record_shape)
+      .def("io_backend", &StreamingLoader::io_backend)
+      .def("direct_io", &StreamingLoader::direct_io)
+      .def("gds", &StreamingLoader::gds)
+      .def("notes", &StreamingLoader::notes)
+      .def("stats", &StreamingLoader::stats);
+  m.class_<ShardWriterHolder>("ShardWriter")
+      .def(torch::init<std::string, std::string, std::vector<int64_t>, int64_t, bool>())
+      .def("append", &ShardWriterHolder::append)
+      .def("close", &ShardWriterHolder::close)
+      .def("records_written", &ShardWriterHolder::records_written);
+  m.def("shard_dataset_info(str path) -> (str, int[], int, int, int)", &optimized::torch_glue::shard_dataset_info);
+  m.def("verify_shards(str path) -> ()", &optimized::torch_glue::verify_shards);
+}

@@ -1,0 +1,161 @@
+// Shared helpers of the loader tests: a temporary directory, datasets of distinct pseudo-random
+// records (every byte depends on the record index, so a misplaced, repeated or torn record fails),
+// and byte-exact batch checks against the records written.
+#pragma once
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "optimized/loader.h"
+
+namespace optimized::loader_test {
+
+// mkdtemp under $TMPDIR (or /tmp), removed with its files on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    const char* base = std::getenv("TMPDIR");
+    std::string pattern = std::string(base && *base ? base : "/tmp") + "/optimized-loader-XXXXXX";
+    std::vector<char> buf(pattern.begin(), pattern.end());
+    buf.push_back('\0');
+    if (!::mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
+    path_ = buf.data();
+  }
+  ~TempDir() { remove_tree(path_); }
+  const std::string& path() const { return path_; }
+  std::string sub(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  static void remove_tree(const std::string& p) {
+    if (DIR* d = ::opendir(p.c_str())) {
+      while (const dirent* e = ::readdir(d)) {
+        const std::string name = e->d_name;
+        if (name == "." || name == "..") continue;
+        const std::string child = p + "/" + name;
+        struct stat st;
+        if (::lstat(child.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) remove_tree(child);
+        else ::unlink(child.c_str());
+      }
+      ::closedir(d);
+    }
+    ::rmdir(p.c_str());
+  }
+  std::string path_;
+};
+
+inline uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// n records of r bytes; byte j of record i is a hash of (seed, i, j / 8) -- never all zeros.
+inline std::vector<uint8_t> make_records(uint64_t n, uint64_t r, uint64_t seed = 1) {
+  std::vector<uint8_t> data(n * r);
+  for (uint64_t i = 0; i < n; ++i) {
+    for (uint64_t j = 0; j < r; j += 8) {
+      const uint64_t v = mix64(seed * 0x100000001B3ull ^ mix64(i) ^ (j << 20));
+      std::memcpy(data.data() + i * r + j, &v, std::min<uint64_t>(8, r - j));
+    }
+  }
+  return data;
+}
+
+// Writes `data` (n records of uint8[r]) as a dataset of `per_shard` records per shard.
+inline DatasetInfo write_dataset(const std::string& dir, const std::vector<uint8_t>& data, uint64_t r,
+                                 uint64_t per_shard) {
+  ShardWriter w(dir, "uint8", {static_cast<int64_t>(r)}, per_shard);
+  const uint64_t n = data.size() / r;
+  // Appended in uneven pieces, so that the writer's shard boundaries fall inside an append.
+  uint64_t done = 0, step = 1;
+  while (done < n) {
+    const uint64_t k = std::min(step, n - done);
+    w.append(data.data() + done * r, k);
+    done += k;
+    step = step * 3 + 1;
+  }
+  return w.close();
+}
+
+// Each batch's bytes equal the records its indices name.
+inline ::testing::AssertionResult batch_matches(const uint8_t* got, const std::vector<uint64_t>& ids,
+                                                const std::vector<uint8_t>& data, uint64_t r) {
+  for (size_t k = 0; k < ids.size(); ++k) {
+    if (ids[k] * r + r > data.size()) return ::testing::AssertionFailure() << "index " << ids[k] << " out of range";
+    if (std::memcmp(got + k * r, data.data() + ids[k] * r, r) != 0) {
+      uint64_t byte = 0;
+      while (got[k * r + byte] == data[ids[k] * r + byte]) ++byte;
+      return ::testing::AssertionFailure() << "record " << k << " of the batch (dataset record " << ids[k]
+                                           << ") differs at byte " << byte;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Overwrites `bytes` bytes at `offset` of `file` with their complement.
+inline void corrupt(const std::string& file, uint64_t offset, uint64_t bytes = 1) {
+  const int fd = ::open(file.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0) << file;
+  std::vector<uint8_t> b(bytes);
+  ASSERT_EQ(::pread(fd, b.data(), bytes, static_cast<off_t>(offset)), static_cast<ssize_t>(bytes));
+  for (uint8_t& x : b) x = static_cast<uint8_t>(~x);
+  ASSERT_EQ(::pwrite(fd, b.data(), bytes, static_cast<off_t>(offset)), static_cast<ssize_t>(bytes));
+  ::close(fd);
+}
+
+inline void truncate_file(const std::string& file, uint64_t bytes) { ASSERT_EQ(::truncate(file.c_str(), static_cast<off_t>(bytes)), 0); }
+
+// Whether `what` (an exception message) contains every one of `parts`.
+inline ::testing::AssertionResult mentions(const std::string& what, std::initializer_list<std::string> parts) {
+  for (const std::string& p : parts)
+    if (what.find(p) == std::string::npos)
+      return ::testing::AssertionFailure() << "message \"" << what << "\" does not mention \"" << p << "\"";
+  return ::testing::AssertionSuccess();
+}
+
+// The message of the Error `fn` throws ("" and a failure when it throws nothing).
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected optimized::Error";
+  return "";
+}
+
+// Whether O_DIRECT reads work in `dir` (tmpfs before Linux 6.6 and some overlays refuse them).
+inline std::string direct_io_unavailable(const std::string& dir) {
+  const std::string f = dir + "/.direct-probe";
+  int fd = ::open(f.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return "cannot create a probe file";
+  std::vector<char> z(4096, 1);
+  (void)!::write(fd, z.data(), z.size());
+  ::close(fd);
+  std::string why;
+  fd = ::open(f.c_str(), O_RDONLY | O_DIRECT);
+  if (fd < 0) {
+    why = std::string("O_DIRECT open: ") + std::strerror(errno);
+  } else {
+    void* p = std::aligned_alloc(4096, 4096);
+    if (::pread(fd, p, 4096, 0) != 4096) why = std::string("O_DIRECT read: ") + std::strerror(errno);
+    std::free(p);
+    ::close(fd);
+  }
+  ::unlink(f.c_str());
+  return why;
+}
+
+}  // namespace optimized::loader_test
