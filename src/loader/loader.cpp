@@ -14,6 +14,7 @@
 // Memory handed out (BatchMemory) is freed by its last owner in stream order, so it may outlive the
 // loader; the staging slots, threads and descriptors are the loader's and go with stop().
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -62,6 +63,7 @@ std::string_view io_backend_name(IoBackend b) {
   switch (b) {
     case IoBackend::kIoUring: return "io_uring";
     case IoBackend::kPread: return "pread";
+    case IoBackend::kMmap: return "mmap";
     default: return "auto";
   }
 }
@@ -69,8 +71,9 @@ IoBackend parse_io_backend(std::string_view name) {
   if (name == "auto") return IoBackend::kAuto;
   if (name == "io_uring") return IoBackend::kIoUring;
   if (name == "pread") return IoBackend::kPread;
+  if (name == "mmap") return IoBackend::kMmap;
   throw Error(Status::kInvalidArgument,
-              "io: expected \"auto\", \"io_uring\" or \"pread\"; given \"" + std::string(name) + "\"");
+              "io: expected \"auto\", \"io_uring\", \"pread\" or \"mmap\"; given \"" + std::string(name) + "\"");
 }
 namespace {
 template <typename E>
@@ -351,6 +354,8 @@ struct Loader::Impl {
   std::vector<std::string> notes;
   std::vector<std::vector<uint32_t>> tables;  // per shard: the CRC32C of each record
   std::vector<int> fds;
+  std::vector<uint8_t*> maps;        // io=mmap: each shard mapped whole (file_bytes)
+  bool registered = false;           // io=mmap on CUDA: the mappings are registered (pinned)
   std::vector<void*> cufile_handles;
   loader::CuFile* cufile = nullptr;
   std::unique_ptr<loader::WorkerPool> pool;
@@ -391,6 +396,7 @@ struct Loader::Impl {
   }
 
   void open_files();
+  bool map_files();
   void choose_engine();
   void allocate_slots();
   void start_producer();
@@ -418,6 +424,12 @@ void Loader::Impl::open_files() {
   // O_DIRECT bypasses the page cache: reads go from the device into the staging buffers once,
   // with no kernel copy and without evicting the training process's memory. Some filesystems refuse
   // it (at open or at the first read); kAuto then falls back to buffered reads and says so.
+  if (opt.io == IoBackend::kMmap) {
+    if (opt.direct_io == DirectIo::kOn)
+      throw Error(Status::kInvalidArgument,
+                  "io=mmap reads the page cache; direct_io must be auto or off (given on)");
+    opt.direct_io = DirectIo::kOff;
+  }
   direct = opt.direct_io != DirectIo::kOff;
   std::string why_not;
   for (const ShardInfo& s : info.shards) {
@@ -454,6 +466,44 @@ void Loader::Impl::open_files() {
   alignment = direct ? kAlign : 1;
 }
 
+// io=mmap: maps every shard; on CUDA also registers the mappings (read-only, pinned) so that
+// cudaMemcpyAsync reads the page cache by DMA. False, with a note, when either step fails: the
+// loader then reads with pread.
+bool Loader::Impl::map_files() {
+  std::string why_not;
+  for (size_t i = 0; i < fds.size() && why_not.empty(); ++i) {
+    void* p = ::mmap(nullptr, info.shards[i].file_bytes, PROT_READ, MAP_SHARED, fds[i], 0);
+    if (p == MAP_FAILED) why_not = info.shards[i].file + ": mmap failed: " + std::strerror(errno);
+    else maps.push_back(static_cast<uint8_t*>(p));
+  }
+#if OPTIMIZED_WITH_CUDA
+  if (why_not.empty() && cuda) {
+    DeviceGuard guard(cuda->device);
+    size_t done = 0;
+    for (; done < maps.size(); ++done) {
+      // Pins the file's page-cache pages (reading them in if they are not cached yet).
+      const cudaError_t e = cudaHostRegister(maps[done], info.shards[done].file_bytes, cudaHostRegisterReadOnly);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        why_not = info.shards[done].file + ": cudaHostRegister(read-only) of the mapping failed: " +
+                  cudaGetErrorString(e);
+        break;
+      }
+    }
+    if (!why_not.empty())
+      for (size_t i = 0; i < done; ++i) cudaHostUnregister(maps[i]);
+    else
+      registered = true;
+  }
+#endif
+  if (why_not.empty()) return true;
+  for (size_t i = 0; i < maps.size(); ++i) ::munmap(maps[i], info.shards[i].file_bytes);
+  maps.clear();
+  note("mmap", "io=mmap unavailable (" + why_not + "); reading with a pool of " + std::to_string(pool->size()) +
+                   " pread threads");
+  return false;
+}
+
 void Loader::Impl::choose_engine() {
   const bool cuda_device = opt.device.is_cuda();
   // GPUDirect Storage: reads straight into GPU memory, where the system has it.
@@ -485,6 +535,13 @@ void Loader::Impl::choose_engine() {
     backend = "cufile";
     return;
   }
+  if (opt.io == IoBackend::kMmap) {
+    if (map_files()) {
+      backend = "mmap";
+      engine = loader::make_pread_engine(*pool, fds, [this](const loader::IoRequest& r, int64_t n) { on_read(r, n); });
+      return;  // (the pread engine stays idle: nothing is read)
+    }
+  }
   // io_uring keeps many O_DIRECT reads in flight from one thread. For buffered reads of cached data
   // it copies from the page cache inline on that one thread, which caps it near one core's memcpy;
   // the pread pool spreads those copies over all its threads, so kAuto picks it there.
@@ -514,6 +571,7 @@ void Loader::Impl::allocate_slots() {
     if (cuda) {
       DeviceGuard guard(cuda->device);
       check_cuda(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming), "loader: cudaEventCreate");
+      if (!maps.empty()) continue;  // io=mmap: the copies read the registered page cache, no staging
       // Pinned (page-locked) staging: the DMA engine reads it directly at full PCIe speed; pageable
       // memory would be staged through the driver's own pinned buffers at a fraction of it.
       s.max_pieces = slot_capacity / loader::kGatherPieceBytes + b + 1;
@@ -533,7 +591,7 @@ void Loader::Impl::allocate_slots() {
     }
 #endif
     if (!host_pool) host_pool = std::make_shared<HostPool>(slot_capacity, static_cast<size_t>(count) + 4);
-    s.host = host_pool->get();
+    if (maps.empty()) s.host = host_pool->get();  // io=mmap: no staging; batches are packed from the maps
   }
 }
 
@@ -648,12 +706,17 @@ void Loader::Impl::shutdown() {
         cudaFree(s.device);
       }
     }
+    if (registered)
+      for (uint8_t* m : maps) cudaHostUnregister(m);
+    registered = false;
     cudaGetLastError();
     cudaSetDevice(previous);
     slots.clear();
     cuda.reset();  // the context lives on while handed-out batches hold it
   }
 #endif
+  for (size_t i = 0; i < maps.size(); ++i) ::munmap(maps[i], info.shards[i].file_bytes);
+  maps.clear();
   for (Slot& s : slots)
     if (host_pool) host_pool->put(s.host);
   slots.clear();
@@ -718,6 +781,11 @@ void Loader::Impl::produce(uint64_t seq) {
       requests.reserve(job->plan.chunks.size());
       for (const loader::ReadChunk& c : job->plan.chunks)
         requests.push_back({c.shard, c.file_offset, c.bytes, base, c.staging_offset, job.get()});
+      if (!maps.empty()) {
+        read_bytes += job->ids.size() * info.record_bytes;  // read from the page cache by the copies
+        after_reads(job.get());  // io=mmap: the records are in the mapped page cache already
+        continue;
+      }
       job->pending = static_cast<int64_t>(requests.size());
       engine->submit(requests.data(), requests.size());
     } catch (const Error& e) {
@@ -813,7 +881,8 @@ void Loader::Impl::verify_range(Job* job, size_t first, size_t last) {
     const ShardInfo& s = info.shards[shard];
     const uint64_t local = job->ids[k] - s.first_record;
     const uint32_t expected = tables[shard][local];
-    const uint32_t found = loader::crc32c(staging + job->plan.record_src[k], r);
+    const uint8_t* record = maps.empty() ? staging + job->plan.record_src[k] : maps[shard] + s.data_offset + local * r;
+    const uint32_t found = loader::crc32c(record, r);
     if (found != expected)
       job->fail(Status::kInvalidArgument, loader::record_location(s, local, r) +
                                               ": checksum mismatch: expected crc32c " + loader::hex32(expected) +
@@ -839,7 +908,15 @@ Batch Loader::Impl::deliver(Job* job) {
     cudaStream_t stream = cuda->stream;
     const cudaMemcpyKind kind = use_gds ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
     const uint8_t* staging = use_gds ? s.device : s.host;
-    if (plan.packed) {
+    if (!maps.empty()) {
+      // io=mmap: one DMA per run, straight from the registered page cache.
+      for (size_t i = 0; i < plan.placements.size(); ++i) {
+        const loader::Placement& p = plan.placements[i];
+        check_cuda(cudaMemcpyAsync(out + p.dst, maps[plan.run_shard[i]] + plan.run_offset[i], p.bytes,
+                                   cudaMemcpyHostToDevice, stream),
+                   "loader: cudaMemcpyAsync (mapped run)");
+      }
+    } else if (plan.packed) {
       check_cuda(cudaMemcpyAsync(out, staging, bytes, kind, stream), "loader: cudaMemcpyAsync (batch)");
     } else if (plan.placements.size() <= kMaxDirectCopies) {
       for (const loader::Placement& p : plan.placements)
@@ -874,6 +951,13 @@ Batch Loader::Impl::deliver(Job* job) {
     return b;
   }
 #endif
+  if (!maps.empty()) {  // io=mmap on the CPU: pack the runs from the maps
+    uint8_t* out = host_pool->get();
+    b.memory_ = std::make_shared<HostBatchMemory>(host_pool, out, 0);
+    for (size_t i = 0; i < plan.placements.size(); ++i)
+      std::memcpy(out + plan.placements[i].dst, maps[plan.run_shard[i]] + plan.run_offset[i], plan.placements[i].bytes);
+    return b;
+  }
   // CPU: hand out the slot's buffer itself when the batch lies packed in it (one run, or reads
   // that went to their output offsets) and give the slot a new one; else pack into a new buffer.
   if (plan.packed || plan.placements.size() == 1) {

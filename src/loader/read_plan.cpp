@@ -18,6 +18,8 @@ void plan_batch(const DatasetInfo& info, const std::vector<uint64_t>& ids, uint6
   plan.placements.clear();
   plan.record_src.assign(ids.size(), 0);
   plan.record_shard.assign(ids.size(), 0);
+  plan.run_shard.clear();
+  plan.run_offset.clear();
   plan.staging_bytes = 0;
   plan.read_bytes = 0;
   const uint64_t r = info.record_bytes;
@@ -50,6 +52,8 @@ void plan_batch(const DatasetInfo& info, const std::vector<uint64_t>& ids, uint6
     }
     const uint64_t src = staging + (begin - read_begin);
     plan.placements.push_back({src, i * r, (j - i) * r});
+    plan.run_shard.push_back(shard);
+    plan.run_offset.push_back(begin);
     for (size_t k = i; k < j; ++k) {
       plan.record_src[k] = src + (k - i) * r;
       plan.record_shard[k] = shard;

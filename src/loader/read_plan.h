@@ -37,6 +37,8 @@ struct ReadPlan {
   std::vector<Placement> placements;    // one per run, in batch order
   std::vector<uint64_t> record_src;     // staging offset of each record, in batch order
   std::vector<uint32_t> record_shard;   // shard of each record
+  std::vector<uint32_t> run_shard;      // shard of each placement's run
+  std::vector<uint64_t> run_offset;     // file offset of each run's first record (mmap reads there)
   uint64_t staging_bytes = 0;           // staging used
   uint64_t read_bytes = 0;              // sum of chunk bytes
   bool packed = false;                  // staging[0, n * record_bytes) is the batch as delivered

@@ -5,6 +5,7 @@
 //   torch.classes.optimized.ShardWriter       tensors -> shard files
 //   torch.ops.optimized.shard_dataset_info    what a dataset directory holds
 //   torch.ops.optimized.verify_shards         every record's checksum
+//   torch.ops.optimized.loader_read_bandwidth the storage ceiling, for the benchmark
 //
 // A CUDA batch becomes a tensor over the loader's device memory (no copy). Before it is returned,
 // the current stream waits for the batch's copy event, so the tensor is ready for work queued on
@@ -258,6 +259,19 @@ std::tuple<std::string, std::vector<int64_t>, int64_t, int64_t, int64_t> shard_d
   }
 }
 
+// [bytes, seconds]: the storage ceiling (measure_read_bandwidth), for the benchmark.
+std::vector<double> loader_read_bandwidth(const std::string& path, const std::string& io, int64_t queue_depth,
+                                          int64_t chunk_bytes, int64_t max_bytes, bool direct) {
+  try {
+    const ReadBandwidth r = measure_read_bandwidth(path, parse_io_backend(io), static_cast<int>(queue_depth),
+                                                   static_cast<uint64_t>(chunk_bytes),
+                                                   static_cast<uint64_t>(std::max<int64_t>(max_bytes, 0)), direct);
+    return {static_cast<double>(r.bytes), r.seconds};
+  } catch (const Error& e) {
+    rethrow(e);
+  }
+}
+
 void verify_shards(const std::string& path) {
   try {
     verify_dataset(path);
@@ -301,4 +315,6 @@ TORCH_LIBRARY_FRAGMENT(optimized, m) {
       .def("records_written", &ShardWriterHolder::records_written);
   m.def("shard_dataset_info(str path) -> (str, int[], int, int, int)", &optimized::torch_glue::shard_dataset_info);
   m.def("verify_shards(str path) -> ()", &optimized::torch_glue::verify_shards);
+  m.def("loader_read_bandwidth(str path, str io, int queue_depth, int chunk_bytes, int max_bytes, bool direct) -> float[]",
+        &optimized::torch_glue::loader_read_bandwidth);
 }

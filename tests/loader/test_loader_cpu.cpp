@@ -67,6 +67,13 @@ TEST_P(LoaderCpu, EveryRecordOncePerEpochByteExact) {
   }
   const std::vector<uint8_t> data = make_records(c.records, c.record_bytes);
   write_dataset(tmp.sub("ds"), data, c.record_bytes, c.per_shard);
+  if (io == "mmap" && direct == "on") {  // mmap reads the page cache: O_DIRECT makes no sense with it
+    LoaderOptions o;
+    o.io = IoBackend::kMmap;
+    o.direct_io = DirectIo::kOn;
+    EXPECT_TRUE(mentions(error_of([&] { Loader(tmp.sub("ds"), o); }), {"io=mmap", "direct_io"}));
+    return;
+  }
   for (bool shuffle : {false, true}) {
     LoaderOptions o;
     o.batch_size = 7;
@@ -79,8 +86,8 @@ TEST_P(LoaderCpu, EveryRecordOncePerEpochByteExact) {
     o.threads = 3;
     o.epochs = 2;
     Loader loader(tmp.sub("ds"), o);
-    if (io == "io_uring" && loader.io_backend() != "io_uring")
-      GTEST_SKIP() << "io_uring unavailable here: " << (loader.notes().empty() ? "" : loader.notes().front());
+    if (io != "pread" && loader.io_backend() != io)
+      GTEST_SKIP() << io << " unavailable here: " << (loader.notes().empty() ? "" : loader.notes().front());
     EXPECT_EQ(loader.direct_io(), direct == "on");
     EXPECT_EQ(loader.batches_per_epoch(), (c.records + 6) / 7);
     for (uint64_t epoch = 0; epoch < 2; ++epoch) {
@@ -105,7 +112,7 @@ INSTANTIATE_TEST_SUITE_P(
     Sizes, LoaderCpu,
     ::testing::Combine(::testing::Values(Case{1, 50, 50}, Case{13, 61, 10}, Case{4095, 40, 7}, Case{4096, 30, 30},
                                          Case{4097, 33, 5}, Case{12345, 20, 1}, Case{150528, 9, 4}),
-                       ::testing::Values("pread", "io_uring"), ::testing::Values("on", "off")),
+                       ::testing::Values("pread", "io_uring", "mmap"), ::testing::Values("on", "off")),
     [](const auto& info) {
       const Case& c = std::get<0>(info.param);
       return "r" + std::to_string(c.record_bytes) + "_n" + std::to_string(c.records) + "_s" +
@@ -240,7 +247,7 @@ TEST(LoaderCpuErrors, CorruptedRecordIsNamedAndNothingIsSkipped) {
   write_dataset(tmp.sub("ds"), data, r, 10);
   const std::string file = tmp.sub("ds") + "/" + shard_file_name(2);
   corrupt(file, kShardHeaderBytes + 3 * r + 10);  // shard 2, record 3 = dataset record 23
-  for (const char* io : {"pread", "io_uring"}) {
+  for (const char* io : {"pread", "io_uring", "mmap"}) {
     LoaderOptions o;
     o.batch_size = 5;
     o.io = parse_io_backend(io);
@@ -355,6 +362,23 @@ TEST(LoaderCpuLifetime, ManyLoadersOneAfterAnother) {
     Loader loader(tmp.sub("ds"), o);
     for (int k = 0; k < i % 5; ++k) loader.next();
   }
+}
+
+TEST(LoaderCpuReadBandwidth, ReadsEveryByteOfEveryShard) {
+  TempDir tmp;
+  const DatasetInfo info = write_dataset(tmp.sub("ds"), make_records(50, 3000), 3000, 17);
+  uint64_t total = 0;
+  for (const ShardInfo& s : info.shards) total += s.file_bytes;
+  const bool direct = direct_io_unavailable(tmp.path()).empty();
+  for (IoBackend io : {IoBackend::kIoUring, IoBackend::kPread}) {
+    const ReadBandwidth r = measure_read_bandwidth(tmp.sub("ds"), io, 3, 8192, 0, direct);
+    EXPECT_EQ(r.bytes, total);
+    EXPECT_GT(r.seconds, 0.0);
+    if (io == IoBackend::kPread) EXPECT_EQ(r.io, "pread");
+  }
+  EXPECT_LE(measure_read_bandwidth(tmp.sub("ds"), IoBackend::kPread, 2, 8192, 16384, direct).bytes, 16384u);
+  EXPECT_TRUE(mentions(error_of([&] { measure_read_bandwidth(tmp.sub("ds"), IoBackend::kPread, 2, 100, 0); }),
+                       {"chunk_bytes"}));
 }
 
 TEST(LoaderCpuEmpty, DatasetWithoutRecordsEndsEveryEpochAtOnce) {

@@ -1,6 +1,6 @@
 // The loader delivering into GPU memory: every copy path byte-exact (one run: direct H2D; a few
 // runs: one H2D each; many runs: staging copy + gather kernel at 16-, 4- and 1-byte alignment;
-// buffered reads: packed staging), the ready event honoured by a consumer stream, batches held
+// buffered reads: packed staging; io=mmap: DMA from the registered page cache), the ready event honoured by a consumer stream, batches held
 // longer than the prefetch depth and past the loader's end, GPUDirect Storage when the machine has
 // it, and a corrupted record named on this path too. A plain C++ file built in every
 // configuration: without a CUDA device every test skips with the reason.
@@ -48,6 +48,7 @@ struct Path {
   bool shuffle;
   const char* direct;
   int64_t batch;
+  const char* io = "auto";
 };
 
 class LoaderCuda : public ::testing::TestWithParam<Path> {};
@@ -69,10 +70,14 @@ TEST_P(LoaderCuda, EveryRecordOncePerEpochByteExact) {
   o.shuffle = p.shuffle;
   o.seed = 1234;
   o.direct_io = parse_direct_io(p.direct);
+  o.io = parse_io_backend(p.io);
   o.gds = GdsMode::kOff;
   o.prefetch = 3;
   o.epochs = 2;
   Loader loader(tmp.sub("ds"), o);
+  if (std::string(p.io) == "mmap") {
+    ASSERT_EQ(loader.io_backend(), "mmap") << (loader.notes().empty() ? "" : loader.notes().back());
+  }
   cudaStream_t stream;
   ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   for (uint64_t epoch = 0; epoch < 2; ++epoch) {
@@ -93,7 +98,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Path{"gather_16B", 4096 + 48, true, "on", 16},       // many runs, 16-byte copies
                       Path{"gather_4B", 1028, true, "on", 32},             // 4-byte copies
                       Path{"gather_1B", 13, true, "on", 64},               // byte copies, records share blocks
-                      Path{"gather_large", 150528, true, "on", 12}),       // pieces of 64 KiB
+                      Path{"gather_large", 150528, true, "on", 12},        // pieces of 64 KiB
+                      Path{"mmap_sequential", 4097, false, "off", 16, "mmap"},  // DMA from the registered page cache
+                      Path{"mmap_shuffled", 1003, true, "off", 32, "mmap"}),    // one DMA per record
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(LoaderCudaLifetime, HeldBatchesAndBatchesPastTheLoader) {

@@ -814,8 +814,9 @@ def test_cuda_graph_capture_and_replay(case, dtype, rng):
         grads_out = [rand(o.shape, dtype, "cuda", rng) for o in out]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up outside capture
-            step()
+        with torch.cuda.stream(side):  # warm-up outside capture (a few steps, as torch advises)
+            for _ in range(3):
+                step()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):

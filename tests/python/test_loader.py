@@ -195,13 +195,13 @@ def test_synchronous_variant_same_batches(tmp):
 def test_io_backends_and_page_cache(tmp):
     src = records(25, (5000,))
     data.write_shards(tmp + "/ds", src, records_per_shard=7)
-    for io in ("pread", "io_uring"):
+    for io in ("pread", "io_uring", "mmap"):
         for direct in ("auto", "off"):
             loader = data.StreamingLoader(tmp + "/ds", batch_size=4, device="cpu", shuffle=True, io=io,
                                           direct_io=direct, return_indices=True)
-            assert loader.io_backend in ("pread", "io_uring")
-            if io == "pread":
-                assert loader.io_backend == "pread"
+            assert loader.io_backend in ("pread", "io_uring", "mmap")
+            if io in ("pread", "mmap"):
+                assert loader.io_backend == io
             got, ids = epoch(loader)
             assert torch.equal(got, torch.from_numpy(src)[ids])
             assert "direct_io" in repr(loader)
@@ -302,3 +302,15 @@ def test_cuda_bfloat16_and_held_batches(tmp):
     for batch, ids in held:
         assert batch.dtype == torch.bfloat16
         assert torch.equal(batch.cpu(), src[ids])
+
+
+@requires_cuda
+def test_cuda_mmap_registered_page_cache(tmp):
+    src = records(40, (5000,))
+    data.write_shards(tmp + "/ds", src, records_per_shard=15)
+    loader = data.StreamingLoader(tmp + "/ds", batch_size=6, device="cuda", shuffle=True, io="mmap",
+                                  return_indices=True)
+    assert loader.io_backend == "mmap", loader.notes
+    got, ids = epoch(loader)
+    assert torch.equal(got, torch.from_numpy(src)[ids])
+    assert sorted(ids.tolist()) == list(range(40))

@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kThreads) row_streaming_kernel(const FusedPara
         bool nan = false;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          x[j] = p.scale * to_float(xv.v[j]);
+          x[j] = __fmul_rn(p.scale, to_float(xv.v[j]));
           vmax = fmaxf(vmax, x[j]);  // fmaxf drops NaN: it is carried in the sum instead
           nan |= isnan(x[j]);
         }
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kThreads) row_streaming_kernel(const FusedPara
         Vec<T, kVec> yv;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          const float d = p.scale * to_float(xv.v[j]) - ms.m;
+          const float d = __fmul_rn(p.scale, to_float(xv.v[j])) - ms.m;  // no fma: the max was rounded
           yv.v[j] = from_float<T>(log ? d - log_s : expf(d) * inv_s);
         }
         store_vec<T, kVec>(yr + v * kVec, yv);

@@ -142,11 +142,13 @@ struct Exp {
 };
 struct ExpShifted {  // exp(scale*x - max): max is of scale*x, so any sign of scale is safe
   float scale;
-  __device__ float operator()(float x, float max) const { return expf(scale * x - max); }
+  __device__ float operator()(float x, float max) const { return expf(__fmul_rn(scale, x) - max); }
 };
 struct LogSoftmaxOut {
   float scale;
-  __device__ float operator()(float x, float max, float sum) const { return scale * x - max - logf(sum); }
+  // __fmul_rn: the product rounds exactly as it did for the max, so a row's maximum gives 0 - log(sum)
+  // (contracted into an fma, scale * x - max leaves the max's rounding error behind).
+  __device__ float operator()(float x, float max, float sum) const { return (__fmul_rn(scale, x) - max) - logf(sum); }
 };
 struct SoftmaxGrad {
   float scale;
