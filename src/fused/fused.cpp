@@ -228,9 +228,6 @@ void run(FusedParams& p, const Operands& ops, FusedVariant variant, const Execut
   if (fused_variant_is_cuda(variant) != device.is_cuda())
     invalid("variant " + std::string(fused_variant_name(variant)) + " runs on " +
             (device.is_cuda() ? "the CPU" : "CUDA devices") + "; given operands on " + device_name(device));
-  if (device.is_cuda() && cuda_device_count() == 0)
-    throw Error(Status::kUnsupported, what + ": operands on " + device_name(device) +
-                                          " but no CUDA device can be used: " + cuda_unavailable_reason());
   if (device.is_cuda() && p.dtype == DType::kF64)
     throw Error(Status::kUnsupported, what + ": x: fp64 runs on the cpu variant only; given fp64 on " +
                                           device_name(device));
@@ -243,6 +240,10 @@ void run(FusedParams& p, const Operands& ops, FusedVariant variant, const Execut
                                             "; given width " + std::to_string(p.width) +
                                             " (use fused_streaming or auto)");
   }
+  // After the argument checks, so that a bad argument is named on machines without a GPU too.
+  if (device.is_cuda() && cuda_device_count() == 0)
+    throw Error(Status::kUnsupported, what + ": operands on " + device_name(device) +
+                                          " but no CUDA device can be used: " + cuda_unavailable_reason());
   if (p.rows == 0) {
     zero_parameter_gradients(p, device, ctx);  // a sum over no rows is 0, as torch gives
     return;
