@@ -124,13 +124,8 @@ void launch_instance(const FusedParams& p, cudaStream_t stream) {
   while (threads_x < vecs && threads_x < kThreads) threads_x *= 2;
   const int threads_y = kThreads / threads_x;
   const int64_t col_blocks = (vecs + threads_x - 1) / threads_x;
-  int device = 0, sms = 0, per_sm = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0),
-             "cudaOccupancyMaxActiveBlocksPerMultiprocessor (elementwise)");
   // Rows split so that the grid fills the GPU a few times over (grid.y <= 65535).
-  const int64_t want_blocks = static_cast<int64_t>(sms) * std::max(per_sm, 1) * 4;
+  const int64_t want_blocks = resident_blocks(kernel, kThreads, 0, "elementwise") * 4;
   const int64_t row_blocks_needed = (p.rows + threads_y - 1) / threads_y;
   const int64_t row_blocks =
       std::clamp<int64_t>(want_blocks / std::max<int64_t>(col_blocks, 1), 1, std::min<int64_t>(row_blocks_needed, 65535));

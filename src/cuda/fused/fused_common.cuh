@@ -94,6 +94,25 @@ void dispatch_dtype(DType dtype, F&& f) {
 
 inline void check_launch(const char* what) { check_cuda(cudaGetLastError(), what); }
 
+// Blocks of `kernel` (with this block size and dynamic shared memory) that the current device
+// holds at once: what a grid that strides over rows needs to fill the GPU, no more.
+template <typename Kernel>
+int64_t resident_blocks(Kernel kernel, int threads, size_t dynamic_smem, const char* what) {
+  int device = 0, sms = 0, per_sm = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, dynamic_smem),
+             std::string("cudaOccupancyMaxActiveBlocksPerMultiprocessor (") + what + ")");
+  return static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+}
+
+// The four kernels of the row designs (fused_streaming and fused_registers).
+enum class RowKind : int { kSoftmaxFwd, kNormFwd, kSoftmaxBwd, kNormBwd };
+inline RowKind row_kind_of(const FusedParams& p) {
+  if (p.is_softmax()) return p.backward ? RowKind::kSoftmaxBwd : RowKind::kSoftmaxFwd;
+  return p.backward ? RowKind::kNormBwd : RowKind::kNormFwd;
+}
+
 // ---- column sums ---------------------------------------------------------------------------
 // out[c] = sum over p < parts of partial[p * row_stride + c], written in T. A block covers 32
 // columns with 32 slices of the parts; the slices meet in shared memory.

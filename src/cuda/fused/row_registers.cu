@@ -34,8 +34,7 @@ constexpr int kMaxCluster = 8;          // the portable cluster size
 constexpr int kShortRowBlock = 256;     // threads of a block holding several short rows
 constexpr int kMaxWarpsPerRow = kMaxThreadsPerRow / 32;
 
-// What each kernel computes.
-enum class Kind : int { kSoftmaxFwd, kNormFwd, kSoftmaxBwd, kNormBwd };
+using Kind = RowKind;  // what each kernel computes
 
 struct Plan {
   int tpr = 32;            // threads per row in one block
@@ -386,10 +385,6 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
 }
 
 // ---- host side -----------------------------------------------------------------------------
-Kind kind_of(const FusedParams& p) {
-  if (p.is_softmax()) return p.backward ? Kind::kSoftmaxBwd : Kind::kSoftmaxFwd;
-  return p.backward ? Kind::kNormBwd : Kind::kNormFwd;
-}
 
 int pow2_ceil(int64_t v) {
   int r = 1;
@@ -434,16 +429,11 @@ void launch_instance(const FusedParams& p, const Plan& plan, cudaStream_t stream
   if (dyn_smem > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dyn_smem)),
                "cudaFuncSetAttribute (row_registers)");
-  int device = 0, sms = 0, per_sm = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block, dyn_smem),
-             "cudaOccupancyMaxActiveBlocksPerMultiprocessor (row_registers)");
-  per_sm = std::max(per_sm, 1);
   // Enough row groups to fill the GPU, no more (a group strides over the rows): the number of
   // dweight / dbias partials stays small.
   const int64_t groups_needed = (p.rows + plan.rows_per_block - 1) / plan.rows_per_block;
-  const int64_t groups_resident = std::max<int64_t>(1, static_cast<int64_t>(sms) * per_sm / plan.cluster);
+  const int64_t groups_resident =
+      std::max<int64_t>(1, resident_blocks(kernel, block, dyn_smem, "row_registers") / plan.cluster);
   const int64_t groups = std::min(groups_needed, groups_resident);
 
   const bool wants_partials = kKind == Kind::kNormBwd && (p.dweight || p.dbias);
@@ -516,7 +506,7 @@ void launch_fused_registers(const FusedParams& p, void* stream_ptr) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   fused_cuda::dispatch_dtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    switch (fused_cuda::kind_of(p)) {
+    switch (fused_cuda::row_kind_of(p)) {
       case fused_cuda::Kind::kSoftmaxFwd: fused_cuda::launch_kind<T, fused_cuda::Kind::kSoftmaxFwd>(p, stream); break;
       case fused_cuda::Kind::kNormFwd: fused_cuda::launch_kind<T, fused_cuda::Kind::kNormFwd>(p, stream); break;
       case fused_cuda::Kind::kSoftmaxBwd: fused_cuda::launch_kind<T, fused_cuda::Kind::kSoftmaxBwd>(p, stream); break;

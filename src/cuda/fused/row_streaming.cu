@@ -25,7 +25,7 @@ namespace {
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 
-enum class Kind : int { kSoftmaxFwd, kNormFwd, kSoftmaxBwd, kNormBwd };
+using Kind = RowKind;
 
 // Block-wide reduction of N values (sum, or max for `kMax` on value 0); every thread gets the
 // totals. `scratch` holds kWarps * N floats; the trailing barrier makes it reusable at once.
@@ -245,20 +245,10 @@ __global__ void __launch_bounds__(kThreads) row_streaming_kernel(const FusedPara
   }
 }
 
-Kind kind_of(const FusedParams& p) {
-  if (p.is_softmax()) return p.backward ? Kind::kSoftmaxBwd : Kind::kSoftmaxFwd;
-  return p.backward ? Kind::kNormBwd : Kind::kNormFwd;
-}
-
 template <typename T, int kVec, Kind kKind>
 void launch_instance(const FusedParams& p, cudaStream_t stream) {
   auto kernel = row_streaming_kernel<T, kVec, kKind>;
-  int device = 0, sms = 0, per_sm = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0),
-             "cudaOccupancyMaxActiveBlocksPerMultiprocessor (row_streaming)");
-  const int64_t blocks = std::min<int64_t>(p.rows, static_cast<int64_t>(sms) * std::max(per_sm, 1));
+  const int64_t blocks = std::min<int64_t>(p.rows, resident_blocks(kernel, kThreads, 0, "row_streaming"));
   const bool wants_partials = kKind == Kind::kNormBwd && (p.dweight || p.dbias);
   StreamScratch partial(wants_partials ? static_cast<size_t>(blocks) * 2 * p.width * sizeof(float) : 0, stream);
   kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, partial.floats());
@@ -289,7 +279,7 @@ void launch_fused_streaming(const FusedParams& p, void* stream_ptr) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   fused_cuda::dispatch_dtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    switch (fused_cuda::kind_of(p)) {
+    switch (fused_cuda::row_kind_of(p)) {
       case Kind::kSoftmaxFwd: fused_cuda::launch_kind<T, Kind::kSoftmaxFwd>(p, stream); break;
       case Kind::kNormFwd: fused_cuda::launch_kind<T, Kind::kNormFwd>(p, stream); break;
       case Kind::kSoftmaxBwd: fused_cuda::launch_kind<T, Kind::kSoftmaxBwd>(p, stream); break;
