@@ -812,6 +812,11 @@ def test_cuda_graph_capture_and_replay(case, dtype, rng):
 
         out = case.ours(inputs, variant)
         grads_out = [rand(o.shape, dtype, "cuda", rng) for o in out]
+        # No autograd graph of an eager call may outlive the capture: its AccumulateGrad nodes were
+        # made on the legacy default stream, and a backward through them inside the capture would
+        # make the legacy stream wait on the capturing one (cudaErrorStreamCaptureImplicit), with
+        # torch's own ops too (bench/results/h100/logs/graph-capture-diagnosis.log).
+        del out
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up outside capture (a few steps, as torch advises)
