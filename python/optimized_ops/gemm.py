@@ -11,6 +11,8 @@ what torch needs around it, through ``torch.library``:
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ._library import load
@@ -64,9 +66,10 @@ def built_with_cuda() -> bool:
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, variant: str = "auto") -> torch.Tensor:
-    r"""Matrix product on the optimized-ops kernels: ``out = a @ b``.
+    r"""Matrix product on the optimized-ops kernels: ``out = a @ b`` with the shape rules of
+    :func:`torch.matmul`.
 
-    .. math::  \mathrm{out}[p, i, j] = \sum_k a[p, i, k] \, b[p, k, j]
+    .. math::  \mathrm{out}[\ldots, i, j] = \sum_k a[\ldots, i, k] \, b[\ldots, k, j]
 
     Products accumulate in float32 (float64 for float64 inputs); the result is rounded once to
     the dtype of the inputs.
@@ -74,11 +77,13 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, variant: str = "auto") -> torch.
     Parameters
     ----------
     a : torch.Tensor
-        ``(M, K)`` or ``(batch_a, M, K)``; float32, float16 or bfloat16 on CPU or CUDA; float64 on
-        the CPU (``cpu_naive``, ``cpu_blocked``, and ``auto``, which picks ``cpu_blocked``).
+        ``(K,)`` or ``(*batch_a, M, K)`` with any number of batch dimensions (none: ``(M, K)``);
+        float32, float16 or bfloat16 on CPU or CUDA; float64 on the CPU (``cpu_naive``,
+        ``cpu_blocked``, and ``auto``, which picks ``cpu_blocked``). A 1-D ``a`` is the row
+        ``(1, K)``, and the result has no M dimension.
     b : torch.Tensor
-        ``(K, N)`` or ``(batch_b, K, N)``; same dtype and device as ``a``. A 2-D operand, or a
-        batch of 1, is broadcast over the other operand's batch.
+        ``(K,)`` or ``(*batch_b, K, N)``; same dtype and device as ``a``. A 1-D ``b`` is the column
+        ``(K, 1)``, and the result has no N dimension.
     variant : str, keyword-only
         ``"auto"`` (the best rung for the device, dtype and shape) or one rung of the ladder
         (:func:`variants`): CPU ``cpu_naive``, ``cpu_blocked``, ``cpu_packed``; CUDA ``naive``,
@@ -88,14 +93,18 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, variant: str = "auto") -> torch.
     Returns
     -------
     torch.Tensor
-        A new tensor, ``(M, N)`` when both inputs are 2-D, else ``(batch, M, N)`` with
-        ``batch = max(batch_a, batch_b)``; the dtype and device of ``a``; contiguous.
+        A new tensor of ``torch.matmul(a, b)``'s shape: ``(*batch, M, N)`` where ``batch`` is
+        ``batch_a`` and ``batch_b`` broadcast (aligned on the right; a size of 1 stretches, so
+        ``(2, 1, M, K) @ (7, K, N)`` gives ``(2, 7, M, N)``), without ``M`` when ``a`` is 1-D and
+        without ``N`` when ``b`` is 1-D (1-D @ 1-D: a 0-D tensor). The dtype and device of ``a``;
+        contiguous.
 
     Raises
     ------
     ValueError
-        Ranks other than 2 and 3, mismatched inner dimensions (K) or batches, different
-        devices, an unknown variant or one of the other device. The message names the argument.
+        A 0-D operand, mismatched inner dimensions (K), batch shapes that do not broadcast,
+        different devices, an unknown variant or one of the other device. The message names the
+        argument.
     TypeError
         A dtype other than float32, float16, bfloat16 and float64, or different dtypes.
     NotImplementedError
@@ -104,18 +113,24 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, variant: str = "auto") -> torch.
 
     Notes
     -----
-    *Layout.* Operands whose last dimension has unit stride and whose rows are at least a row
-    apart (row-major, possibly with padding: slices such as ``x[:, :k]``) are passed to the
-    kernels as they are; others (``x.t()``, expanded rows) are copied to a contiguous tensor
-    first.
+    *Layout.* The kernels take a batch of row-major matrices with one batch stride (0 for a
+    broadcast operand). Matrices whose last dimension has unit stride and whose rows are at least a
+    row apart (possibly with padding: slices such as ``x[..., :k]``) are passed as they are, batch
+    views included (``x.expand(...)``, ``x[::2]``, permuted batch dimensions): batch dimensions that
+    collapse into one stride for ``a``, ``b`` and the output are folded into the kernels' batch, and
+    the others are looped over, one kernel call per index, without copying. Matrices in other
+    layouts (``x.mT``, expanded rows) are first copied to a contiguous tensor, before
+    broadcasting.
 
     *Autograd.* ``grad_a = grad @ b^T`` and ``grad_b = a^T @ grad``, both through this op (with
-    the same variant), summed over the batch dimensions that were broadcast.
+    the same variant), summed over the batch dimensions that were broadcast and reshaped to the
+    operand's shape (1-D operands included); a ``b`` of at most 2 dimensions shared by a batch
+    gets its gradient from one GEMM over the folded batch. Double backward works.
 
     *torch.compile and CUDA graphs.* The op has a fake kernel, so ``torch.compile(fullgraph=True)``
-    traces it without graph breaks. On CUDA it runs on the current stream of the inputs' device,
-    allocates its output through torch's caching allocator and never synchronizes the host, so it
-    can be captured in a CUDA graph.
+    (dynamic shapes too) traces it without graph breaks. On CUDA it runs on the current stream of
+    the inputs' device, allocates its output through torch's caching allocator and never
+    synchronizes the host, so it can be captured in a CUDA graph.
 
     Examples
     --------
@@ -125,6 +140,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, variant: str = "auto") -> torch.
     torch.Size([128, 32])
     >>> optimized_ops.matmul(a.expand(4, 128, 64), b, variant="mma_pipeline").shape
     torch.Size([4, 128, 32])
+    >>> x = torch.randn(2, 1, 128, 64, dtype=torch.bfloat16, device="cuda")
+    >>> optimized_ops.matmul(x, b.expand(7, 64, 32)).shape
+    torch.Size([2, 7, 128, 32])
+    >>> optimized_ops.matmul(a, b[:, 0]).shape  # 1-D b: a matrix-vector product
+    torch.Size([128])
     """
     return torch.ops.optimized.matmul.default(a, b, variant=variant)
 
@@ -132,37 +152,41 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, variant: str = "auto") -> torch.
 # ---- fake kernel ---------------------------------------------------------------------------
 
 def _check_operand(t: torch.Tensor, name: str, shapes: str) -> None:
-    torch._check_value(t.dim() in (2, 3), lambda: (
-        f"optimized::matmul: {name}: expected a 2-D {shapes} tensor; given {t.dim()}-D of shape "
-        f"{list(t.shape)}"))
+    torch._check_value(t.dim() >= 1, lambda: (
+        f"optimized::matmul: {name}: expected a tensor of at least 1 dimension, {shapes}; given 0-D (a scalar)"))
     torch._check_type(t.dtype in _DTYPES, lambda: (
         f"optimized::matmul: {name}: expected dtype float32, float16, bfloat16 or float64; given {_name(t.dtype)}"))
 
 
 def _out_shape(a: torch.Tensor, b: torch.Tensor) -> list:
-    """Checks the operands as the C++ kernel does and returns the output shape."""
-    _check_operand(a, "a", "(M, K) or 3-D (batch, M, K)")
-    _check_operand(b, "b", "(K, N) or 3-D (batch, K, N)")
+    """Checks the operands as the C++ glue does and returns torch.matmul's output shape.
+
+    Works on symbolic sizes (torch.compile(dynamic=True)): every comparison goes through
+    ``torch._check_value`` or a plain ``==`` that becomes a guard."""
+    _check_operand(a, "a", "(K,) or (..., M, K)")
+    _check_operand(b, "b", "(K,) or (..., K, N)")
     torch._check_type(b.dtype == a.dtype, lambda: (
         f"optimized::matmul: b: expected dtype {_name(a.dtype)} (same as a); given {_name(b.dtype)}"))
     torch._check_value(b.device == a.device, lambda: (
         f"optimized::matmul: b: expected device {a.device} (same as a); given {b.device}"))
-    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    torch._check_value(b.shape[-2] == k, lambda: (
-        f"optimized::matmul: b: expected {k} rows to match a's columns (K); given shape "
-        f"{list(b.shape)} with a of shape {list(a.shape)}"))
-    if a.dim() == 2 and b.dim() == 2:
-        return [m, n]
-    batch_a = a.shape[0] if a.dim() == 3 else 1
-    batch_b = b.shape[0] if b.dim() == 3 else 1
-    if a.dim() == 3 and b.dim() == 3:
-        torch._check_value(batch_a == batch_b or batch_a == 1 or batch_b == 1, lambda: (
-            f"optimized::matmul: b: expected batch {batch_a} (a's) or 1; given batch {batch_b} "
-            f"(shape {list(b.shape)})"))
-        batch = batch_b if batch_a == 1 else batch_a
-    else:
-        batch = batch_a if a.dim() == 3 else batch_b
-    return [batch, m, n]
+    k = a.shape[-1]
+    k_b = b.shape[0] if b.dim() == 1 else b.shape[-2]
+    torch._check_value(k_b == k, lambda: (
+        f"optimized::matmul: b: expected {f'length {k}' if b.dim() == 1 else f'{k} rows'} to match a's "
+        f"{'length' if a.dim() == 1 else 'columns'} (K); given shape {list(b.shape)} with a of shape "
+        f"{list(a.shape)}"))
+    # Batch dimensions: everything before the last two, broadcast from the right.
+    batch_a, batch_b = list(a.shape[:-2]), list(b.shape[:-2])
+    rank = max(len(batch_a), len(batch_b))
+    padded_a = [1] * (rank - len(batch_a)) + batch_a
+    padded_b = [1] * (rank - len(batch_b)) + batch_b
+    batch = []
+    for sa, sb in zip(padded_a, padded_b):
+        torch._check_value(sa == sb or sa == 1 or sb == 1, lambda: (
+            f"optimized::matmul: b: expected batch dimensions broadcastable with a's {batch_a} (each equal, "
+            f"or 1 in either); given {batch_b} (b of shape {list(b.shape)}, a of shape {list(a.shape)})"))
+        batch.append(sb if sa == 1 else sa)  # a size of 1 stretches (also to 0)
+    return batch + ([a.shape[-2]] if a.dim() > 1 else []) + ([b.shape[-1]] if b.dim() > 1 else [])
 
 
 @torch.library.register_fake("optimized::matmul")
@@ -180,32 +204,37 @@ def _setup_context(ctx, inputs, keyword_only_inputs, output):
     ctx.save_for_backward(a if ctx.needs_input_grad[1] else None, b if ctx.needs_input_grad[0] else None)
 
 
-def _sum_to(grad: torch.Tensor, shape) -> torch.Tensor:
-    """Sums the gradient of a broadcast operand over the batch it was broadcast to."""
-    if grad.dim() == len(shape) and grad.shape[0] == shape[0]:
-        return grad
-    if len(shape) == 2:  # a 2-D operand used by every batch
-        return grad.sum(0)
-    return grad.sum(0, keepdim=True)  # a batch of 1
-
-
 def _backward(ctx, grad):
     a, b = ctx.saved_tensors
     v = ctx.variant
+    a_1d, b_1d = len(ctx.a_shape) == 1, len(ctx.b_shape) == 1
+    # Everything as matrices: a 1-D a is the row (1, K), a 1-D b the column (K, 1), and the
+    # gradient gets back the M and N dimensions the output dropped: (*batch, M, N).
+    if b_1d:
+        grad = grad.unsqueeze(-1)
+    if a_1d:
+        grad = grad.unsqueeze(-2)
+    a_m = None if a is None else (a.unsqueeze(0) if a_1d else a)
+    b_m = None if b is None else (b.unsqueeze(-1) if b_1d else b)
     grad_a = grad_b = None
     if ctx.needs_input_grad[0]:
-        # grad_a = grad @ b^T: (.., M, N) @ (.., N, K) -> (.., M, K)
-        grad_a = _sum_to(matmul(grad, b.transpose(-1, -2), variant=v), ctx.a_shape)
+        # grad_a = grad @ b^T: (*batch, M, N) @ (.., N, K) -> (*batch, M, K), summed over the batch
+        # dimensions a was broadcast along (sum_to_size), then back to a's shape (1-D: (K,)).
+        a_m_shape = (1, ctx.a_shape[0]) if a_1d else ctx.a_shape
+        grad_a = matmul(grad, b_m.transpose(-1, -2), variant=v).sum_to_size(a_m_shape).reshape(ctx.a_shape)
     if ctx.needs_input_grad[1]:
-        if len(ctx.b_shape) == 2 and grad.dim() == 3:
+        b_m_shape = (ctx.b_shape[0], 1) if b_1d else ctx.b_shape
+        if len(b_m_shape) == 2 and grad.dim() > 2:
             # b shared by every batch: one GEMM over the folded batch,
             # sum_p a_p^T g_p = [a_1; ..; a_B]^T [g_1; ..; g_B]: (K, B*M) @ (B*M, N) -> (K, N)
-            k, n = a.shape[-1], grad.shape[-1]
-            a3 = a.expand(grad.shape[0], a.shape[-2], k)
-            grad_b = matmul(a3.reshape(-1, k).transpose(0, 1), grad.reshape(-1, n), variant=v)
+            k, n = a_m.shape[-1], grad.shape[-1]
+            rows = math.prod(grad.shape[:-1])  # B*M, spelled out: reshape(-1, 0) is ambiguous
+            a_all = a_m.expand(*grad.shape[:-2], a_m.shape[-2], k)
+            grad_b = matmul(a_all.reshape(rows, k).transpose(0, 1), grad.reshape(rows, n), variant=v)
         else:
-            # grad_b = a^T @ grad: (.., K, M) @ (.., M, N) -> (.., K, N)
-            grad_b = _sum_to(matmul(a.transpose(-1, -2), grad, variant=v), ctx.b_shape)
+            # grad_b = a^T @ grad: (.., K, M) @ (*batch, M, N) -> (*batch, K, N), summed likewise
+            grad_b = matmul(a_m.transpose(-1, -2), grad, variant=v).sum_to_size(b_m_shape)
+        grad_b = grad_b.reshape(ctx.b_shape)
     return grad_a, grad_b
 
 

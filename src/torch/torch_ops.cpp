@@ -18,7 +18,9 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "optimized/core.h"
 #include "optimized/gemm.h"
@@ -56,33 +58,120 @@ Device to_device(const at::Device& d) {
   return Device::cpu();
 }
 
-// The view of a 2-D or 3-D tensor that the C++ API takes, or nothing when the tensor's layout does
-// not qualify (the last dimension must have unit stride, rows must be at least a row apart).
-// Strides of size-1 dimensions carry no information; they are normalized so that layouts torch
-// considers contiguous always qualify.
-bool qualifies(const at::Tensor& t) {
+// ---- N-D operands as batches of matrices ---------------------------------------------------------
+//
+// torch.matmul's shape rules: a 1-D a is one row (1, K) whose M dimension the result drops; a 1-D b
+// is one column (K, 1) whose N dimension the result drops; every dimension before the last two is a
+// batch dimension, and the two operands' batch shapes broadcast (aligned on the right, a size of 1
+// stretches) to the batch shape of the result, (*batch, M, N) less what the 1-D operands drop.
+//
+// The C++ API takes one batch dimension with a stride (0 for broadcast). Without copying, the
+// glue sees each operand through the broadcast batch shape (stride 0 where it is broadcast, i.e.
+// an expanded view), drops batch dimensions of size 1 and merges neighbouring batch dimensions
+// when they collapse into one stride for a, b and the output together. The innermost merged group
+// becomes the C++ batch; any outer groups (batch dimensions that do not collapse, as with
+// (2, 1, M, K) @ (7, K, N)) are walked here, one C++ call per outer index with offset pointers,
+// instead of materializing an expanded copy. Only the matrices themselves must qualify (unit
+// stride along a row, rows at least a row apart); operands that do not (transposed, expanded rows)
+// are copied with .contiguous() as given, before broadcasting: a broadcast is never materialized.
+
+// One operand seen as a batch of (rows, cols) matrices: element (batch index p, i, j) lies at
+// data + sum_d p_d * batch_strides[d] + i * row_stride + j * col_stride.
+struct Matrices {
+  at::Tensor tensor;  // owns the memory (the input, or a contiguous copy of it)
+  std::vector<int64_t> batch_sizes, batch_strides;
+  int64_t rows = 1, cols = 1, row_stride = 1, col_stride = 1;
+};
+
+// is_a: a 1-D tensor is a row (1, K); otherwise (K, 1), a column.
+Matrices as_matrices(const at::Tensor& t, bool is_a) {
+  Matrices m;
+  m.tensor = t;
   const int64_t r = t.dim();
-  const int64_t rows = t.size(r - 2), cols = t.size(r - 1);
-  if (cols > 1 && t.stride(r - 1) != 1) return false;
-  if (rows > 1 && t.stride(r - 2) < cols) return false;
+  if (r == 1) {
+    if (is_a) {
+      m.cols = t.size(0);
+      m.col_stride = t.stride(0);
+      m.row_stride = m.cols;
+    } else {
+      m.rows = t.size(0);
+      m.row_stride = t.stride(0);
+    }
+    return m;
+  }
+  m.batch_sizes.assign(t.sizes().begin(), t.sizes().end() - 2);
+  m.batch_strides.assign(t.strides().begin(), t.strides().end() - 2);
+  m.rows = t.size(r - 2);
+  m.cols = t.size(r - 1);
+  m.row_stride = t.stride(r - 2);
+  m.col_stride = t.stride(r - 1);
+  return m;
+}
+
+// Whether the C++ API takes each matrix as it is: unit stride along a row (unless one column),
+// rows at least a row apart (unless one row). Strides of size-1 dimensions carry no information.
+bool qualifies(const Matrices& m) {
+  if (m.cols > 1 && m.col_stride != 1) return false;
+  if (m.rows > 1 && m.row_stride < m.cols) return false;
   return true;
 }
 
-TensorView view_of(const at::Tensor& t) {
-  const int r = static_cast<int>(t.dim());
-  const int64_t rows = t.size(r - 2), cols = t.size(r - 1);
+// The stride of broadcast batch dimension d (of `rank`) for an operand: 0 where it is broadcast
+// (missing on the left, or of size 1), as Tensor::expand would give.
+int64_t broadcast_stride(const Matrices& m, size_t d, size_t rank) {
+  const size_t missing = rank - m.batch_sizes.size();
+  if (d < missing) return 0;
+  const size_t i = d - missing;
+  return m.batch_sizes[i] == 1 ? 0 : m.batch_strides[i];
+}
+
+// A group of merged batch dimensions: its size and the stride of a, b and the output per step.
+struct BatchGroup {
+  int64_t size;
+  int64_t stride[3];
+};
+
+// The broadcast batch dimensions of a, b and the output, merged where they collapse, innermost
+// group first. Dimensions of size 1 are dropped (no index moves along them).
+std::vector<BatchGroup> fold_batch(const std::vector<int64_t>& batch, const Matrices& a, const Matrices& b,
+                                   const std::vector<int64_t>& out_strides) {
+  std::vector<BatchGroup> groups;
+  for (size_t d = batch.size(); d-- > 0;) {
+    if (batch[d] == 1) continue;
+    const BatchGroup dim{batch[d],
+                         {broadcast_stride(a, d, batch.size()), broadcast_stride(b, d, batch.size()), out_strides[d]}};
+    if (!groups.empty()) {
+      BatchGroup& inner = groups.back();
+      bool collapses = true;
+      for (int i = 0; i < 3; ++i) collapses = collapses && dim.stride[i] == inner.stride[i] * inner.size;
+      if (collapses) {
+        inner.size *= dim.size;
+        continue;
+      }
+    }
+    groups.push_back(dim);
+  }
+  return groups;
+}
+
+// The rank-2 (no group) or rank-3 (batch, rows, cols) view of one operand's matrices at `offset`
+// elements from its data, with `group` as the batch.
+TensorView view_of(const Matrices& m, int64_t offset, const BatchGroup* group, int which) {
+  const at::Tensor& t = m.tensor;
   TensorView v;
-  v.data = t.data_ptr();
+  v.data = static_cast<char*>(t.data_ptr()) + offset * static_cast<int64_t>(t.element_size());
   v.dtype = to_dtype(t.scalar_type());
   v.device = to_device(t.device());
-  v.rank = r;
-  for (int i = 0; i < r; ++i) {
-    v.shape[i] = t.size(i);
-    v.strides[i] = t.stride(i);
+  v.rank = group ? 3 : 2;
+  const int r = v.rank;
+  v.shape[r - 2] = m.rows;
+  v.shape[r - 1] = m.cols;
+  v.strides[r - 2] = m.rows == 1 ? m.cols : m.row_stride;  // one row: its stride is never used
+  v.strides[r - 1] = 1;                                      // unit (or, for one column, meaningless)
+  if (group) {
+    v.shape[0] = group->size;
+    v.strides[0] = group->stride[which];
   }
-  v.strides[r - 1] = 1;                                   // unit (or, for one column, meaningless)
-  if (rows == 1) v.strides[r - 2] = cols;                 // one row: its stride is never used
-  if (r == 3 && t.size(0) == 1) v.strides[0] = 0;         // one batch: its stride is never used
   return v;
 }
 
@@ -97,13 +186,12 @@ TensorView view_of(const at::Tensor& t) {
   TORCH_CHECK(false, "optimized::matmul (" + std::string(status_name(e.status())) + "): " + e.what());
 }
 
-void check_operand(const at::Tensor& t, const char* name, const char* shape2, const char* shape3) {
+void check_operand(const at::Tensor& t, const char* name, const char* shapes) {
   TORCH_CHECK_VALUE(t.defined(), std::string("optimized::matmul: ") + name + ": expected a tensor; given an undefined tensor");
   TORCH_CHECK_VALUE(t.layout() == at::kStrided, std::string("optimized::matmul: ") + name +
                                                     ": expected a strided (dense) tensor; given a non-strided layout");
-  TORCH_CHECK_VALUE(t.dim() == 2 || t.dim() == 3,
-                    std::string("optimized::matmul: ") + name + ": expected a 2-D " + shape2 + " or 3-D " + shape3 +
-                        " tensor; given " + str(t.dim()) + "-D of shape " + str(t.sizes()));
+  TORCH_CHECK_VALUE(t.dim() >= 1, std::string("optimized::matmul: ") + name + ": expected a tensor of at least 1 dimension, " +
+                                      shapes + "; given 0-D (a scalar)");
   const auto st = t.scalar_type();
   // float64 runs on the plain CPU rungs only (the C++ API says so for other variants and CUDA).
   TORCH_CHECK_TYPE(st == at::kFloat || st == at::kHalf || st == at::kBFloat16 || st == at::kDouble,
@@ -113,24 +201,35 @@ void check_operand(const at::Tensor& t, const char* name, const char* shape2, co
 
 }  // namespace
 
-// out = a @ b. a: (M, K) or (Ba, M, K); b: (K, N) or (Bb, K, N); out: (M, N) when both are 2-D,
-// else (B, M, N) with B = Ba, or Bb when Ba is 1: a batch of 1 (or a 2-D operand) is broadcast.
+// out = a @ b with torch.matmul's shape rules (see "N-D operands" above): a (..., M, K) or (K,),
+// b (..., K, N) or (K,); out (*broadcast batch, M, N) without M when a is 1-D and without N when b
+// is 1-D; contiguous.
 at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view variant_name) {
-  check_operand(a, "a", "(M, K)", "(batch, M, K)");
-  check_operand(b, "b", "(K, N)", "(batch, K, N)");
+  check_operand(a, "a", "(K,) or (..., M, K)");
+  check_operand(b, "b", "(K,) or (..., K, N)");
   TORCH_CHECK_TYPE(b.scalar_type() == a.scalar_type(), "optimized::matmul: b: expected dtype " +
                                                            dtype_str(a.scalar_type()) + " (same as a); given " +
                                                            dtype_str(b.scalar_type()));
   TORCH_CHECK_VALUE(b.device() == a.device(), "optimized::matmul: b: expected device " + a.device().str() +
                                                    " (same as a); given " + b.device().str());
-  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
-  TORCH_CHECK_VALUE(b.size(-2) == k, "optimized::matmul: b: expected " + str(k) +
-                                         " rows to match a's columns (K); given shape " + str(b.sizes()) +
-                                         " with a of shape " + str(a.sizes()));
-  const int64_t batch_a = a.dim() == 3 ? a.size(0) : 1, batch_b = b.dim() == 3 ? b.size(0) : 1;
-  TORCH_CHECK_VALUE(batch_a == batch_b || batch_a == 1 || batch_b == 1,
-                    "optimized::matmul: b: expected batch " + str(batch_a) + " (a's) or 1; given batch " +
-                        str(batch_b) + " (shape " + str(b.sizes()) + ")");
+  Matrices ma = as_matrices(a, true), mb = as_matrices(b, false);
+  const int64_t m = ma.rows, k = ma.cols, n = mb.cols;
+  TORCH_CHECK_VALUE(mb.rows == k, "optimized::matmul: b: expected " +
+                                      (b.dim() == 1 ? "length " + str(k) : str(k) + " rows") + " to match a's " +
+                                      (a.dim() == 1 ? "length" : "columns") + " (K); given shape " + str(b.sizes()) +
+                                      " with a of shape " + str(a.sizes()));
+  // The broadcast batch shape, aligned on the right.
+  const size_t rank = std::max(ma.batch_sizes.size(), mb.batch_sizes.size());
+  std::vector<int64_t> batch(rank);
+  for (size_t d = 0; d < rank; ++d) {
+    const size_t da = rank - ma.batch_sizes.size(), db = rank - mb.batch_sizes.size();
+    const int64_t sa = d < da ? 1 : ma.batch_sizes[d - da], sb = d < db ? 1 : mb.batch_sizes[d - db];
+    TORCH_CHECK_VALUE(sa == sb || sa == 1 || sb == 1,
+                      "optimized::matmul: b: expected batch dimensions broadcastable with a's " +
+                          str(ma.batch_sizes) + " (each equal, or 1 in either); given " + str(mb.batch_sizes) +
+                          " (b of shape " + str(b.sizes()) + ", a of shape " + str(a.sizes()) + ")");
+    batch[d] = sa == 1 ? sb : sa;  // a size of 1 stretches (also to 0)
+  }
   GemmVariant variant = GemmVariant::kAuto;
   try {
     variant = parse_gemm_variant(std::string_view(variant_name.data(), variant_name.size()));
@@ -138,16 +237,30 @@ at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view var
     rethrow(e);
   }
 
-  const bool batched = a.dim() == 3 || b.dim() == 3;
-  const int64_t batch = batch_a == 1 ? batch_b : batch_a;  // broadcast a batch of 1 (also over 0)
-  at::Tensor out = batched ? at::empty({batch, m, n}, a.options()) : at::empty({m, n}, a.options());
+  std::vector<int64_t> out_shape = batch;
+  if (a.dim() > 1) out_shape.push_back(m);
+  if (b.dim() > 1) out_shape.push_back(n);
+  at::Tensor out = at::empty(out_shape, a.options());
   if (out.numel() == 0) return out;
   if (k == 0) return out.zero_();  // an empty sum; the C++ API takes dimensions >= 1 only
 
-  // The C++ API takes unit-stride rows with a leading dimension >= the width: strided views that
-  // qualify go through as they are, others (transposed, expanded rows) are copied first.
-  const at::Tensor a_in = qualifies(a) ? a : a.contiguous();
-  const at::Tensor b_in = qualifies(b) ? b : b.contiguous();
+  // Matrices that do not qualify (transposed, expanded rows) are copied, un-broadcast.
+  if (!qualifies(ma)) ma = as_matrices(a.contiguous(), true);
+  if (!qualifies(mb)) mb = as_matrices(b.contiguous(), false);
+  // The output as (*batch, M, N), contiguous.
+  Matrices mc;
+  mc.tensor = out;
+  mc.rows = m;
+  mc.cols = n;
+  mc.row_stride = n;
+  std::vector<int64_t> out_strides(rank);
+  int64_t step = m * n;
+  for (size_t d = rank; d-- > 0;) {
+    out_strides[d] = step;
+    step *= batch[d];
+  }
+  const std::vector<BatchGroup> groups = fold_batch(batch, ma, mb, out_strides);
+  const BatchGroup* inner = groups.empty() ? nullptr : &groups.front();
 
   ExecutionContext ctx;
   c10::OptionalDeviceGuard guard;
@@ -156,8 +269,22 @@ at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view var
     const c10::Stream stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(a.device());
     ctx.cuda_stream = stream.native_handle();
   }
+  // One call per index of the outer groups (an odometer over groups[1..]), with offset pointers.
+  std::vector<int64_t> index(groups.size(), 0);
+  int64_t offset[3] = {0, 0, 0};
   try {
-    optimized::matmul(view_of(a_in), view_of(b_in), view_of(out), 1.0f, 0.0f, variant, ctx);
+    while (true) {
+      optimized::matmul(view_of(ma, offset[0], inner, 0), view_of(mb, offset[1], inner, 1),
+                        view_of(mc, offset[2], inner, 2), 1.0f, 0.0f, variant, ctx);
+      size_t g = 1;
+      for (; g < groups.size(); ++g) {
+        for (int i = 0; i < 3; ++i) offset[i] += groups[g].stride[i];
+        if (++index[g] < groups[g].size) break;
+        for (int i = 0; i < 3; ++i) offset[i] -= groups[g].size * groups[g].stride[i];
+        index[g] = 0;
+      }
+      if (g >= groups.size()) break;
+    }
   } catch (const Error& e) {
     rethrow(e);
   }
