@@ -8,6 +8,9 @@
 // The header holds the magic "OPTSHARD", the version, the dataset id shared by all shards, the shard's
 // index and the shard count, its first record's index in the dataset, its record count, the record
 // dtype and shape, the CRC32C of the checksum table (the shard checksum) and its own CRC32C.
+// While a ShardWriter writes a dataset, the directory also holds the marker file
+// "shards.incomplete" (kIncompleteMarker); close() removes it last, so a dataset whose writer failed,
+// was aborted or died is refused by open_dataset with a message that says so.
 //
 // The loader (one per process and rank) reads batches with O_DIRECT through io_uring, or through a
 // pool of threads calling pread where io_uring is unavailable, into a ring of pinned, 4 KiB-aligned
@@ -40,6 +43,9 @@ size_t shard_dtype_size(std::string_view dtype);
 // "shard-00007.osh": the name of shard `index` inside the dataset directory.
 std::string shard_file_name(uint32_t index);
 
+// The file a ShardWriter keeps in the dataset directory until close() has finished every shard.
+inline constexpr const char* kIncompleteMarker = "shards.incomplete";
+
 struct ShardInfo {
   std::string file;           // full path
   uint32_t index = 0;         // position in the dataset
@@ -63,19 +69,30 @@ struct DatasetInfo {
 
 // Reads and checks every shard's header and size: a missing, extra, truncated or oversized shard,
 // a bad magic, version or header checksum, or shards of different datasets throw Error naming the
-// file (and the first record that does not fit). Does not read the records.
+// file (and the first record that does not fit); so does a directory whose writer did not finish
+// (kIncompleteMarker). Does not read the records.
 DatasetInfo open_dataset(const std::string& dir);
+
+// What identifies a dataset's contents, for resuming (a saved LoaderPosition means something only
+// for the dataset it was saved with): a 64-bit hash of the dtype, the record shape, the shard
+// count, and each shard's record count and shard checksum (the CRC32C of its per-record CRC32C
+// table, so every record's bytes count). The same for a copy of the files or a byte-identical
+// rewrite; different when any record, shard boundary, dtype or shape differs. Reads no records.
+uint64_t dataset_fingerprint(const DatasetInfo& info);
 
 // Reads every shard's checksum table and every record, and checks them all (a full scrub). Throws
 // Error naming the file and the record at the first mismatch.
 void verify_dataset(const std::string& dir);
 
-// Writes records into a new dataset directory, shard by shard. close() finishes the headers; a
-// writer destroyed without close() finishes them too but cannot report errors.
+// Writes records into a new dataset directory, shard by shard. close() finishes the headers and
+// then removes the directory's kIncompleteMarker: until then the dataset cannot be opened. A writer
+// destroyed without close() finishes it too (but cannot report errors), except while an exception
+// is propagating (the writer's scope is left by a throw): then it aborts, leaving the dataset
+// incomplete, so that a failure half-way never looks like a valid, shorter dataset.
 class ShardWriter {
  public:
   // dir: created if missing; when it already holds shard files, overwrite=false throws and
-  // overwrite=true deletes them first. records_per_shard >= 1.
+  // overwrite=true deletes them first. records_per_shard >= 1. Writes kIncompleteMarker.
   ShardWriter(const std::string& dir, std::string_view dtype, std::vector<int64_t> record_shape,
               uint64_t records_per_shard, bool overwrite = false);
   ~ShardWriter();
@@ -84,8 +101,13 @@ class ShardWriter {
 
   // Appends `count` records, record_bytes() each, packed, from host memory.
   void append(const void* records, uint64_t count);
-  // Finishes the last shard and every header (total count, shard count); returns what was written.
+  // Finishes the last shard and every header (total count, shard count), removes the marker;
+  // returns what was written.
   DatasetInfo close();
+  // Stops writing and leaves the dataset visibly incomplete: the shards keep their blank headers and
+  // the marker stays, now saying "aborted after N records: <why>", which open_dataset reports. No
+  // effect after close() or abort(); never throws.
+  void abort(const std::string& why = "") noexcept;
 
   uint64_t record_bytes() const;
   uint64_t records_written() const;
@@ -146,6 +168,19 @@ struct LoaderOptions {
   DirectIo direct_io = DirectIo::kAuto;
   GdsMode gds = GdsMode::kAuto;
   bool verify = true;              // check every record's CRC32C as it arrives
+  // The most host memory the staging ring may hold (pinned on CUDA). Each of the `prefetch` slots
+  // holds one batch as read: up to min(batch_size, records this rank reads per epoch) records, plus
+  // with O_DIRECT the widening of each run to 4 KiB pages (at most the shards' data). When the slots
+  // do not fit, direct_io=auto first reads through the page cache (no widening) if that fits, then
+  // fewer slots are used (a shallower prefetch); both are said in notes(). When one slot does not
+  // fit, the constructor throws naming batch_size and the bytes.
+  uint64_t staging_bytes = uint64_t{1} << 30;
+  // Interleaving one loader's batches over several consumers (torch DataLoader workers that inherited
+  // a loader): this one yields batches worker, worker + num_workers, ... of each epoch, counted from
+  // `start` in the first epoch, so that taking one batch from each consumer in turn gives the
+  // sequence of a single loader. Positions stay in the numbering of the whole sequence.
+  int worker = 0;                  // in [0, num_workers)
+  int num_workers = 1;
 };
 
 // The memory of one delivered batch (device or host). Freed when the last owner drops it: on CUDA
@@ -194,10 +229,17 @@ struct LoaderStats {
   double consumer_wait_s = 0;  // time next() spent waiting for a batch
 };
 
+// Processes: a loader used in the child of a fork() (multiprocessing's "fork" start method, torch
+// DataLoader workers) notices the new process id at its next call. On the CPU it starts afresh in
+// the child (new threads, descriptors and io_uring ring; the parent's are left to the parent) at the
+// position it had when the process forked, so the child reads what the parent would have read next.
+// A CUDA loader cannot: CUDA does not work in a forked child, and every call throws Error
+// (kUnsupported) saying to create the loader in the child or to start the child with "spawn".
 class Loader {
  public:
   // Opens the dataset (open_dataset's checks), reads every checksum table (checked against the
-  // header), opens the shards and starts the pipeline. Throws Error on a bad argument or dataset.
+  // header) and starts the pipeline; shards are opened as reads need them, through a cache of at
+  // most a quarter of RLIMIT_NOFILE descriptors. Throws Error on a bad argument or dataset.
   Loader(const std::string& dir, const LoaderOptions& options);
   ~Loader();  // stop()
   Loader(const Loader&) = delete;
@@ -212,15 +254,17 @@ class Loader {
   // is pending). For callers that must not block inside next(): Python waits here without the GIL.
   void wait();
 
-  LoaderPosition position() const;  // where next() continues: save it to resume
+  LoaderPosition position() const;  // where next() continues: save it to resume (with dataset_fingerprint)
   void seek(LoaderPosition position);
   // Stops the threads and frees the staging buffers; batches already handed out stay valid. next()
   // throws afterwards. Called by the destructor.
   void stop();
 
   const DatasetInfo& dataset() const;
-  uint64_t batches_per_epoch() const;   // this rank's
-  uint64_t records_per_epoch() const;   // this rank's
+  uint64_t batches_per_epoch() const;   // this rank's (this worker's: see LoaderOptions::worker)
+  uint64_t records_per_epoch() const;   // this rank's (this worker's)
+  uint64_t staging_bytes() const;       // host staging the slots hold (LoaderOptions::staging_bytes); 0 with io=mmap
+  int prefetch() const;                 // slots in the staging ring: batches read ahead
   std::string io_backend() const;       // "io_uring", "pread", "mmap" or "cufile"
   bool direct_io() const;               // O_DIRECT in use
   bool gds() const;                     // reads go to GPU memory through cuFile
@@ -231,7 +275,9 @@ class Loader {
 
  private:
   struct Impl;
-  std::unique_ptr<Impl> impl_;
+  // impl_, started afresh first when this process is a fork of the one that made it (see above).
+  Impl& live() const;
+  mutable std::unique_ptr<Impl> impl_;
 };
 
 // The storage ceiling the loader is measured against: reads the dataset's shard files front to back

@@ -14,12 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "loader/fd_cache.h"
 #include "loader/worker_pool.h"
 
 namespace optimized::loader {
 
 struct IoRequest {
-  uint32_t file = 0;          // index into the engine's files
+  uint32_t file = 0;          // index into the engine's files (its FdCache)
   uint64_t offset = 0;        // file offset
   uint64_t bytes = 0;
   uint8_t* base = nullptr;    // destination buffer (host, or device for cufile)
@@ -27,7 +28,8 @@ struct IoRequest {
   void* tag = nullptr;        // the caller's
 };
 
-// result: bytes read (fewer than requested only at end of file), or -errno.
+// result: bytes read (fewer than requested only at end of file), or -errno (also when the file
+// cannot be opened: -ENOENT, -EMFILE).
 using IoDone = std::function<void(const IoRequest&, int64_t result)>;
 
 class IoEngine {
@@ -35,14 +37,19 @@ class IoEngine {
   virtual ~IoEngine() = default;  // waits for the requests in flight
   virtual void submit(const IoRequest* requests, size_t count) = 0;
   virtual const char* name() const = 0;
+  // In the child of a fork, where the engine's threads do not exist: releases what the kernel
+  // holds for it (io_uring: the ring) without joining or locking anything. The engine is then
+  // leaked, never used or destroyed.
+  virtual void abandon_after_fork() {}
 };
 
-// Reads with pread on `pool`'s threads from `fds`.
-std::unique_ptr<IoEngine> make_pread_engine(WorkerPool& pool, std::vector<int> fds, IoDone done);
+// Reads with pread on `pool`'s threads; each read takes its file's descriptor from `files` for
+// the time of the read.
+std::unique_ptr<IoEngine> make_pread_engine(WorkerPool& pool, FdCache& files, IoDone done);
 
-// io_uring with `queue_depth` reads in flight; nullptr and `why_not` when this build or this system
-// cannot (not built with liburing, the kernel or a seccomp policy refuses io_uring_setup, ...).
-std::unique_ptr<IoEngine> make_uring_engine(std::vector<int> fds, int queue_depth, IoDone done,
-                                            std::string& why_not);
+// io_uring with `queue_depth` reads in flight, each holding its file's descriptor from `files` from
+// submission to completion; nullptr and `why_not` when this build or this system cannot (not built
+// with liburing, the kernel or a seccomp policy refuses io_uring_setup, ...).
+std::unique_ptr<IoEngine> make_uring_engine(FdCache& files, int queue_depth, IoDone done, std::string& why_not);
 
 }  // namespace optimized::loader

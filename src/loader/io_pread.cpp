@@ -14,8 +14,7 @@ namespace {
 
 class PreadEngine final : public IoEngine {
  public:
-  PreadEngine(WorkerPool& pool, std::vector<int> fds, IoDone done)
-      : pool_(pool), fds_(std::move(fds)), done_(std::move(done)) {}
+  PreadEngine(WorkerPool& pool, FdCache& files, IoDone done) : pool_(pool), files_(files), done_(std::move(done)) {}
 
   ~PreadEngine() override {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -40,22 +39,27 @@ class PreadEngine final : public IoEngine {
 
  private:
   int64_t read(const IoRequest& req) const {
+    const int fd = files_.acquire(req.file);
+    if (fd < 0) return fd;
     uint64_t got = 0;
+    int64_t result = 0;
     while (got < req.bytes) {
-      const ssize_t n = ::pread(fds_[req.file], req.base + req.base_offset + got, req.bytes - got,
+      const ssize_t n = ::pread(fd, req.base + req.base_offset + got, req.bytes - got,
                                 static_cast<off_t>(req.offset + got));
       if (n < 0) {
         if (errno == EINTR) continue;
-        return -errno;
+        result = -errno;
+        break;
       }
       if (n == 0) break;  // end of file: the caller reports the short read
       got += static_cast<uint64_t>(n);
     }
-    return static_cast<int64_t>(got);
+    files_.release(req.file);
+    return result < 0 ? result : static_cast<int64_t>(got);
   }
 
   WorkerPool& pool_;
-  std::vector<int> fds_;
+  FdCache& files_;
   IoDone done_;
   std::mutex mutex_;
   std::condition_variable cv_;
@@ -64,8 +68,8 @@ class PreadEngine final : public IoEngine {
 
 }  // namespace
 
-std::unique_ptr<IoEngine> make_pread_engine(WorkerPool& pool, std::vector<int> fds, IoDone done) {
-  return std::make_unique<PreadEngine>(pool, std::move(fds), std::move(done));
+std::unique_ptr<IoEngine> make_pread_engine(WorkerPool& pool, FdCache& files, IoDone done) {
+  return std::make_unique<PreadEngine>(pool, files, std::move(done));
 }
 
 }  // namespace optimized::loader

@@ -1,6 +1,8 @@
 // The io_uring engine (see io_engine.h): one thread owns one ring, moves queued requests into
 // submission entries while fewer than queue_depth are in flight, submits and waits in one call,
-// and reaps completions, resubmitting the rest of a short read. Built only with liburing
+// and reaps completions, resubmitting the rest of a short read. Each read holds its file's
+// descriptor (FdCache) from submission to completion; when the cache cannot give one without
+// waiting, the request stays queued until a completion releases one. Built only with liburing
 // (OPTIMIZED_WITH_LIBURING); elsewhere make_uring_engine says why not.
 #include <cerrno>
 #include <condition_variable>
@@ -23,7 +25,7 @@ namespace {
 
 class UringEngine final : public IoEngine {
  public:
-  UringEngine(std::vector<int> fds, int depth, IoDone done) : fds_(std::move(fds)), depth_(depth), done_(std::move(done)) {}
+  UringEngine(FdCache& files, int depth, IoDone done) : files_(files), depth_(depth), done_(std::move(done)) {}
 
   // Returns 0 or -errno from io_uring_queue_init.
   int init() {
@@ -56,6 +58,13 @@ class UringEngine final : public IoEngine {
 
   const char* name() const override { return "io_uring"; }
 
+  void abandon_after_fork() override {
+    // The ring's memory is shared with the parent's mapping; unmapping and closing it here leaves
+    // the parent's ring alone. Our thread does not exist in this process: nothing is joined.
+    if (ready_) io_uring_queue_exit(&ring_);
+    ready_ = false;
+  }
+
  private:
   struct Pending {
     IoRequest req;
@@ -69,24 +78,38 @@ class UringEngine final : public IoEngine {
     int in_flight = 0;
     for (;;) {
       int added = 0;
+      std::vector<std::pair<IoRequest, int>> unopened;  // requests whose file could not be opened
       {
         std::unique_lock<std::mutex> lock(mutex_);
         if (in_flight == 0) cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
         if (in_flight == 0 && queue_.empty() && stopping_) return;
         while (!queue_.empty() && !free_slots.empty()) {
+          // Wait for a descriptor only when nothing is in flight (else a completion frees one).
+          const int fd = files_.acquire(queue_.front().req.file, /*wait=*/in_flight + added == 0);
+          if (fd == -EAGAIN) break;
+          if (fd < 0) {
+            unopened.emplace_back(queue_.front().req, fd);
+            queue_.pop_front();
+            continue;
+          }
           io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-          if (!sqe) break;
+          if (!sqe) {
+            files_.release(queue_.front().req.file);
+            break;
+          }
           const int slot = free_slots.back();
           free_slots.pop_back();
           slots[slot] = new Pending(queue_.front());
           queue_.pop_front();
           const Pending& p = *slots[slot];
-          io_uring_prep_read(sqe, fds_[p.req.file], p.req.base + p.req.base_offset + p.done,
+          io_uring_prep_read(sqe, fd, p.req.base + p.req.base_offset + p.done,
                              static_cast<unsigned>(p.req.bytes - p.done), p.req.offset + p.done);
           io_uring_sqe_set_data64(sqe, static_cast<uint64_t>(slot));
           ++added;
         }
       }
+      for (const auto& [req, err] : unopened) done_(req, err);
+      if (added == 0 && in_flight == 0) continue;  // (only unopened requests this round)
       in_flight += added;
       // Submit what was added and wait for at least one completion. A request queued meanwhile waits
       // for that completion, which comes soon since reads are in flight.
@@ -98,6 +121,7 @@ class UringEngine final : public IoEngine {
         // The ring itself failed: fail everything in flight.
         for (int s = 0; s < depth_; ++s)
           if (slots[s]) {
+            files_.release(slots[s]->req.file);
             done_(slots[s]->req, rc);
             delete slots[s];
             slots[s] = nullptr;
@@ -116,6 +140,7 @@ class UringEngine final : public IoEngine {
         slots[slot] = nullptr;
         free_slots.push_back(slot);
         --in_flight;
+        files_.release(p->req.file);  // (a resubmission acquires it again)
         const int res = cqe->res;
         if (res == -EINTR || res == -EAGAIN) {
           again.push_back(p);
@@ -141,7 +166,7 @@ class UringEngine final : public IoEngine {
     }
   }
 
-  std::vector<int> fds_;
+  FdCache& files_;
   int depth_;
   IoDone done_;
   io_uring ring_{};
@@ -155,8 +180,8 @@ class UringEngine final : public IoEngine {
 
 }  // namespace
 
-std::unique_ptr<IoEngine> make_uring_engine(std::vector<int> fds, int queue_depth, IoDone done, std::string& why_not) {
-  auto engine = std::make_unique<UringEngine>(std::move(fds), queue_depth, std::move(done));
+std::unique_ptr<IoEngine> make_uring_engine(FdCache& files, int queue_depth, IoDone done, std::string& why_not) {
+  auto engine = std::make_unique<UringEngine>(files, queue_depth, std::move(done));
   const int rc = engine->init();
   if (rc != 0) {
     why_not = std::string("io_uring_queue_init failed: ") + std::strerror(-rc);
@@ -167,7 +192,7 @@ std::unique_ptr<IoEngine> make_uring_engine(std::vector<int> fds, int queue_dept
 
 #else
 
-std::unique_ptr<IoEngine> make_uring_engine(std::vector<int>, int, IoDone, std::string& why_not) {
+std::unique_ptr<IoEngine> make_uring_engine(FdCache&, int, IoDone, std::string& why_not) {
   why_not = "built without liburing (scripts/install-deps installs liburing-dev; scripts/pack-deps carries it)";
   return nullptr;
 }

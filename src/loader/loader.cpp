@@ -13,8 +13,15 @@
 // error of its batch, thrown by next() when that batch's turn comes (and after: nothing is skipped).
 // Memory handed out (BatchMemory) is freed by its last owner in stream order, so it may outlive the
 // loader; the staging slots, threads and descriptors are the loader's and go with stop().
+//
+// Shards are opened lazily through a bounded descriptor cache (fd_cache.h). io=mmap checks each
+// shard's size (fstat) before a batch touches its pages and reads the pages under a SIGBUS guard
+// (mmap_guard.h), so that a shard truncated while mapped is an error, not a crash. A fork is noticed
+// by the process id (Loader::live): the child starts a fresh pipeline, or, on CUDA, refuses.
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,7 +38,9 @@
 
 #include "loader/crc32c.h"
 #include "loader/cufile_shim.h"
+#include "loader/fd_cache.h"
 #include "loader/io_engine.h"
+#include "loader/mmap_guard.h"
 #include "loader/order.h"
 #include "loader/read_plan.h"
 #include "loader/shard_format.h"
@@ -117,7 +126,9 @@ void notice_once(const std::string& kind, const std::string& text) {
 // free buffers; the loader and the batches it handed out share it.
 class HostPool {
  public:
-  HostPool(uint64_t bytes, size_t keep) : bytes_(align_up(std::max<uint64_t>(bytes, 1), kAlign)), keep_(keep) {}
+  // what: how the size came about, for the allocation error ("a batch of ... (batch_size ...)").
+  HostPool(uint64_t bytes, size_t keep, std::string what)
+      : bytes_(align_up(std::max<uint64_t>(bytes, 1), kAlign)), keep_(keep), what_(std::move(what)), pid_(::getpid()) {}
   ~HostPool() {
     for (void* p : free_) std::free(p);
   }
@@ -131,11 +142,18 @@ class HostPool {
       }
     }
     void* p = std::aligned_alloc(kAlign, bytes_);  // 4 KiB aligned: O_DIRECT reads into it
-    if (!p) throw Error(Status::kOutOfMemory, "host allocation of " + std::to_string(bytes_) + " bytes failed");
+    if (!p)
+      throw Error(Status::kOutOfMemory, "loader: host allocation of " + std::to_string(bytes_) + " bytes for " + what_ +
+                                            " failed (out of memory)");
     return static_cast<uint8_t*>(p);
   }
   void put(void* p) {
     if (!p) return;
+    if (::getpid() != pid_) {
+      // A batch freed in a forked child: the lock may have been held by a thread of the parent.
+      std::free(p);
+      return;
+    }
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (free_.size() < keep_) {
@@ -149,6 +167,8 @@ class HostPool {
  private:
   uint64_t bytes_;
   size_t keep_;
+  std::string what_;
+  pid_t pid_;
   std::mutex mutex_;
   std::vector<void*> free_;
 };
@@ -182,6 +202,7 @@ void* alloc_aligned_host(uint64_t bytes) {
 // pool. Lives until the last of them is gone.
 struct CudaContext {
   int device = 0;
+  const pid_t pid = ::getpid();      // CUDA state is not usable in a forked child: never touched there
   cudaStream_t stream = nullptr;     // the loader's copy stream
   cudaStream_t readback = nullptr;   // GDS + verify: device staging back to the host
   cudaMemPool_t pool = nullptr;
@@ -206,6 +227,7 @@ struct CudaContext {
                "loader: cudaMemPoolSetAttribute");
   }
   ~CudaContext() {
+    if (::getpid() != pid) return;  // a forked child's copy: leaked
     // Errors are ignored: this may run at process exit, after the CUDA runtime has gone.
     int previous = 0;
     cudaGetDevice(&previous);
@@ -231,6 +253,7 @@ class DeviceBatchMemory final : public BatchMemory {
     }
   }
   ~DeviceBatchMemory() override {
+    if (::getpid() != ctx_->pid) return;  // freed in a forked child, where CUDA cannot be used: leaked
     int previous = 0;
     cudaGetDevice(&previous);
     cudaSetDevice(ctx_->device);
@@ -344,6 +367,8 @@ constexpr size_t kMaxDirectCopies = 8;
 }  // namespace
 
 struct Loader::Impl {
+  const LoaderOptions given;         // the options as passed (a forked child starts again from them)
+  const pid_t pid = ::getpid();      // the process that made this pipeline
   DatasetInfo info;
   LoaderOptions opt;
   loader::RankOrder order;
@@ -353,7 +378,7 @@ struct Loader::Impl {
   std::string backend;
   std::vector<std::string> notes;
   std::vector<std::vector<uint32_t>> tables;  // per shard: the CRC32C of each record
-  std::vector<int> fds;
+  std::unique_ptr<loader::FdCache> files;     // the shards' descriptors, opened as reads need them
   std::vector<uint8_t*> maps;        // io=mmap: each shard mapped whole (file_bytes)
   bool registered = false;           // io=mmap on CUDA: the mappings are registered (pinned)
   std::vector<void*> cufile_handles;
@@ -361,12 +386,20 @@ struct Loader::Impl {
   std::unique_ptr<loader::WorkerPool> pool;
   std::unique_ptr<loader::IoEngine> engine;
   std::vector<Slot> slots;
+  int slot_count = 1;                // staging slots: prefetch (1 for the synchronous rung), or fewer
+  uint64_t batch_records = 1;        // most records in one of this loader's batches
   uint64_t slot_capacity = 0;
   std::shared_ptr<HostPool> host_pool;  // CPU device: staging and batch buffers
 #if OPTIMIZED_WITH_CUDA
   std::shared_ptr<CudaContext> cuda;
   std::mutex copy_mutex;  // one batch's copy sequence at a time on the stream
 #endif
+
+  // Which batches, in which order (see LoaderOptions::worker): from `phase` (the start or the last
+  // seek), batches first(e), first(e) + K, ... of each epoch e, where first(e) is worker plus the
+  // phase's batch in the phase's epoch, and worker in later ones. seq counts them from the phase.
+  uint64_t worker = 0, stride = 1;  // K = stride = num_workers
+  LoaderPosition phase;
 
   // Shared state, under `mutex`.
   std::mutex mutex;
@@ -383,28 +416,61 @@ struct Loader::Impl {
   std::thread producer;
   LoaderStats stats;
   std::atomic<uint64_t> read_bytes{0};
+  bool abandoned = false;      // a forked child's copy, given up (abandon_after_fork)
 
   Impl(const std::string& dir, const LoaderOptions& o);
   ~Impl();
+  // Checks the options, opens the dataset and builds the pipeline, not yet started.
+  static std::unique_ptr<Impl> build(const std::string& dir, const LoaderOptions& o);
 
-  uint64_t limit() const { return opt.epochs ? opt.epochs * order.batches : UINT64_MAX; }
-  uint64_t seq_of(LoaderPosition p) const { return p.epoch * order.batches + std::min(p.batch, order.batches); }
-  LoaderPosition position_of(uint64_t seq) const { return {seq / order.batches, seq % order.batches}; }
+  uint64_t first_in(uint64_t epoch) const { return (epoch == phase.epoch ? phase.batch : 0) + worker; }
+  uint64_t count_in(uint64_t epoch) const {
+    const uint64_t f = first_in(epoch);
+    return f < order.batches ? (order.batches - f + stride - 1) / stride : 0;
+  }
+  // Batches from the phase to the end (UINT64_MAX: no end).
+  uint64_t limit() const {
+    const uint64_t c0 = count_in(phase.epoch), c = count_in(phase.epoch + 1);
+    if (opt.epochs) return phase.epoch >= opt.epochs ? 0 : c0 + (opt.epochs - phase.epoch - 1) * c;
+    return c == 0 ? c0 : UINT64_MAX;
+  }
+  // The position of batch `seq` (seq < limit()).
+  LoaderPosition position_of(uint64_t seq) const {
+    const uint64_t c0 = count_in(phase.epoch);
+    if (seq < c0) return {phase.epoch, first_in(phase.epoch) + seq * stride};
+    seq -= c0;
+    const uint64_t c = count_in(phase.epoch + 1);
+    return {phase.epoch + 1 + seq / c, worker + (seq % c) * stride};
+  }
+  // The first position at or after the start of `epoch` that this loader delivers (batch ==
+  // order.batches: none; next() then ends the epoch at once).
+  LoaderPosition epoch_start(uint64_t epoch) const { return {epoch, std::min(first_in(epoch), order.batches)}; }
+  // Continue from `p` (under the lock, with the producer stopped).
+  void restart_at(LoaderPosition p) {
+    phase = p;
+    position = epoch_start(p.epoch);
+    consumer_seq = 0;
+    requested = 0;
+  }
+
   void note(const std::string& kind, const std::string& text) {
     notes.push_back(text);
     notice_once(kind, text);
   }
 
-  void open_files();
+  void choose_direct();
+  void plan_staging();
   bool map_files();
   void choose_engine();
   void allocate_slots();
   void start_producer();
   void quiesce();
   void shutdown();
+  void abandon_after_fork();
 
   void produce(uint64_t seq);
   int acquire_slot();
+  bool check_mapped_sizes(Job* job);
   void on_read(const loader::IoRequest& req, int64_t result);
   void after_reads(Job* job);
   void verify_range(Job* job, size_t first, size_t last);
@@ -413,17 +479,23 @@ struct Loader::Impl {
 };
 
 Loader::Impl::Impl(const std::string& dir, const LoaderOptions& o)
-    : info(open_dataset(dir)),
+    : given(o),
+      info(open_dataset(dir)),
       opt(o),
       order(info.num_records, o.shuffle, o.seed, o.rank < 0 ? 0 : o.rank, o.world_size < 1 ? 1 : o.world_size,
-            o.batch_size < 1 ? 1 : static_cast<uint64_t>(o.batch_size), o.drop_last) {}
+            o.batch_size < 1 ? 1 : static_cast<uint64_t>(o.batch_size), o.drop_last),
+      worker(static_cast<uint64_t>(std::max(o.worker, 0))),
+      stride(static_cast<uint64_t>(std::max(o.num_workers, 1))) {}
 
-Loader::Impl::~Impl() { shutdown(); }
+Loader::Impl::~Impl() {
+  if (!abandoned) shutdown();
+}
 
-void Loader::Impl::open_files() {
-  // O_DIRECT bypasses the page cache: reads go from the device into the staging buffers once,
-  // with no kernel copy and without evicting the training process's memory. Some filesystems refuse
-  // it (at open or at the first read); kAuto then falls back to buffered reads and says so.
+// O_DIRECT bypasses the page cache: reads go from the device into the staging buffers once, with no
+// kernel copy and without evicting the training process's memory. Some filesystems refuse it (at
+// open or at the first read): probed on the first shard; kAuto then falls back to buffered reads and
+// says so.
+void Loader::Impl::choose_direct() {
   if (opt.io == IoBackend::kMmap) {
     if (opt.direct_io == DirectIo::kOn)
       throw Error(Status::kInvalidArgument,
@@ -431,39 +503,78 @@ void Loader::Impl::open_files() {
     opt.direct_io = DirectIo::kOff;
   }
   direct = opt.direct_io != DirectIo::kOff;
-  std::string why_not;
-  for (const ShardInfo& s : info.shards) {
-    int fd = ::open(s.file.c_str(), O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
-    if (fd < 0 && direct && errno == EINVAL) why_not = "open with O_DIRECT: " + std::string(std::strerror(errno));
-    if (fd >= 0 && direct && fds.empty()) {
+  if (direct) {
+    const std::string& file = info.shards.front().file;
+    std::string why_not;
+    const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+    if (fd < 0 && errno == EINVAL) {
+      why_not = "open with O_DIRECT: " + std::string(std::strerror(errno));
+    } else if (fd < 0) {
+      if (errno == ENOENT) loader::throw_dataset_error(file, "missing (removed after the dataset was opened?)");
+      loader::throw_os_error(file, "open", errno);
+    } else {
       // Probe one aligned read: some filesystems accept the flag at open and reject the reads.
       void* probe = alloc_aligned_host(kAlign);
       const ssize_t n = ::pread(fd, probe, kAlign, 0);
       const int err = errno;
       std::free(probe);
-      if (n < 0 && err == EINVAL) {
-        why_not = "O_DIRECT read: " + std::string(std::strerror(err));
-        ::close(fd);
-        fd = -1;
-      }
+      ::close(fd);
+      if (n < 0 && err == EINVAL) why_not = "O_DIRECT read: " + std::string(std::strerror(err));
     }
-    if (fd < 0 && !why_not.empty()) {
+    if (!why_not.empty()) {
       if (opt.direct_io == DirectIo::kOn)
-        throw Error(Status::kUnsupported, s.file + ": direct_io=on, but " + why_not +
+        throw Error(Status::kUnsupported, file + ": direct_io=on, but " + why_not +
                                               " (the filesystem does not support O_DIRECT); use direct_io=auto or off");
-      for (int f : fds) ::close(f);
-      fds.clear();
       note("direct_io", "O_DIRECT unavailable for " + info.path + " (" + why_not + "); reading through the page cache");
       opt.direct_io = DirectIo::kOff;
-      return open_files();
+      direct = false;
     }
-    if (fd < 0) {
-      if (errno == ENOENT) loader::throw_dataset_error(s.file, "missing (removed after the dataset was opened?)");
-      loader::throw_os_error(s.file, "open", errno);
-    }
-    fds.push_back(fd);
   }
   alignment = direct ? kAlign : 1;
+}
+
+// Sizes the staging ring: a slot holds the largest batch this loader delivers (not batch_size when
+// the rank has fewer records), as read (widened to pages with O_DIRECT, bounded by the shards' data);
+// the slots together stay within opt.staging_bytes (LoaderOptions::staging_bytes says how).
+void Loader::Impl::plan_staging() {
+  const uint64_t r = info.record_bytes;
+  batch_records = std::max<uint64_t>(1, std::min<uint64_t>(static_cast<uint64_t>(opt.batch_size), order.count));
+  const uint64_t max_runs = opt.shuffle ? batch_records : std::max<uint64_t>(1, info.shards.size());
+  const uint64_t data_bytes = loader::aligned_data_bytes(info);
+  auto capacity = [&](uint64_t align) {
+    return loader::staging_capacity(batch_records, r, align, max_runs, data_bytes);
+  };
+  const int wanted = opt.variant == LoaderVariant::kSynchronous ? 1 : opt.prefetch;
+  const uint64_t budget = opt.staging_bytes;
+  const bool mmap_io = opt.io == IoBackend::kMmap;
+  // io=mmap reads no staging on CUDA; on the CPU its slots are the batches' buffers (the records, packed).
+  auto fits = [&](uint64_t bytes, int slots) { return bytes <= budget / static_cast<uint64_t>(slots); };
+  const std::string batch_what = "a batch of " + std::to_string(batch_records) + " records of " + std::to_string(r) +
+                                 " bytes (batch_size " + std::to_string(opt.batch_size) + ")";
+  slot_capacity = capacity(alignment);
+  if (!mmap_io && !fits(slot_capacity, wanted) && direct && opt.direct_io == DirectIo::kAuto &&
+      fits(capacity(1), wanted)) {
+    note("staging", "staging: with O_DIRECT (each run widened to 4 KiB pages) " + std::to_string(wanted) +
+                        " slots of " + std::to_string(slot_capacity) + " bytes for " + batch_what +
+                        " exceed staging_bytes = " + std::to_string(budget) + "; reading through the page cache");
+    opt.direct_io = DirectIo::kOff;
+    direct = false;
+    alignment = 1;
+    slot_capacity = capacity(1);
+  }
+  slot_count = wanted;
+  if (!fits(slot_capacity, slot_count)) {
+    if (!fits(slot_capacity, 1))
+      throw Error(Status::kInvalidArgument,
+                  "batch_size: " + batch_what + " needs " + std::to_string(slot_capacity) + " bytes of staging" +
+                      (direct ? " (O_DIRECT widens each run to 4 KiB pages)" : "") + ", more than staging_bytes = " +
+                      std::to_string(budget) + ": lower batch_size or raise staging_bytes");
+    slot_count = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(wanted), budget / slot_capacity));
+    note("staging", "staging: " + std::to_string(wanted) + " slots of " + std::to_string(slot_capacity) +
+                        " bytes for " + batch_what + " exceed staging_bytes = " + std::to_string(budget) +
+                        "; prefetching " + std::to_string(slot_count) + " batches instead of " +
+                        std::to_string(wanted));
+  }
 }
 
 // io=mmap: maps every shard; on CUDA also registers the mappings (read-only, pinned) so that
@@ -471,9 +582,18 @@ void Loader::Impl::open_files() {
 // loader then reads with pread.
 bool Loader::Impl::map_files() {
   std::string why_not;
-  for (size_t i = 0; i < fds.size() && why_not.empty(); ++i) {
-    void* p = ::mmap(nullptr, info.shards[i].file_bytes, PROT_READ, MAP_SHARED, fds[i], 0);
-    if (p == MAP_FAILED) why_not = info.shards[i].file + ": mmap failed: " + std::strerror(errno);
+  for (size_t i = 0; i < info.shards.size() && why_not.empty(); ++i) {
+    // The mapping outlives the descriptor: the cache may close it afterwards.
+    const int fd = files->acquire(static_cast<uint32_t>(i));
+    if (fd < 0) {
+      if (fd == -ENOENT)
+        loader::throw_dataset_error(info.shards[i].file, "missing (removed after the dataset was opened?)");
+      loader::throw_os_error(info.shards[i].file, "open", -fd);
+    }
+    void* p = ::mmap(nullptr, info.shards[i].file_bytes, PROT_READ, MAP_SHARED, fd, 0);
+    const int err = errno;
+    files->release(static_cast<uint32_t>(i));
+    if (p == MAP_FAILED) why_not = info.shards[i].file + ": mmap failed: " + std::strerror(err);
     else maps.push_back(static_cast<uint8_t*>(p));
   }
 #if OPTIMIZED_WITH_CUDA
@@ -506,18 +626,33 @@ bool Loader::Impl::map_files() {
 
 void Loader::Impl::choose_engine() {
   const bool cuda_device = opt.device.is_cuda();
-  // GPUDirect Storage: reads straight into GPU memory, where the system has it.
+  // GPUDirect Storage: reads straight into GPU memory, where the system has it. cuFile handles need
+  // every shard open for the loader's life, so only datasets within the descriptor budget take it.
   if (cuda_device && opt.gds != GdsMode::kOff) {
     std::string why_not;
-    cufile = loader::CuFile::open(opt.gds == GdsMode::kAuto, why_not);
+    if (info.shards.size() > files->capacity()) {
+      why_not = std::to_string(info.shards.size()) + " shards, more than the " + std::to_string(files->capacity()) +
+                " descriptors the loader keeps open (a quarter of RLIMIT_NOFILE)";
+    } else {
+      cufile = loader::CuFile::open(opt.gds == GdsMode::kAuto, why_not);
+    }
     if (cufile) {
-      for (size_t i = 0; i < fds.size() && why_not.empty(); ++i) {
-        void* h = cufile->register_file(fds[i], why_not);
+      for (size_t i = 0; i < info.shards.size() && why_not.empty(); ++i) {
+        const int fd = files->acquire(static_cast<uint32_t>(i));  // pinned until shutdown()
+        if (fd < 0) {
+          why_not = info.shards[i].file + ": open failed: " + std::strerror(-fd);
+          break;
+        }
+        void* h = cufile->register_file(fd, why_not);
         if (h) cufile_handles.push_back(h);
         else why_not = info.shards[i].file + ": " + why_not;
+        if (!h) files->release(static_cast<uint32_t>(i));
       }
       if (!why_not.empty()) {
-        for (void* h : cufile_handles) cufile->deregister_file(h);
+        for (size_t i = 0; i < cufile_handles.size(); ++i) {
+          cufile->deregister_file(cufile_handles[i]);
+          files->release(static_cast<uint32_t>(i));
+        }
         cufile_handles.clear();
       }
     }
@@ -538,7 +673,8 @@ void Loader::Impl::choose_engine() {
   if (opt.io == IoBackend::kMmap) {
     if (map_files()) {
       backend = "mmap";
-      engine = loader::make_pread_engine(*pool, fds, [this](const loader::IoRequest& r, int64_t n) { on_read(r, n); });
+      engine =
+          loader::make_pread_engine(*pool, *files, [this](const loader::IoRequest& r, int64_t n) { on_read(r, n); });
       return;  // (the pread engine stays idle: nothing is read)
     }
   }
@@ -548,7 +684,7 @@ void Loader::Impl::choose_engine() {
   const bool want_uring = opt.io == IoBackend::kIoUring || (opt.io == IoBackend::kAuto && direct);
   if (want_uring) {
     std::string why_not;
-    engine = loader::make_uring_engine(fds, opt.queue_depth,
+    engine = loader::make_uring_engine(*files, opt.queue_depth,
                                        [this](const loader::IoRequest& r, int64_t n) { on_read(r, n); }, why_not);
     if (engine) {
       backend = "io_uring";
@@ -557,15 +693,15 @@ void Loader::Impl::choose_engine() {
     note("io_uring", "io_uring unavailable (" + why_not + "); reading with a pool of " +
                          std::to_string(pool->size()) + " pread threads");
   }
-  engine = loader::make_pread_engine(*pool, fds, [this](const loader::IoRequest& r, int64_t n) { on_read(r, n); });
+  engine = loader::make_pread_engine(*pool, *files, [this](const loader::IoRequest& r, int64_t n) { on_read(r, n); });
   backend = "pread";
 }
 
 void Loader::Impl::allocate_slots() {
-  const uint64_t b = static_cast<uint64_t>(opt.batch_size);
-  slot_capacity = loader::staging_capacity(b, info.record_bytes, alignment);
-  const int count = opt.variant == LoaderVariant::kSynchronous ? 1 : opt.prefetch;
-  slots.resize(count);
+  const uint64_t b = batch_records;
+  const std::string what = std::to_string(b) + " records of " + std::to_string(info.record_bytes) +
+                           " bytes (batch_size " + std::to_string(opt.batch_size) + ")";
+  slots.resize(slot_count);
   for (Slot& s : slots) {
 #if OPTIMIZED_WITH_CUDA
     if (cuda) {
@@ -577,37 +713,42 @@ void Loader::Impl::allocate_slots() {
       s.max_pieces = slot_capacity / loader::kGatherPieceBytes + b + 1;
       void* p = nullptr;
       check_cuda(cudaHostAlloc(&p, std::max<uint64_t>(slot_capacity, 1), cudaHostAllocDefault),
-                 "loader: cudaHostAlloc of " + std::to_string(slot_capacity) + " staging bytes");
+                 "loader: cudaHostAlloc of " + std::to_string(slot_capacity) + " staging bytes for " + what);
       s.host = static_cast<uint8_t*>(p);
       check_cuda(cudaHostAlloc(&p, s.max_pieces * sizeof(loader::Placement), cudaHostAllocDefault),
                  "loader: cudaHostAlloc of the gather table");
       s.pieces = static_cast<loader::Placement*>(p);
       if (use_gds) {
-        check_cuda(cudaMalloc(&p, std::max<uint64_t>(slot_capacity, 1)), "loader: cudaMalloc of GDS staging");
+        check_cuda(cudaMalloc(&p, std::max<uint64_t>(slot_capacity, 1)),
+                   "loader: cudaMalloc of " + std::to_string(slot_capacity) + " GDS staging bytes for " + what);
         s.device = static_cast<uint8_t*>(p);
         cufile->register_buffer(s.device, slot_capacity);  // optional: unregistered buffers work, slower
       }
       continue;
     }
 #endif
-    if (!host_pool) host_pool = std::make_shared<HostPool>(slot_capacity, static_cast<size_t>(count) + 4);
+    if (!host_pool)
+      host_pool = std::make_shared<HostPool>(slot_capacity, static_cast<size_t>(slot_count) + 4, "a batch of " + what);
     if (maps.empty()) s.host = host_pool->get();  // io=mmap: no staging; batches are packed from the maps
   }
 }
 
-Loader::Loader(const std::string& dir, const LoaderOptions& options) {
-  const LoaderOptions& o = options;
+std::unique_ptr<Loader::Impl> Loader::Impl::build(const std::string& dir, const LoaderOptions& o) {
   auto bad = [](const std::string& what) { throw Error(Status::kInvalidArgument, what); };
   if (o.batch_size < 1) bad("batch_size: expected >= 1; given " + std::to_string(o.batch_size));
   if (o.world_size < 1) bad("world_size: expected >= 1; given " + std::to_string(o.world_size));
   if (o.rank < 0 || o.rank >= o.world_size)
     bad("rank: expected in [0, " + std::to_string(o.world_size) + "); given " + std::to_string(o.rank));
+  if (o.num_workers < 1) bad("num_workers: expected >= 1; given " + std::to_string(o.num_workers));
+  if (o.worker < 0 || o.worker >= o.num_workers)
+    bad("worker: expected in [0, " + std::to_string(o.num_workers) + "); given " + std::to_string(o.worker));
   if (o.prefetch < 1) bad("prefetch: expected >= 1; given " + std::to_string(o.prefetch));
   if (o.threads < 0) bad("threads: expected >= 0 (0: automatic); given " + std::to_string(o.threads));
   if (o.queue_depth < 1 || o.queue_depth > 4096)
     bad("queue_depth: expected in [1, 4096]; given " + std::to_string(o.queue_depth));
   if (o.chunk_bytes < kAlign || o.chunk_bytes % kAlign != 0 || o.chunk_bytes > (uint64_t{1} << 30))
     bad("chunk_bytes: expected a multiple of 4096 in [4096, 2^30]; given " + std::to_string(o.chunk_bytes));
+  if (o.staging_bytes < 1) bad("staging_bytes: expected >= 1; given 0");
   if (o.device.is_cuda()) {
     if (!built_with_cuda())
       throw Error(Status::kUnsupported, "device: cuda needs a CUDA build; this build is CPU-only");
@@ -618,8 +759,8 @@ Loader::Loader(const std::string& dir, const LoaderOptions& options) {
                                                 (n == 0 ? " (" + cuda_unavailable_reason() + ")" : ""));
   }
 
-  impl_ = std::make_unique<Impl>(dir, options);
-  Impl& m = *impl_;
+  auto impl = std::make_unique<Impl>(dir, o);
+  Impl& m = *impl;
   if (o.start.batch > m.order.batches)
     bad("start: batch " + std::to_string(o.start.batch) + " is past the epoch's " +
         std::to_string(m.order.batches) + " batches");
@@ -627,7 +768,13 @@ Loader::Loader(const std::string& dir, const LoaderOptions& options) {
     m.tables.reserve(m.info.shards.size());
     for (const ShardInfo& s : m.info.shards) m.tables.push_back(loader::read_checksum_table(s));
   }
-  m.open_files();
+  m.choose_direct();
+  m.plan_staging();
+  std::vector<std::string> names;
+  names.reserve(m.info.shards.size());
+  for (const ShardInfo& s : m.info.shards) names.push_back(s.file);
+  m.files = std::make_unique<loader::FdCache>(std::move(names), O_RDONLY | O_CLOEXEC | (m.direct ? O_DIRECT : 0),
+                                              loader::descriptor_budget(m.info.shards.size()));
   int threads = o.threads;
   if (threads == 0) threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 2, 8);
   m.pool = std::make_unique<loader::WorkerPool>(threads);
@@ -639,17 +786,61 @@ Loader::Loader(const std::string& dir, const LoaderOptions& options) {
 #endif
   m.choose_engine();
   m.allocate_slots();
-  m.position = o.start;
-  m.consumer_seq = m.seq_of(o.start);
-  m.requested = m.consumer_seq;
-  m.start_producer();
+  m.restart_at(o.start);
+  return impl;
+}
+
+Loader::Loader(const std::string& dir, const LoaderOptions& options) {
+  impl_ = Impl::build(dir, options);
+  impl_->start_producer();
 }
 
 Loader::~Loader() {
+  if (impl_ && impl_->pid != ::getpid()) {
+    // A forked child's copy of a loader it never used: the parent's threads are not here to join.
+    impl_->abandon_after_fork();
+    (void)impl_.release();
+    return;
+  }
   try {
     stop();
   } catch (...) {  // a destructor cannot report
   }
+}
+
+Loader::Impl& Loader::live() const {
+  Impl& m = *impl_;
+  if (m.pid == ::getpid()) return m;
+  // This process is a fork of the one that made the pipeline: its threads are not here, its locks may
+  // be held forever, its io_uring ring is the parent's. Give all of it up (leaked: nothing of it can
+  // be run or joined here) and, on the CPU, build a fresh one that continues where the loader was.
+  const pid_t parent = m.pid;
+  m.abandon_after_fork();
+  if (m.given.device.is_cuda())
+    throw Error(Status::kUnsupported,
+                "Loader: this loader delivers to " + device_name(m.given.device) + " and was created in process " +
+                    std::to_string(parent) + "; process " + std::to_string(::getpid()) +
+                    " is a fork of it, and CUDA cannot be used in a forked child. Create the loader in the "
+                    "process that uses it (in the child's function, or in a torch DataLoader worker: in the "
+                    "dataset's __iter__ or worker_init_fn), or start the child with the \"spawn\" or "
+                    "\"forkserver\" method (multiprocessing.get_context(\"spawn\"), or DataLoader("
+                    "multiprocessing_context=\"spawn\"))");
+  // Only the consumer changes these, and the consumer is the thread that forked (one consumer at a
+  // time): they are as the parent left them.
+  const LoaderPosition phase = m.phase, position = m.position;
+  const uint64_t consumer_seq = m.consumer_seq;
+  const bool stopped = m.stopped;
+  LoaderOptions o = m.given;
+  o.start = phase;
+  std::unique_ptr<Impl> fresh = Impl::build(m.info.path, o);
+  (void)impl_.release();  // the parent's pipeline: leaked in this process
+  impl_ = std::move(fresh);
+  Impl& n = *impl_;
+  n.position = position;
+  n.consumer_seq = n.requested = consumer_seq;
+  if (stopped) n.shutdown();
+  else n.start_producer();
+  return n;
 }
 
 void Loader::Impl::start_producer() {
@@ -687,10 +878,12 @@ void Loader::Impl::shutdown() {
   cv.notify_all();
   engine.reset();  // before the pool its pread/cufile requests ran on
   pool.reset();
-  for (void* h : cufile_handles) cufile->deregister_file(h);
+  for (size_t i = 0; i < cufile_handles.size(); ++i) {
+    cufile->deregister_file(cufile_handles[i]);
+    files->release(static_cast<uint32_t>(i));
+  }
   cufile_handles.clear();
-  for (int fd : fds) ::close(fd);
-  fds.clear();
+  files.reset();  // closes the descriptors
 #if OPTIMIZED_WITH_CUDA
   if (cuda) {
     int previous = 0;
@@ -723,6 +916,19 @@ void Loader::Impl::shutdown() {
   host_pool.reset();  // lives on while handed-out batches hold it
 }
 
+// In the child of a fork: closes what the kernel holds for this pipeline (descriptors, the io_uring
+// ring, the mappings), touching no lock, no thread and no CUDA state. The rest is leaked.
+void Loader::Impl::abandon_after_fork() {
+  if (abandoned) return;
+  abandoned = true;
+  if (engine) engine->abandon_after_fork();
+  if (files) files->close_all_after_fork();
+  if (!registered) {  // (registered mappings belong to the CUDA context: left alone)
+    for (size_t i = 0; i < maps.size(); ++i) ::munmap(maps[i], info.shards[i].file_bytes);
+    maps.clear();
+  }
+}
+
 // ---- producer ---------------------------------------------------------------------------------
 
 int Loader::Impl::acquire_slot() {
@@ -753,8 +959,7 @@ int Loader::Impl::acquire_slot() {
 
 void Loader::Impl::produce(uint64_t seq) {
   const bool sync = opt.variant == LoaderVariant::kSynchronous;
-  const uint64_t depth = sync ? 1 : static_cast<uint64_t>(opt.prefetch);
-  if (order.batches == 0) return;
+  const uint64_t depth = sync ? 1 : static_cast<uint64_t>(slot_count);
   for (;; ++seq) {
     {
       std::unique_lock<std::mutex> lock(mutex);
@@ -782,8 +987,9 @@ void Loader::Impl::produce(uint64_t seq) {
       for (const loader::ReadChunk& c : job->plan.chunks)
         requests.push_back({c.shard, c.file_offset, c.bytes, base, c.staging_offset, job.get()});
       if (!maps.empty()) {
-        read_bytes += job->ids.size() * info.record_bytes;  // read from the page cache by the copies
-        after_reads(job.get());  // io=mmap: the records are in the mapped page cache already
+        // io=mmap: the records are in the mapped page cache already, if the files are still whole.
+        if (check_mapped_sizes(job.get())) read_bytes += job->ids.size() * info.record_bytes;
+        after_reads(job.get());
         continue;
       }
       job->pending = static_cast<int64_t>(requests.size());
@@ -806,6 +1012,40 @@ void Loader::Impl::produce(uint64_t seq) {
   }
 }
 
+// io=mmap: a page past the end of a file that shrank after it was mapped raises SIGBUS when
+// touched. Before a batch touches its shards' pages, checks (fstat) that each is still as long as
+// mapped; a shorter one fails the batch as a short read does with pread. (A truncation after this
+// check is caught by the SIGBUS guard around the reads.)
+bool Loader::Impl::check_mapped_sizes(Job* job) {
+  std::vector<uint32_t> shards(job->plan.run_shard);
+  std::sort(shards.begin(), shards.end());
+  shards.erase(std::unique(shards.begin(), shards.end()), shards.end());
+  for (uint32_t i : shards) {
+    const ShardInfo& shard = info.shards[i];
+    const int fd = files->acquire(i);
+    struct stat st{};
+    const int rc = fd < 0 ? -1 : ::fstat(fd, &st);
+    const int err = fd < 0 ? -fd : errno;
+    if (fd >= 0) files->release(i);
+    if (rc != 0) {
+      job->fail(err == ENOENT ? Status::kInvalidArgument : Status::kInternal,
+                shard.file + ": " + (err == ENOENT ? std::string("missing (removed after the dataset was opened?)")
+                                                   : "fstat failed: " + std::string(std::strerror(err))));
+      return false;
+    }
+    const uint64_t size = static_cast<uint64_t>(st.st_size);
+    if (size < shard.file_bytes) {
+      const uint64_t cut = (size - std::min(size, shard.data_offset)) / info.record_bytes;
+      job->fail(Status::kInvalidArgument,
+                loader::record_location(shard, std::min(cut, shard.record_count - 1), info.record_bytes) +
+                    ": truncated: the file is now " + std::to_string(size) + " bytes; " +
+                    std::to_string(shard.file_bytes) + " were mapped (the file shrank after it was opened?)");
+      return false;
+    }
+  }
+  return true;
+}
+
 // ---- reads, checks, delivery (engine and pool threads) ---------------------------------------
 
 void Loader::Impl::on_read(const loader::IoRequest& req, int64_t result) {
@@ -814,18 +1054,30 @@ void Loader::Impl::on_read(const loader::IoRequest& req, int64_t result) {
   auto range = [&] {
     return "bytes " + std::to_string(req.offset) + ".." + std::to_string(req.offset + req.bytes);
   };
-  // The first record the range touches, to name in the message.
-  auto first_record = [&] {
-    const uint64_t at = std::max(req.offset, shard.data_offset) - shard.data_offset;
+  // The record at file offset `at`, to name in the message.
+  auto record_at = [&](uint64_t offset) {
+    const uint64_t at = std::max(offset, shard.data_offset) - shard.data_offset;
     return loader::record_location(shard, std::min(at / info.record_bytes, shard.record_count - 1), info.record_bytes);
   };
-  if (result < 0) {
+  auto first_record = [&] { return record_at(req.offset); };
+  if (result == -ENOENT) {
+    job->fail(Status::kInvalidArgument, shard.file + ": missing (removed after the dataset was opened?)");
+  } else if (result < 0) {
     const int err = static_cast<int>(-result);
-    job->fail(Status::kInternal, first_record() + ": read of " + range() + " failed: " + std::strerror(err) +
-                                     (err == EINVAL && direct ? " (O_DIRECT: try direct_io=off)" : ""));
+    std::string hint;
+    if (err == EINVAL && direct) hint = " (O_DIRECT: try direct_io=off)";
+    if (err == EMFILE || err == ENFILE) {
+      rlimit rl{};
+      ::getrlimit(RLIMIT_NOFILE, &rl);
+      hint = " (opening the shard: the process has no descriptor left; RLIMIT_NOFILE is " +
+             (rl.rlim_cur == RLIM_INFINITY ? std::string("unlimited") : std::to_string(rl.rlim_cur)) + ")";
+    }
+    job->fail(Status::kInternal, first_record() + ": read of " + range() + " failed: " + std::strerror(err) + hint);
   } else if (static_cast<uint64_t>(result) < req.bytes) {
-    job->fail(Status::kInvalidArgument, first_record() + ": truncated: reading " + range() + " returned " +
-                                            std::to_string(result) + " bytes (the file shrank after it was opened?)");
+    // Named: the first record the read did not get whole.
+    job->fail(Status::kInvalidArgument, record_at(req.offset + static_cast<uint64_t>(result)) +
+                                            ": truncated: reading " + range() + " returned " + std::to_string(result) +
+                                            " bytes (the file shrank after it was opened?)");
   }
   if (result > 0) read_bytes += static_cast<uint64_t>(result);
   if (--job->pending == 0) after_reads(job);
@@ -876,17 +1128,44 @@ void Loader::Impl::after_reads(Job* job) {
 void Loader::Impl::verify_range(Job* job, size_t first, size_t last) {
   const uint8_t* staging = slots[job->slot].host;
   const uint64_t r = info.record_bytes;
-  for (size_t k = first; k < last && !job->failed; ++k) {
+  auto check = [&](size_t k, uint32_t found) {
     const uint32_t shard = job->plan.record_shard[k];
     const ShardInfo& s = info.shards[shard];
     const uint64_t local = job->ids[k] - s.first_record;
     const uint32_t expected = tables[shard][local];
-    const uint8_t* record = maps.empty() ? staging + job->plan.record_src[k] : maps[shard] + s.data_offset + local * r;
-    const uint32_t found = loader::crc32c(record, r);
     if (found != expected)
       job->fail(Status::kInvalidArgument, loader::record_location(s, local, r) +
                                               ": checksum mismatch: expected crc32c " + loader::hex32(expected) +
                                               "; found " + loader::hex32(found) + " (the record is corrupted)");
+  };
+  if (maps.empty()) {
+    for (size_t k = first; k < last && !job->failed; ++k)
+      check(k, loader::crc32c(staging + job->plan.record_src[k], r));
+    return;
+  }
+  // io=mmap: the checksums of up to kBlock records under the SIGBUS guard (no lock or allocation may
+  // happen inside it), then their comparisons.
+  constexpr size_t kBlock = 256;
+  uint32_t found[kBlock];
+  for (size_t block = first; block < last && !job->failed; block += kBlock) {
+    const size_t end = std::min(last, block + kBlock);
+    volatile size_t at = block;  // the record being read when a SIGBUS came
+    const bool whole = loader::guarded([&] {
+      for (size_t k = block; k < end; ++k) {
+        at = k;
+        const uint32_t shard = job->plan.record_shard[k];
+        const ShardInfo& s = info.shards[shard];
+        found[k - block] = loader::crc32c(maps[shard] + s.data_offset + (job->ids[k] - s.first_record) * r, r);
+      }
+    });
+    if (!whole) {
+      const ShardInfo& s = info.shards[job->plan.record_shard[at]];
+      job->fail(Status::kInvalidArgument,
+                loader::record_location(s, job->ids[at] - s.first_record, r) +
+                    ": truncated: reading the mapped file raised SIGBUS (the file shrank after it was opened?)");
+      return;
+    }
+    for (size_t k = block; k < end; ++k) check(k, found[k - block]);
   }
 }
 
@@ -951,11 +1230,24 @@ Batch Loader::Impl::deliver(Job* job) {
     return b;
   }
 #endif
-  if (!maps.empty()) {  // io=mmap on the CPU: pack the runs from the maps
+  if (!maps.empty()) {  // io=mmap on the CPU: pack the runs from the maps (under the SIGBUS guard)
     uint8_t* out = host_pool->get();
     b.memory_ = std::make_shared<HostBatchMemory>(host_pool, out, 0);
-    for (size_t i = 0; i < plan.placements.size(); ++i)
-      std::memcpy(out + plan.placements[i].dst, maps[plan.run_shard[i]] + plan.run_offset[i], plan.placements[i].bytes);
+    volatile size_t at = 0;
+    const bool whole = loader::guarded([&] {
+      for (size_t i = 0; i < plan.placements.size(); ++i) {
+        at = i;
+        std::memcpy(out + plan.placements[i].dst, maps[plan.run_shard[i]] + plan.run_offset[i],
+                    plan.placements[i].bytes);
+      }
+    });
+    if (!whole) {
+      const ShardInfo& shard = info.shards[plan.run_shard[at]];
+      throw Error(Status::kInvalidArgument,
+                  loader::record_location(shard, (plan.run_offset[at] - shard.data_offset) / info.record_bytes,
+                                          info.record_bytes) +
+                      ": truncated: reading the mapped file raised SIGBUS (the file shrank after it was opened?)");
+    }
     return b;
   }
   // CPU: hand out the slot's buffer itself when the batch lies packed in it (one run, or reads
@@ -1014,7 +1306,7 @@ void Loader::Impl::finish(Job* job) {
 // ---- consumer ---------------------------------------------------------------------------------
 
 std::optional<Batch> Loader::next() {
-  Impl& m = *impl_;
+  Impl& m = live();
   Ready r;
   {
     std::unique_lock<std::mutex> lock(m.mutex);
@@ -1022,10 +1314,10 @@ std::optional<Batch> Loader::next() {
     if (m.failure) throw *m.failure;
     if (m.opt.epochs && m.position.epoch >= m.opt.epochs) return std::nullopt;
     if (m.position.batch >= m.order.batches) {
-      m.position = {m.position.epoch + 1, 0};
+      m.position = m.epoch_start(m.position.epoch + 1);
       return std::nullopt;
     }
-    const uint64_t seq = m.seq_of(m.position);
+    const uint64_t seq = m.consumer_seq;
     m.requested = std::max(m.requested, seq + 1);
     m.cv.notify_all();
     const auto t0 = std::chrono::steady_clock::now();
@@ -1036,7 +1328,7 @@ std::optional<Batch> Loader::next() {
     r = std::move(it->second);
     m.ready.erase(it);
     m.consumer_seq = seq + 1;
-    ++m.position.batch;
+    m.position.batch = std::min(m.position.batch + m.stride, m.order.batches);
     if (r.failed) m.failure = Error(r.status, r.error);
     else {
       ++m.stats.batches;
@@ -1050,13 +1342,13 @@ std::optional<Batch> Loader::next() {
 }
 
 void Loader::wait() {
-  Impl& m = *impl_;
+  Impl& m = live();
   {
     std::unique_lock<std::mutex> lock(m.mutex);
     if (m.stopped || m.failure) return;
     if (m.opt.epochs && m.position.epoch >= m.opt.epochs) return;
     if (m.position.batch >= m.order.batches) return;
-    const uint64_t seq = m.seq_of(m.position);
+    const uint64_t seq = m.consumer_seq;
     m.requested = std::max(m.requested, seq + 1);
     m.cv.notify_all();
     const auto t0 = std::chrono::steady_clock::now();
@@ -1066,12 +1358,13 @@ void Loader::wait() {
 }
 
 LoaderPosition Loader::position() const {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  return impl_->position;
+  Impl& m = live();
+  std::lock_guard<std::mutex> lock(m.mutex);
+  return m.position;
 }
 
 void Loader::seek(LoaderPosition p) {
-  Impl& m = *impl_;
+  Impl& m = live();
   if (m.stopped) throw Error(Status::kInvalidArgument, "Loader::seek: the loader is stopped");
   if (p.batch > m.order.batches)
     throw Error(Status::kInvalidArgument, "position: batch " + std::to_string(p.batch) + " is past the epoch's " +
@@ -1079,30 +1372,52 @@ void Loader::seek(LoaderPosition p) {
   m.quiesce();
   {
     std::lock_guard<std::mutex> lock(m.mutex);
-    m.position = p;
-    m.consumer_seq = m.seq_of(p);
-    m.requested = m.consumer_seq;
+    m.restart_at(p);
     m.failure.reset();
   }
   m.start_producer();
 }
 
 void Loader::stop() {
-  if (impl_) impl_->shutdown();
+  if (!impl_) return;
+  if (impl_->pid != ::getpid()) {
+    // A forked child's copy: nothing of the parent's pipeline can be stopped here; give it up.
+    impl_->abandon_after_fork();
+    impl_->stopped = true;
+    return;
+  }
+  impl_->shutdown();
 }
 
 const DatasetInfo& Loader::dataset() const { return impl_->info; }
-uint64_t Loader::batches_per_epoch() const { return impl_->order.batches; }
-uint64_t Loader::records_per_epoch() const { return impl_->order.count; }
+uint64_t Loader::batches_per_epoch() const {
+  const Impl& m = *impl_;
+  return m.worker < m.order.batches ? (m.order.batches - m.worker + m.stride - 1) / m.stride : 0;
+}
+uint64_t Loader::records_per_epoch() const {
+  const Impl& m = *impl_;
+  if (m.stride == 1) return m.order.count;
+  // This worker's batches are full except the epoch's last one, which may be short.
+  const uint64_t batches = batches_per_epoch(), b = m.order.batch_size;
+  uint64_t records = batches * b;
+  if (batches > 0 && (m.order.batches - 1) % m.stride == m.worker) records -= m.order.batches * b - m.order.count;
+  return records;
+}
+uint64_t Loader::staging_bytes() const {
+  // io=mmap reads no staging (the batches are copied out of the mappings).
+  return impl_->maps.empty() ? impl_->slot_capacity * static_cast<uint64_t>(impl_->slot_count) : 0;
+}
+int Loader::prefetch() const { return impl_->slot_count; }
 std::string Loader::io_backend() const { return impl_->backend; }
 bool Loader::direct_io() const { return impl_->direct; }
 bool Loader::gds() const { return impl_->use_gds; }
 const std::vector<std::string>& Loader::notes() const { return impl_->notes; }
 
 LoaderStats Loader::stats() const {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  LoaderStats s = impl_->stats;
-  s.read_bytes = impl_->read_bytes.load();
+  Impl& m = live();
+  std::lock_guard<std::mutex> lock(m.mutex);
+  LoaderStats s = m.stats;
+  s.read_bytes = m.read_bytes.load();
   return s;
 }
 

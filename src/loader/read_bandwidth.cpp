@@ -25,18 +25,11 @@ ReadBandwidth measure_read_bandwidth(const std::string& dir, IoBackend io, int q
   if (chunk_bytes < loader::kAlign || chunk_bytes % loader::kAlign != 0)
     throw Error(Status::kInvalidArgument, "chunk_bytes: expected a multiple of 4096; given " + std::to_string(chunk_bytes));
   const DatasetInfo info = open_dataset(dir);
-  std::vector<int> fds;
-  struct Closer {
-    std::vector<int>& fds;
-    ~Closer() {
-      for (int fd : fds) ::close(fd);
-    }
-  } closer{fds};
-  for (const ShardInfo& s : info.shards) {
-    const int fd = ::open(s.file.c_str(), O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
-    if (fd < 0) loader::throw_os_error(s.file, direct ? "open with O_DIRECT" : "open", errno);
-    fds.push_back(fd);
-  }
+  // Shards are opened as the reads reach them (a bounded cache: a dataset may have more shards than
+  // the process may open files).
+  std::vector<std::string> files;
+  for (const ShardInfo& s : info.shards) files.push_back(s.file);
+  loader::FdCache fds(files, O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0), loader::descriptor_budget(files.size()));
   // Each buffer is one read in flight; a completed read frees its buffer for the next one.
   std::vector<void*> buffers(queue_depth);
   for (void*& b : buffers) {
@@ -78,7 +71,7 @@ ReadBandwidth measure_read_bandwidth(const std::string& dir, IoBackend io, int q
   result.io = engine->name();
   const auto t0 = std::chrono::steady_clock::now();
   uint64_t submitted = 0;
-  for (size_t f = 0; f < fds.size(); ++f) {
+  for (size_t f = 0; f < info.shards.size(); ++f) {
     for (uint64_t off = 0; off < info.shards[f].file_bytes; off += chunk_bytes) {
       if (max_bytes && submitted >= max_bytes) break;
       int buffer;
@@ -105,7 +98,9 @@ ReadBandwidth measure_read_bandwidth(const std::string& dir, IoBackend io, int q
   result.bytes = done_bytes;
   engine.reset();
   pool.reset();
-  if (error) throw Error(Status::kInternal, dir + ": measure_read_bandwidth: a read failed: " + std::strerror(error));
+  if (error)
+    throw Error(Status::kInternal, dir + ": measure_read_bandwidth: a read failed: " + std::strerror(error) +
+                                       (direct && error == EINVAL ? " (O_DIRECT: pass direct=false)" : ""));
   return result;
 }
 

@@ -7,9 +7,21 @@
 
 namespace optimized::loader {
 
-uint64_t staging_capacity(uint64_t batch_size, uint64_t record_bytes, uint64_t alignment) {
-  if (alignment <= 1) return batch_size * record_bytes;
-  return batch_size * (align_up(record_bytes, alignment) + alignment);
+uint64_t staging_capacity(uint64_t batch_records, uint64_t record_bytes, uint64_t alignment, uint64_t max_runs,
+                          uint64_t data_bytes) {
+  const uint64_t b = batch_records, r = record_bytes;
+  if (alignment <= 1) return b * r;
+  const uint64_t runs = std::min(max_runs, b);
+  // A run of k records read widened spans at most k r + 2 (a - 1) bytes, and at most
+  // align_up(k r) + a; the batch is the sum over its runs.
+  const uint64_t by_runs = std::min(b * r + runs * 2 * alignment, b * align_up(r, alignment) + runs * alignment);
+  return std::min(by_runs, data_bytes);
+}
+
+uint64_t aligned_data_bytes(const DatasetInfo& info) {
+  uint64_t bytes = 0;
+  for (const ShardInfo& s : info.shards) bytes += align_up(s.record_count * info.record_bytes, kAlign);
+  return bytes;
 }
 
 void plan_batch(const DatasetInfo& info, const std::vector<uint64_t>& ids, uint64_t alignment, uint64_t chunk_bytes,
@@ -32,6 +44,15 @@ void plan_batch(const DatasetInfo& info, const std::vector<uint64_t>& ids, uint6
     return static_cast<uint32_t>(it - info.shards.begin() - 1);
   };
 
+  // The runs, in batch order.
+  struct Run {
+    uint32_t shard;
+    size_t first;      // batch position of its first record
+    size_t count;
+    uint64_t begin;    // file offset of its first record
+    uint64_t read_begin, read_end;
+  };
+  std::vector<Run> runs;
   size_t i = 0;
   while (i < ids.size()) {
     // Extend the run while the next record follows in the same shard.
@@ -41,28 +62,64 @@ void plan_batch(const DatasetInfo& info, const std::vector<uint64_t>& ids, uint6
     while (j < ids.size() && ids[j] == ids[j - 1] + 1 && ids[j] < s.first_record + s.record_count) ++j;
     const uint64_t begin = s.data_offset + (ids[i] - s.first_record) * r;
     const uint64_t end = begin + (j - i) * r;
-    const uint64_t read_begin = aligned ? align_down(begin, alignment) : begin;
-    const uint64_t read_end = aligned ? align_up(end, alignment) : end;
-    // Aligned: runs follow one another in staging. Unaligned: each run goes to its output offset.
-    const uint64_t staging = aligned ? plan.staging_bytes : i * r;
+    runs.push_back({shard, i, j - i, begin, aligned ? align_down(begin, alignment) : begin,
+                    aligned ? align_up(end, alignment) : end});
+    i = j;
+  }
+
+  auto emit_reads = [&](uint32_t shard, uint64_t read_begin, uint64_t read_end, uint64_t staging) {
     for (uint64_t off = read_begin; off < read_end; off += chunk_bytes) {
       const uint64_t n = std::min(chunk_bytes, read_end - off);
       plan.chunks.push_back({shard, off, n, staging + (off - read_begin)});
       plan.read_bytes += n;
     }
-    const uint64_t src = staging + (begin - read_begin);
-    plan.placements.push_back({src, i * r, (j - i) * r});
-    plan.run_shard.push_back(shard);
-    plan.run_offset.push_back(begin);
-    for (size_t k = i; k < j; ++k) {
-      plan.record_src[k] = src + (k - i) * r;
-      plan.record_shard[k] = shard;
+  };
+  // Where each run's first record lies in staging.
+  std::vector<uint64_t> run_src(runs.size());
+  if (!aligned) {
+    // Each run goes straight to its output offset: staging is the packed batch.
+    for (size_t k = 0; k < runs.size(); ++k) {
+      const Run& run = runs[k];
+      run_src[k] = run.first * r;
+      emit_reads(run.shard, run.read_begin, run.read_end, run_src[k]);
     }
-    plan.staging_bytes = aligned ? plan.staging_bytes + (read_end - read_begin) : end - begin + staging;
-    i = j;
+    plan.staging_bytes = ids.size() * r;
+  } else {
+    // Read the widened ranges in file order, merging those that overlap or touch, each page once;
+    // the merged ranges follow one another in staging.
+    std::vector<size_t> by_offset(runs.size());
+    for (size_t k = 0; k < runs.size(); ++k) by_offset[k] = k;
+    std::sort(by_offset.begin(), by_offset.end(), [&](size_t a, size_t b) {
+      return runs[a].shard != runs[b].shard ? runs[a].shard < runs[b].shard : runs[a].read_begin < runs[b].read_begin;
+    });
+    size_t k = 0;
+    while (k < by_offset.size()) {
+      const uint32_t shard = runs[by_offset[k]].shard;
+      const uint64_t range_begin = runs[by_offset[k]].read_begin;
+      uint64_t range_end = runs[by_offset[k]].read_end;
+      size_t m = k + 1;
+      while (m < by_offset.size() && runs[by_offset[m]].shard == shard && runs[by_offset[m]].read_begin <= range_end) {
+        range_end = std::max(range_end, runs[by_offset[m]].read_end);
+        ++m;
+      }
+      const uint64_t staging = plan.staging_bytes;
+      for (size_t q = k; q < m; ++q) run_src[by_offset[q]] = staging + (runs[by_offset[q]].begin - range_begin);
+      emit_reads(shard, range_begin, range_end, staging);
+      plan.staging_bytes += range_end - range_begin;
+      k = m;
+    }
+  }
+  for (size_t k = 0; k < runs.size(); ++k) {
+    const Run& run = runs[k];
+    plan.placements.push_back({run_src[k], run.first * r, run.count * r});
+    plan.run_shard.push_back(run.shard);
+    plan.run_offset.push_back(run.begin);
+    for (size_t q = 0; q < run.count; ++q) {
+      plan.record_src[run.first + q] = run_src[k] + q * r;
+      plan.record_shard[run.first + q] = run.shard;
+    }
   }
   plan.packed = !aligned;
-  if (!aligned) plan.staging_bytes = ids.size() * r;
 }
 
 }  // namespace optimized::loader

@@ -4,7 +4,9 @@
 // Records consecutive in the batch and adjacent in one shard form a run, read as one range (a
 // sequential epoch reads each batch as one or two runs). With O_DIRECT, file offsets, lengths and
 // buffer addresses must be multiples of 4 KiB, and records need not be: each run's range is widened
-// to 4 KiB boundaries and read whole, so a run's records start a few bytes into its staging range.
+// to 4 KiB boundaries, so a run's records start a few bytes into its staging range. Widened ranges
+// that overlap or touch (small shuffled records share pages) are merged and read once, so a batch
+// never stages a page twice: its staging is bounded by the shards' data as well as by the batch.
 // Placements (one per run: staging offset -> output offset, bytes) then pack the records into the
 // batch: a single H2D copy when there is one run, else a gather on the GPU (or memcpy on the CPU).
 // Without O_DIRECT (alignment 1) runs are read straight to their output offsets: staging already
@@ -44,9 +46,15 @@ struct ReadPlan {
   bool packed = false;                  // staging[0, n * record_bytes) is the batch as delivered
 };
 
-// Staging bytes a batch of `batch_size` records can need at `alignment`: each record may be its own
-// run, widened by up to one alignment unit on either side.
-uint64_t staging_capacity(uint64_t batch_size, uint64_t record_bytes, uint64_t alignment);
+// Staging bytes a batch of up to `batch_records` records can need at `alignment`. Alignment 1: the
+// records. Aligned: each of at most `max_runs` runs widened by under one alignment unit on either
+// side, and never more than `data_bytes` (the sum of the shards' aligned data sections, since no page
+// is read twice). max_runs: batch_records when shuffled; the shard count when sequential (a range of
+// consecutive records is one run per shard it touches).
+uint64_t staging_capacity(uint64_t batch_records, uint64_t record_bytes, uint64_t alignment,
+                          uint64_t max_runs = UINT64_MAX, uint64_t data_bytes = UINT64_MAX);
+// The sum of the shards' data sections, each widened to whole 4 KiB pages.
+uint64_t aligned_data_bytes(const DatasetInfo& info);
 
 // ids: dataset record indices in batch order. alignment: 4096 (O_DIRECT) or 1. chunk_bytes: a
 // multiple of alignment.

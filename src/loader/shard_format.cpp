@@ -2,7 +2,8 @@
 // verify_dataset (every record checked), and ShardWriter.
 //
 // Every check throws Error naming the file and, for data, the record: a loader that meets a broken
-// dataset stops with a message a person can act on, and never skips or repeats a record.
+// dataset stops with a message a person can act on, and never skips or repeats a record. A dataset
+// is complete only once its writer's close() has removed the directory's kIncompleteMarker.
 #include "loader/shard_format.h"
 
 #include <dirent.h>
@@ -15,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <random>
 
@@ -132,6 +134,40 @@ std::string shape_str(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
+}
+
+// ---- the incomplete marker ----
+
+std::string marker_path(const std::string& dir) { return dir + "/" + kIncompleteMarker; }
+
+// Its first line, or nullopt when there is no marker.
+std::optional<std::string> read_marker(const std::string& dir) {
+  const int fd = ::open(marker_path(dir).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  char text[512] = {};
+  const ssize_t n = ::read(fd, text, sizeof(text) - 1);
+  ::close(fd);
+  std::string line(text, n > 0 ? static_cast<size_t>(n) : 0);
+  const size_t end = line.find('\n');
+  if (end != std::string::npos) line.resize(end);
+  return line;
+}
+
+void write_marker(const std::string& dir, const std::string& line) {
+  const std::string path = marker_path(dir);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw_os_error(path, "open for writing", errno);
+  Fd guard(fd);
+  const std::string text = line + "\n";
+  loader::pwrite_full(fd, text.data(), text.size(), 0, path);
+}
+
+// Makes the directory's entries (a removed marker) durable.
+void sync_directory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)::fsync(fd);
+  ::close(fd);
 }
 
 }  // namespace
@@ -318,6 +354,10 @@ DatasetInfo open_dataset(const std::string& dir_in) {
   std::string dir = dir_in;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   const std::map<int64_t, std::string> found = list_shards(dir);
+  if (const std::optional<std::string> marker = read_marker(dir))
+    throw_dataset_error(dir, std::string("incomplete dataset: ") + kIncompleteMarker + " says \"" + *marker +
+                                 "\": its ShardWriter did not finish (an exception or abort() before close(), or its "
+                                 "process died); write the dataset again (overwrite=true)");
   if (found.empty()) throw_dataset_error(dir, "no shard files (shard-NNNNN.osh) in the dataset directory");
 
   // The first file found tells the shard count; every shard must agree with it.
@@ -425,6 +465,33 @@ void verify_dataset(const std::string& dir) {
   }
 }
 
+// ---- dataset_fingerprint ---------------------------------------------------------------------
+
+uint64_t dataset_fingerprint(const DatasetInfo& info) {
+  // FNV-1a (64-bit) over the fields, each as 8 little-endian bytes (strings: length, then bytes).
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto bytes = [&](const void* p, size_t n) {
+    const uint8_t* b = static_cast<const uint8_t*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+  };
+  auto u64 = [&](uint64_t v) { bytes(&v, sizeof(v)); };
+  const std::string tag = "optimized-ops dataset v1";
+  u64(tag.size());
+  bytes(tag.data(), tag.size());
+  u64(info.dtype.size());
+  bytes(info.dtype.data(), info.dtype.size());
+  u64(info.record_shape.size());
+  for (int64_t d : info.record_shape) u64(static_cast<uint64_t>(d));
+  u64(info.record_bytes);
+  u64(info.num_records);
+  u64(info.shards.size());
+  for (const ShardInfo& s : info.shards) {
+    u64(s.record_count);
+    u64(s.table_crc);
+  }
+  return h;
+}
+
 // ---- ShardWriter ----------------------------------------------------------------------------
 
 struct ShardWriter::Impl {
@@ -435,6 +502,7 @@ struct ShardWriter::Impl {
   uint64_t per_shard = 0;
   uint64_t dataset_id = 0;
   bool closed = false;
+  int uncaught = std::uncaught_exceptions();  // at construction: more at destruction means a throw
 
   // The shard being written.
   int fd = -1;
@@ -542,14 +610,35 @@ ShardWriter::ShardWriter(const std::string& dir, std::string_view dtype, std::ve
   std::random_device rd;
   w.dataset_id = (uint64_t{rd()} << 32) ^ rd() ^
                  static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  // Until close() has finished, the directory says it is incomplete (also if this process dies).
+  write_marker(w.dir, "being written by process " + std::to_string(::getpid()) +
+                          "; incomplete until its ShardWriter's close() finishes");
 }
 
 ShardWriter::~ShardWriter() {
-  if (impl_ && !impl_->closed) {
-    try {
-      close();
-    } catch (...) {  // a destructor cannot report; close() does
-    }
+  if (!impl_ || impl_->closed) return;
+  if (std::uncaught_exceptions() > impl_->uncaught) {
+    // Destroyed by a throw out of the writer's scope: what was written is not the dataset.
+    abort("an exception was thrown before close()");
+    return;
+  }
+  try {
+    close();
+  } catch (...) {  // a destructor cannot report; close() does (the marker stays: incomplete)
+  }
+}
+
+void ShardWriter::abort(const std::string& why) noexcept {
+  Impl& w = *impl_;
+  if (w.closed) return;
+  w.closed = true;
+  if (w.fd >= 0) {
+    ::close(w.fd);
+    w.fd = -1;
+  }
+  try {
+    write_marker(w.dir, "aborted after " + std::to_string(w.total) + " records" + (why.empty() ? "" : ": " + why));
+  } catch (...) {  // the marker written at construction stays: still incomplete
   }
 }
 
@@ -578,11 +667,22 @@ DatasetInfo ShardWriter::close() {
   Impl& w = *impl_;
   if (w.closed) throw Error(Status::kInvalidArgument, "ShardWriter::close: already closed");
   w.closed = true;
-  if (w.fd >= 0 || w.done.empty()) {  // the partial last shard, or one empty shard for 0 records
-    if (w.fd < 0) w.open_shard();
-    w.finish_shard();
+  try {
+    if (w.fd >= 0 || w.done.empty()) {  // the partial last shard, or one empty shard for 0 records
+      if (w.fd < 0) w.open_shard();
+      w.finish_shard();
+    }
+    w.write_headers();  // each fsync'ed
+  } catch (const std::exception& e) {
+    try {
+      write_marker(w.dir, "close() failed after " + std::to_string(w.total) + " records: " + e.what());
+    } catch (...) {
+    }
+    throw;
   }
-  w.write_headers();
+  const std::string marker = marker_path(w.dir);
+  if (::unlink(marker.c_str()) != 0 && errno != ENOENT) throw_os_error(marker, "unlink", errno);
+  sync_directory(w.dir);
   return open_dataset(w.dir);
 }
 

@@ -17,6 +17,8 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -71,7 +73,8 @@ class StreamingLoader : public torch::CustomClassHolder {
   StreamingLoader(std::string path, int64_t batch_size, std::string device, bool shuffle, int64_t seed, int64_t rank,
                   int64_t world_size, bool drop_last, int64_t epochs, int64_t start_epoch, int64_t start_batch,
                   std::string variant, int64_t prefetch, int64_t threads, std::string io, std::string direct_io,
-                  std::string gds, bool verify, int64_t chunk_bytes, int64_t queue_depth)
+                  std::string gds, bool verify, int64_t chunk_bytes, int64_t queue_depth, int64_t staging_bytes,
+                  int64_t worker, int64_t num_workers)
       : device_(device) {
     if (device_.is_cuda() && !device_.has_index())
       device_ = at::Device(at::kCUDA, c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index());
@@ -80,21 +83,32 @@ class StreamingLoader : public torch::CustomClassHolder {
     TORCH_CHECK_VALUE(seed >= 0, "StreamingLoader: seed: expected >= 0; given " + std::to_string(seed));
     TORCH_CHECK_VALUE(epochs >= 0 && start_epoch >= 0 && start_batch >= 0 && chunk_bytes > 0,
                       "StreamingLoader: epochs, start position and chunk_bytes must be >= 0");
+    TORCH_CHECK_VALUE(staging_bytes >= 1,
+                      "StreamingLoader: staging_bytes: expected >= 1; given " + std::to_string(staging_bytes));
+    auto as_int = [](const char* name, int64_t v) {
+      TORCH_CHECK_VALUE(v >= INT32_MIN && v <= INT32_MAX,
+                        std::string("StreamingLoader: ") + name + ": expected a 32-bit integer; given " +
+                            std::to_string(v));
+      return static_cast<int>(v);
+    };
     LoaderOptions o;
     o.batch_size = batch_size;
     o.device = device_.is_cuda() ? Device::cuda(device_.index()) : Device::cpu();
     o.shuffle = shuffle;
     o.seed = static_cast<uint64_t>(seed);
-    o.rank = static_cast<int>(rank);
-    o.world_size = static_cast<int>(world_size);
+    o.rank = as_int("rank", rank);
+    o.world_size = as_int("world_size", world_size);
     o.drop_last = drop_last;
     o.epochs = static_cast<uint64_t>(epochs);
     o.start = {static_cast<uint64_t>(start_epoch), static_cast<uint64_t>(start_batch)};
-    o.prefetch = static_cast<int>(prefetch);
-    o.threads = static_cast<int>(threads);
+    o.prefetch = as_int("prefetch", prefetch);
+    o.threads = as_int("threads", threads);
     o.chunk_bytes = static_cast<uint64_t>(chunk_bytes);
-    o.queue_depth = static_cast<int>(queue_depth);
+    o.queue_depth = as_int("queue_depth", queue_depth);
     o.verify = verify;
+    o.staging_bytes = static_cast<uint64_t>(staging_bytes);
+    o.worker = as_int("worker", worker);
+    o.num_workers = as_int("num_workers", num_workers);
     try {
       o.variant = parse_loader_variant(variant);
       o.io = parse_io_backend(io);
@@ -149,8 +163,12 @@ class StreamingLoader : public torch::CustomClassHolder {
 
   at::Tensor last_indices() const { return last_indices_.defined() ? last_indices_ : at::empty({0}, at::kLong); }
   std::vector<int64_t> position() const {
-    const LoaderPosition p = loader_->position();
-    return {static_cast<int64_t>(p.epoch), static_cast<int64_t>(p.batch)};
+    try {
+      const LoaderPosition p = loader_->position();
+      return {static_cast<int64_t>(p.epoch), static_cast<int64_t>(p.batch)};
+    } catch (const Error& e) {
+      rethrow(e);
+    }
   }
   void seek(int64_t epoch, int64_t batch) {
     TORCH_CHECK_VALUE(epoch >= 0 && batch >= 0, "StreamingLoader.seek: expected epoch, batch >= 0");
@@ -161,6 +179,15 @@ class StreamingLoader : public torch::CustomClassHolder {
     }
   }
   void stop() { loader_->stop(); }
+  // dataset_fingerprint of the dataset, as 16 hex digits.
+  std::string fingerprint() const {
+    char text[24];
+    std::snprintf(text, sizeof(text), "%016llx",
+                  static_cast<unsigned long long>(dataset_fingerprint(loader_->dataset())));
+    return text;
+  }
+  int64_t staging_bytes() const { return static_cast<int64_t>(loader_->staging_bytes()); }
+  int64_t prefetch() const { return loader_->prefetch(); }
   // The C++ loader's address, for optimized_loader_wait through ctypes (waits without the GIL).
   int64_t handle() const { return static_cast<int64_t>(reinterpret_cast<intptr_t>(loader_.get())); }
   int64_t batches_per_epoch() const { return static_cast<int64_t>(loader_->batches_per_epoch()); }
@@ -175,7 +202,12 @@ class StreamingLoader : public torch::CustomClassHolder {
   std::vector<std::string> notes() const { return loader_->notes(); }
   // [batches, record bytes, bytes read, seconds the consumer waited]
   std::vector<double> stats() const {
-    const LoaderStats s = loader_->stats();
+    LoaderStats s;
+    try {
+      s = loader_->stats();
+    } catch (const Error& e) {
+      rethrow(e);
+    }
     return {static_cast<double>(s.batches), static_cast<double>(s.record_bytes), static_cast<double>(s.read_bytes),
             s.consumer_wait_s};
   }
@@ -225,6 +257,18 @@ class ShardWriterHolder : public torch::CustomClassHolder {
     } catch (const Error& e) {
       rethrow(e);
     }
+  }
+
+  // Not closed: the writer's Python object was dropped without close() (or an exception left it
+  // behind): what was written is not a finished dataset, so it is left incomplete (kIncompleteMarker).
+  ~ShardWriterHolder() override {
+    if (writer_) writer_->abort("the Python ShardWriter was deleted without close()");
+  }
+
+  // Leaves the dataset incomplete (ShardWriter::abort).
+  void abort(const std::string& why) {
+    if (writer_) writer_->abort(why);
+    writer_.reset();
   }
 
   // Finishes the dataset; returns its shard count.
@@ -290,12 +334,15 @@ TORCH_LIBRARY_FRAGMENT(optimized, m) {
   m.class_<StreamingLoader>("StreamingLoader")
       .def(torch::init<std::string, int64_t, std::string, bool, int64_t, int64_t, int64_t, bool, int64_t, int64_t,
                        int64_t, std::string, int64_t, int64_t, std::string, std::string, std::string, bool, int64_t,
-                       int64_t>())
+                       int64_t, int64_t, int64_t, int64_t>())
       .def("next", &StreamingLoader::next)
       .def("last_indices", &StreamingLoader::last_indices)
       .def("position", &StreamingLoader::position)
       .def("seek", &StreamingLoader::seek)
       .def("stop", &StreamingLoader::stop)
+      .def("fingerprint", &StreamingLoader::fingerprint)
+      .def("staging_bytes", &StreamingLoader::staging_bytes)
+      .def("prefetch", &StreamingLoader::prefetch)
       .def("handle", &StreamingLoader::handle)
       .def("batches_per_epoch", &StreamingLoader::batches_per_epoch)
       .def("records_per_epoch", &StreamingLoader::records_per_epoch)
@@ -312,6 +359,7 @@ TORCH_LIBRARY_FRAGMENT(optimized, m) {
       .def(torch::init<std::string, std::string, std::vector<int64_t>, int64_t, bool>())
       .def("append", &ShardWriterHolder::append)
       .def("close", &ShardWriterHolder::close)
+      .def("abort", &ShardWriterHolder::abort)
       .def("records_written", &ShardWriterHolder::records_written);
   m.def("shard_dataset_info(str path) -> (str, int[], int, int, int)", &optimized::torch_glue::shard_dataset_info);
   m.def("verify_shards(str path) -> ()", &optimized::torch_glue::verify_shards);

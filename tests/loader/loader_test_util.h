@@ -5,13 +5,19 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -157,5 +163,66 @@ inline std::string direct_io_unavailable(const std::string& dir) {
   ::unlink(f.c_str());
   return why;
 }
+
+// Runs `fn` in a forked child and waits for it at most `timeout_s` seconds (then kills it), so that a
+// hang or a crash fails the test instead of stopping the test binary. The child exits with fn's
+// return value without running destructors or atexit handlers (_exit): it is a copy of this process.
+struct ChildResult {
+  bool timed_out = false;
+  int exit_code = -1;  // when it exited
+  int signal = 0;      // when a signal ended it
+  std::string describe() const {
+    if (timed_out) return "the child did not finish in time (hung) and was killed";
+    if (signal)
+      return std::string("the child was killed by signal ") + std::to_string(signal) + " (" + strsignal(signal) + ")";
+    return "the child exited with " + std::to_string(exit_code);
+  }
+  bool ok() const { return !timed_out && signal == 0 && exit_code == 0; }
+};
+
+inline ChildResult run_in_child(const std::function<int()>& fn, double timeout_s = 30) {
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    int code = 120;
+    try {
+      code = fn();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "child: exception: %s\n", e.what());
+      code = 121;
+    } catch (...) {
+      code = 122;
+    }
+    std::fflush(nullptr);
+    ::_exit(code);
+  }
+  ChildResult r;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  int status = 0;
+  for (;;) {
+    const pid_t w = ::waitpid(pid, &status, WNOHANG);
+    if (w == pid) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      r.timed_out = true;
+      return r;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+  return r;
+}
+
+// In a child: reports a failed expectation on stderr and returns its code (for run_in_child).
+#define CHILD_EXPECT(cond, code)                                                              \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
+      std::fprintf(stderr, "child: %s:%d: expected %s\n", __FILE__, __LINE__, #cond);         \
+      return (code);                                                                          \
+    }                                                                                         \
+  } while (0)
 
 }  // namespace optimized::loader_test

@@ -374,7 +374,9 @@ TEST(LoaderCpuReadBandwidth, ReadsEveryByteOfEveryShard) {
     const ReadBandwidth r = measure_read_bandwidth(tmp.sub("ds"), io, 3, 8192, 0, direct);
     EXPECT_EQ(r.bytes, total);
     EXPECT_GT(r.seconds, 0.0);
-    if (io == IoBackend::kPread) EXPECT_EQ(r.io, "pread");
+    if (io == IoBackend::kPread) {
+      EXPECT_EQ(r.io, "pread");
+    }
   }
   EXPECT_LE(measure_read_bandwidth(tmp.sub("ds"), IoBackend::kPread, 2, 8192, 16384, direct).bytes, 16384u);
   EXPECT_TRUE(mentions(error_of([&] { measure_read_bandwidth(tmp.sub("ds"), IoBackend::kPread, 2, 100, 0); }),

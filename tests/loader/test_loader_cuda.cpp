@@ -2,7 +2,8 @@
 // runs: one H2D each; many runs: staging copy + gather kernel at 16-, 4- and 1-byte alignment;
 // buffered reads: packed staging; io=mmap: DMA from the registered page cache), the ready event honoured by a consumer stream, batches held
 // longer than the prefetch depth and past the loader's end, GPUDirect Storage when the machine has
-// it, and a corrupted record named on this path too. A plain C++ file built in every
+// it, a corrupted record named on this path too, a forked child refused with a clear error, pinned
+// staging sized by the dataset, and a shard truncated under io=mmap. A plain C++ file built in every
 // configuration: without a CUDA device every test skips with the reason.
 #include <algorithm>
 #include <tuple>
@@ -213,6 +214,103 @@ TEST(LoaderCudaGds, AutoSaysWhyNotOnce) {
   bool said = false;
   for (const std::string& s : loader.notes()) said |= s.find("GPUDirect Storage unavailable") != std::string::npos;
   EXPECT_TRUE(said);
+}
+
+// A CUDA loader inherited by a forked child: a clear error there (CUDA does not survive fork), never
+// a hang; the parent's loader goes on.
+TEST(LoaderCudaFork, ChildGetsAClearErrorAndTheParentGoesOn) {
+  SKIP_WITHOUT_CUDA();
+  TempDir tmp;
+  const uint64_t n = 30, r = 1000;
+  const std::vector<uint8_t> data = make_records(n, r);
+  write_dataset(tmp.sub("ds"), data, r, 10);
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.device = Device::cuda(0);
+  Loader loader(tmp.sub("ds"), o);
+  cudaStream_t stream;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    std::optional<Batch> b = loader.next();
+    ASSERT_TRUE(b.has_value());
+    check_batch(*b, stream, data, r);
+  }
+  const ChildResult child = run_in_child([&] {
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      std::string error;
+      Status status = Status::kOk;
+      try {
+        loader.next();
+      } catch (const Error& e) {
+        error = e.what();
+        status = e.status();
+      }
+      std::fprintf(stderr, "child: %s\n", error.c_str());
+      CHILD_EXPECT(status == Status::kUnsupported, 2);
+      CHILD_EXPECT(mentions(error, {"cuda:0", "fork", "CUDA cannot be used", "spawn"}), 3);
+    }
+    return 0;
+  });
+  EXPECT_TRUE(child.ok()) << child.describe();
+  uint64_t records = 4;
+  while (std::optional<Batch> b = loader.next()) {
+    check_batch(*b, stream, data, r);
+    records += b->indices().size();
+  }
+  EXPECT_EQ(records, n);
+  ASSERT_CUDA(cudaStreamDestroy(stream));
+}
+
+TEST(LoaderCudaStaging, PinnedStagingSizedByTheDataset) {
+  SKIP_WITHOUT_CUDA();
+  TempDir tmp;
+  const uint64_t r = 8192;
+  const std::vector<uint8_t> data = make_records(20, r);
+  write_dataset(tmp.sub("ds"), data, r, 20);
+  LoaderOptions o;
+  o.batch_size = 10'000'000;
+  o.device = Device::cuda(0);
+  o.gds = GdsMode::kOff;
+  Loader loader(tmp.sub("ds"), o);
+  EXPECT_LE(loader.staging_bytes(), 4u * (20 * r + 2 * 4096));
+  cudaStream_t stream;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::optional<Batch> b = loader.next();
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->records(), 20);
+  check_batch(*b, stream, data, r);
+  EXPECT_FALSE(loader.next().has_value());
+  ASSERT_CUDA(cudaStreamSynchronize(stream));
+  ASSERT_CUDA(cudaStreamDestroy(stream));
+}
+
+// io=mmap on CUDA (registered mappings): a shard truncated while open is an error naming it. (In
+// this process: the size check comes before any page is touched; a crash would fail this test.)
+TEST(LoaderCudaMmap, TruncatedShardIsAnError) {
+  SKIP_WITHOUT_CUDA();
+  TempDir tmp;
+  const uint64_t r = 1000;
+  const std::vector<uint8_t> data = make_records(40, r);
+  write_dataset(tmp.sub("ds"), data, r, 10);
+  const std::string shard3 = tmp.sub("ds") + "/" + shard_file_name(3);
+  LoaderOptions o;
+  o.batch_size = 5;
+  o.prefetch = 2;
+  o.device = Device::cuda(0);
+  o.io = IoBackend::kMmap;
+  o.gds = GdsMode::kOff;
+  Loader loader(tmp.sub("ds"), o);
+  if (loader.io_backend() != "mmap") GTEST_SKIP() << (loader.notes().empty() ? "" : loader.notes().back());
+  ASSERT_TRUE(loader.next().has_value());
+  truncate_file(shard3, kShardHeaderBytes + 2 * r + 500);
+  std::string error;
+  try {
+    while (loader.next()) {
+    }
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_TRUE(mentions(error, {shard3, "truncated", "record 2 (dataset record 32"}));
 }
 
 #else

@@ -1,8 +1,9 @@
 // The dataset format and the loader's pure parts, no threads: CRC32C (known vectors, hardware vs
 // portable, chaining), the shuffle permutation and rank split (bijection, coverage, no overlap),
-// read plans (alignment, runs, odd record sizes), the writer and open_dataset round trip, and every
-// way a dataset can be broken (missing, extra, truncated, oversized shard; bad magic, header and
-// table checksums; mixed datasets; a corrupted record), each named in the error.
+// read plans (alignment, runs, odd record sizes, shared pages read once), the writer and open_dataset
+// round trip, and every way a dataset can be broken (missing, extra, truncated, oversized shard;
+// bad magic, header and table checksums; mixed datasets; a corrupted record), each named in the
+// error.
 #include <algorithm>
 #include <numeric>
 #include <random>
@@ -218,6 +219,62 @@ TEST(ReadPlan, ChunksSplitLongRunsAndStayInCapacity) {
       }
     }
   }
+}
+
+// Small shuffled records share pages: each page is read once (reads never overlap), the staging is
+// bounded by the shards' data, and the placements still put every record where it belongs.
+TEST(ReadPlan, AlignedReadsOfSharedPagesAreMergedAndExact) {
+  std::mt19937_64 rng(5);
+  for (uint64_t r : {1ull, 8ull, 13ull, 1000ull, 4095ull, 4097ull}) {
+    const DatasetInfo info = fake_info(r, {700, 3, 450});
+    // The "files": byte j of shard s is a function of (s, j).
+    auto file_byte = [](uint32_t shard, uint64_t offset) { return static_cast<uint8_t>(offset * 131 + shard * 7 + 1); };
+    for (int trial = 0; trial < 6; ++trial) {
+      std::vector<uint64_t> ids(info.num_records);
+      std::iota(ids.begin(), ids.end(), 0);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      ids.resize(trial == 0 ? ids.size() : 1 + rng() % ids.size());
+      loader::ReadPlan plan;
+      loader::plan_batch(info, ids, 4096, 64 * 1024, plan);
+      // Reads: aligned, within the data sections, no two overlapping.
+      std::vector<std::pair<uint64_t, uint64_t>> spans;  // (shard << 40 | offset, end)
+      std::vector<uint8_t> staging(plan.staging_bytes, 0);
+      for (const loader::ReadChunk& c : plan.chunks) {
+        ASSERT_EQ(c.file_offset % 4096, 0u);
+        ASSERT_LE(c.staging_offset + c.bytes, plan.staging_bytes);
+        const ShardInfo& s = info.shards[c.shard];
+        ASSERT_GE(c.file_offset, s.data_offset);
+        ASSERT_LE(c.file_offset + c.bytes, s.data_offset + loader::align_up(s.record_count * r, 4096));
+        const uint64_t key = uint64_t{c.shard} << 40;
+        spans.push_back({key | c.file_offset, key | (c.file_offset + c.bytes)});
+        for (uint64_t k = 0; k < c.bytes; ++k) staging[c.staging_offset + k] = file_byte(c.shard, c.file_offset + k);
+      }
+      std::sort(spans.begin(), spans.end());
+      for (size_t k = 1; k < spans.size(); ++k) ASSERT_GE(spans[k].first, spans[k - 1].second) << "a page read twice";
+      EXPECT_EQ(plan.read_bytes, plan.staging_bytes);
+      EXPECT_LE(plan.staging_bytes, loader::aligned_data_bytes(info)) << r;
+      EXPECT_LE(plan.staging_bytes,
+                loader::staging_capacity(ids.size(), r, 4096, ids.size(), loader::aligned_data_bytes(info)));
+      // Assembled through the placements, the batch is the records asked for.
+      std::vector<uint8_t> batch(ids.size() * r, 0);
+      for (const loader::Placement& p : plan.placements)
+        std::memcpy(batch.data() + p.dst, staging.data() + p.src, p.bytes);
+      for (size_t k = 0; k < ids.size(); ++k) {
+        const uint32_t shard = plan.record_shard[k];
+        const ShardInfo& s = info.shards[shard];
+        const uint64_t offset = s.data_offset + (ids[k] - s.first_record) * r;
+        for (uint64_t j = 0; j < r; ++j) {
+          ASSERT_EQ(batch[k * r + j], file_byte(shard, offset + j)) << "record " << ids[k] << " byte " << j;
+          ASSERT_EQ(staging[plan.record_src[k] + j], file_byte(shard, offset + j));
+        }
+      }
+    }
+  }
+  // The capacity bounds: the dataset's pages, whatever the batch size.
+  const DatasetInfo info = fake_info(8, {1000});
+  EXPECT_EQ(loader::staging_capacity(65536, 8, 4096, 65536, loader::aligned_data_bytes(info)), 8192u);
+  EXPECT_EQ(loader::staging_capacity(65536, 8, 1), 65536u * 8);
+  EXPECT_EQ(loader::staging_capacity(10, 4096, 4096, 1), 10u * 4096 + 4096);  // one run (sequential)
 }
 
 // ---- writer and open_dataset --------------------------------------------------------------------
