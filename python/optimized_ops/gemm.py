@@ -5,8 +5,9 @@ what torch needs around it, through ``torch.library``:
 
 * a fake kernel (``register_fake``): output shape and dtype without running anything, so that
   ``torch.compile(fullgraph=True)``, ``torch.export`` and meta tensors trace through the op;
-* a backward formula (``register_autograd``) that calls the op again, so gradients run on the
-  same kernels and double backward works.
+* a backward formula and a forward-mode (jvp) rule (``_autograd.register_autograd``) that call the
+  op again, so gradients and tangents run on the same kernels; double backward, ``torch.func.jvp``,
+  ``jacfwd`` and ``hessian`` work.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import math
 
 import torch
 
+from ._autograd import register_autograd
 from ._library import load
 
 _lib = load()  # registers torch.ops.optimized.* before the registrations below
@@ -238,4 +240,13 @@ def _backward(ctx, grad):
     return grad_a, grad_b
 
 
-torch.library.register_autograd("optimized::matmul", _backward, setup_context=_setup_context)
+def _jvp(inputs, keyword_only_inputs, output, tangents):
+    """d(a @ b) = da @ b + a @ db, both through this op (same variant, same broadcasting)."""
+    (a, b), (ta, tb) = inputs, tangents
+    v = keyword_only_inputs.get("variant", "auto")
+    da = matmul(ta, b, variant=v) if ta is not None else None
+    db = matmul(a, tb, variant=v) if tb is not None else None
+    return db if da is None else da if db is None else da + db
+
+
+register_autograd("optimized::matmul", _backward, setup_context=_setup_context, jvp=_jvp)

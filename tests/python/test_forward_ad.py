@@ -529,11 +529,9 @@ def test_jacobians_and_hessian_cuda(dtype, rng):
 
 # ---- matmul ------------------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(reason="matmul's forward-mode rule is wired in gemm.py with _autograd.register_autograd "
-                          "(docs/python.md, Forward-mode AD); until then gemm.py's register_autograd drops "
-                          "tangents", strict=False)
 @pytest.mark.parametrize("shapes", [((5, 7), (7, 3)), ((4, 5, 7), (7, 3)), ((5, 7), (4, 7, 3)),
-                                    ((1, 5, 7), (4, 7, 3)), ((4, 5, 7), (4, 7, 3))],
+                                    ((1, 5, 7), (4, 7, 3)), ((4, 5, 7), (4, 7, 3)), ((7,), (7, 3)),
+                                    ((5, 7), (7,)), ((2, 1, 5, 7), (3, 7, 4))],
                          ids=lambda s: f"{list(s[0])}@{list(s[1])}")
 def test_matmul_forward_ad(shapes, rng):
     a, b = rand(shapes[0], torch.float64, "cpu", rng), rand(shapes[1], torch.float64, "cpu", rng)
@@ -543,3 +541,34 @@ def test_matmul_forward_ad(shapes, rng):
     torch.testing.assert_close(got, want)
     (dual,) = _dual_tangents(optimized_ops.matmul, (a, b), (ta, tb))
     torch.testing.assert_close(dual, want)
+
+
+@pytest.mark.parametrize("variant", ["auto", "cpu_naive", "cpu_blocked"])
+def test_matmul_forward_ad_gradcheck_and_jacobians(variant, rng):
+    a = rand((2, 1, 3, 4), torch.float64, "cpu", rng).requires_grad_()
+    b = rand((3, 4, 5), torch.float64, "cpu", rng).requires_grad_()
+    fn = lambda x, y: optimized_ops.matmul(x, y, variant=variant)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (a, b), check_forward_ad=True, check_backward_ad=True)
+    fwd = torch.func.jacfwd(fn, argnums=(0, 1))(a.detach(), b.detach())
+    rev = torch.func.jacrev(fn, argnums=(0, 1))(a.detach(), b.detach())
+    want = torch.func.jacrev(torch.matmul, argnums=(0, 1))(a.detach(), b.detach())
+    for f, r, w in zip(fwd, rev, want):
+        torch.testing.assert_close(f, w)
+        torch.testing.assert_close(r, w)
+    # The Hessian of a scalar function of the product (second derivatives through the op twice).
+    scalar = lambda g: lambda x: g(x, b.detach()).pow(2).sum()  # noqa: E731
+    torch.testing.assert_close(torch.func.hessian(scalar(fn))(a.detach()),
+                               torch.func.hessian(scalar(torch.matmul))(a.detach()))
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=lambda d: str(d).removeprefix("torch."))
+def test_matmul_forward_ad_cuda(dtype, rng):
+    a, b = rand((3, 17, 33), dtype, "cuda", rng), rand((33, 9), dtype, "cuda", rng)
+    ta, tb = rand(a.shape, dtype, "cuda", rng), rand(b.shape, dtype, "cuda", rng)
+    want = (torch.matmul(ta.double(), b.double()) + torch.matmul(a.double(), tb.double()))
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    for variant in ["auto", "naive", "register_tiled"] + (["mma_pipeline"] if dtype != torch.float32 else []):
+        _, got = torch.func.jvp(lambda x, y: optimized_ops.matmul(x, y, variant=variant), (a, b), (ta, tb))
+        torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * want.abs().max().item(),
+                                   msg=lambda m: f"{variant}: {m}")
