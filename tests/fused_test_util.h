@@ -68,6 +68,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <iomanip>
 #include <random>
 #include <sstream>
 #include <string>
@@ -193,8 +194,8 @@ struct FusedCase {
   bool with_weight = true, with_bias = true;  // optional inputs present (norms, bias_gelu)
   bool with_stats = true;                      // forward norms: mean / rstd written
   bool with_dweight = true, with_dbias = true;  // backward: those gradients wanted
-  float eps = 1e-5f;
-  float scale = 1.0f;
+  double eps = 1e-5;   // as the API takes them (double; fp32 math rounds them once)
+  double scale = 1.0;
   int cpu_threads = 0;
   void* stream = nullptr;  // cudaStream_t for CUDA runs (nullptr: the legacy default stream)
   bool backend_direct = false;  // CPU: call cpu_fused on FusedParams, bypassing the API's checks
@@ -215,8 +216,8 @@ struct FusedCase {
     if (!with_stats) s << " no-stats";
     if (!with_dweight) s << " no-dweight";
     if (!with_dbias) s << " no-dbias";
-    if (eps != 1e-5f) s << " eps=" << eps;
-    if (scale != 1.0f) s << " scale=" << scale;
+    if (eps != 1e-5) s << " eps=" << eps;
+    if (scale != 1.0) s << " scale=" << std::setprecision(17) << scale << std::setprecision(6);
     if (cpu_threads) s << " threads=" << cpu_threads;
     if (stream) s << " (own stream)";
     if (backend_direct) s << " (cpu_fused directly)";

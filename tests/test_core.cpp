@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -148,6 +149,98 @@ TEST(TensorView, StridedConstructorAndMatrix) {
   EXPECT_EQ(empty.numel(), 0);
 }
 
+// Error helpers: the status is kInvalidArgument and the message starts with the argument's name.
+template <typename F>
+std::string invalid_message(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::kInvalidArgument) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an Error (invalid argument)";
+  return "";
+}
+bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+
+constexpr int64_t k2To40 = int64_t{1} << 40;
+
+TEST(TensorView, ContiguousStridesThatOverflowThrow) {
+  // [4, 2^40, 2^40]: the outer stride is 2^80.
+  const std::string msg = invalid_message([] { TensorView(nullptr, DType::kF32, Device::cpu(), {4, k2To40, k2To40}); });
+  EXPECT_TRUE(starts_with(msg, "shape: ")) << msg;
+  EXPECT_NE(msg.find("int64"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("1099511627776"), std::string::npos) << "should show the shape: " << msg;
+  // Strides that fit (the outermost size never enters a stride), and sizes of 0, are fine.
+  TensorView wide(nullptr, DType::kF32, Device::cpu(), {int64_t{1} << 62, 2});
+  EXPECT_EQ(wide.strides[0], 2);
+  TensorView empty(nullptr, DType::kF32, Device::cpu(), {k2To40, k2To40, 0});
+  EXPECT_EQ(empty.numel(), 0);
+}
+
+TEST(TensorView, NumelThatOverflowsThrows) {
+  const TensorView t(nullptr, DType::kF32, Device::cpu(), {k2To40, k2To40, 4}, {0, 0, 0});
+  const std::string msg = invalid_message([&] { (void)t.numel(); });
+  EXPECT_TRUE(starts_with(msg, "shape: ")) << msg;
+  EXPECT_NE(msg.find("int64"), std::string::npos) << msg;
+  // A size of 0 anywhere: 0 elements, whatever the others.
+  EXPECT_EQ(TensorView(nullptr, DType::kF32, Device::cpu(), {k2To40, k2To40, 0}, {0, 0, 0}).numel(), 0);
+  EXPECT_EQ(TensorView(nullptr, DType::kF32, Device::cpu(), {0, k2To40, k2To40}, {0, 0, 0}).numel(), 0);
+  // is_contiguous never overflows: expected strides past int64 match no stride.
+  EXPECT_FALSE(TensorView(nullptr, DType::kF32, Device::cpu(), {3, k2To40, k2To40}, {0, k2To40, 1}).is_contiguous());
+}
+
+TEST(ViewExtent, OffsetsAndBytes) {
+  alignas(8) float storage[64];
+  const ViewExtent c = view_extent(TensorView(storage, DType::kF32, Device::cpu(), {3, 4}, {5, 1}), "t");
+  EXPECT_EQ(c.numel, 12);
+  EXPECT_EQ(c.lowest, 0);
+  EXPECT_EQ(c.highest, 2 * 5 + 3);
+  EXPECT_EQ(c.bytes, 14 * 4);
+  EXPECT_EQ(c.begin, reinterpret_cast<uintptr_t>(storage));
+  EXPECT_EQ(c.end, reinterpret_cast<uintptr_t>(storage + 14));
+  // Negative strides reach below data.
+  const ViewExtent n = view_extent(TensorView(storage + 20, DType::kF16, Device::cpu(), {3, 4}, {-5, 1}), "t");
+  EXPECT_EQ(n.lowest, -10);
+  EXPECT_EQ(n.highest, 3);
+  EXPECT_EQ(n.bytes, 14 * 2);
+  EXPECT_EQ(n.begin, reinterpret_cast<uintptr_t>(storage + 20) - 20);
+  // No element: nothing is reached, whatever the strides.
+  const ViewExtent e = view_extent(TensorView(storage, DType::kF32, Device::cpu(), {0, k2To40}, {k2To40, 1}), "t");
+  EXPECT_EQ(e.numel, 0);
+  EXPECT_EQ(e.bytes, 0);
+  EXPECT_EQ(e.begin, e.end);
+  // Rank 0: one element.
+  EXPECT_EQ(view_extent(TensorView(storage, DType::kF64, Device::cpu(), {}), "t").bytes, 8);
+}
+
+TEST(ViewExtent, OverflowIsRefusedNamingTheArgument) {
+  alignas(8) float storage[4];
+  struct Bad {
+    std::initializer_list<int64_t> shape, strides;
+    DType dtype;
+    const char* expect;  // a piece of the message
+  };
+  const Bad cases[] = {
+      {{4, k2To40, k2To40}, {0, 0, 0}, DType::kF32, "element count"},                    // 2^82 elements
+      {{4, 8}, {int64_t{1} << 62, 1}, DType::kF32, "offsets"},                             // 3 * 2^62
+      {{4, 8}, {-(int64_t{1} << 62), 1}, DType::kF32, "offsets"},                          // -3 * 2^62
+      {{2, 2}, {INT64_MAX, 1}, DType::kF32, "offsets"},                                    // INT64_MAX + 1
+      {{2, 8}, {int64_t{1} << 61, 1}, DType::kF32, "byte span"},                           // (2^61 + 8) * 4 bytes
+      {{2, 2}, {int64_t{1} << 62, -(int64_t{1} << 62)}, DType::kF32, "byte span"},         // 2^63 + 1 elements
+      {{3}, {-1}, DType::kF32, "address space"},                                            // below address 0 (data = 4)
+      {{-1, 4}, {4, 1}, DType::kF32, "sizes >= 0"},
+  };
+  for (const Bad& b : cases) {
+    TensorView t(storage, b.dtype, Device::cpu(), b.shape, b.strides);
+    if (std::string(b.expect) == "address space") t.data = reinterpret_cast<void*>(uintptr_t{4});
+    const std::string msg = invalid_message([&] { view_extent(t, "weight"); });
+    EXPECT_TRUE(starts_with(msg, "weight: expected ")) << msg;
+    EXPECT_NE(msg.find(b.expect), std::string::npos) << msg;
+    EXPECT_NE(msg.find(t.describe()), std::string::npos) << "should show the view: " << msg;
+  }
+}
+
 // ---- Buffer -----------------------------------------------------------------------------------
 
 TEST(Buffer, HostAllocCopyFill) {
@@ -212,6 +305,26 @@ TEST(Buffer, MoveAndViews) {
   EXPECT_EQ(s.strides[0], 0);
   EXPECT_EQ(s.strides[1], 1);
   EXPECT_EQ(s.device, Device::cpu());
+}
+
+TEST(Buffer, ViewsAndCountsThatOverflowAreRefused) {
+  Buffer c(DType::kF32, 60, Device::cpu());
+  // Extents are checked (view_extent) before they are compared with the buffer.
+  std::string msg = invalid_message([&] { c.view({2, 8}, {int64_t{1} << 62, 1}); });
+  EXPECT_TRUE(starts_with(msg, "view: ")) << msg;
+  EXPECT_NE(msg.find("int64"), std::string::npos) << msg;
+  msg = invalid_message([&] { c.matrix(4, 8, int64_t{1} << 62); });
+  EXPECT_TRUE(starts_with(msg, "matrix: ")) << msg;
+  EXPECT_NE(msg.find("int64"), std::string::npos) << msg;
+  msg = invalid_message([&] { c.view({4, k2To40, k2To40}); });
+  EXPECT_TRUE(starts_with(msg, "shape: ")) << msg;
+  // A view reaching before the buffer (a negative stride) is as out of range as one past it.
+  msg = invalid_message([&] { c.view({3, 4}, {-4, 1}); });
+  EXPECT_TRUE(starts_with(msg, "view: ")) << msg;
+  // A count whose byte size does not fit.
+  msg = invalid_message([] { Buffer(DType::kF64, INT64_MAX / 4, Device::cpu()); });
+  EXPECT_TRUE(starts_with(msg, "count: ")) << msg;
+  EXPECT_NE(msg.find("int64"), std::string::npos) << msg;
 }
 
 TEST(Buffer, CudaBufferWithoutCudaIsUnsupported) {

@@ -6,6 +6,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <climits>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -641,6 +642,39 @@ TEST_F(FusedErrors, RegistersOnTooLongRows) {
   }
 }
 
+// Shapes and strides whose element count, offsets or byte span overflow int64 are refused before
+// anything is computed from them (the overlap check, the kernels' row offsets), naming the operand.
+TEST_F(FusedErrors, ExtentsThatOverflowInt64) {
+  const int64_t big = int64_t{1} << 40;
+  struct Bad {
+    std::vector<int64_t> shape, strides;
+    const char* what;
+  };
+  for (const Bad& b : {Bad{{big, big}, {big, 1}, "2^80 elements"},       // and offsets past int64
+                       Bad{{4, W}, {int64_t{1} << 62, 1}, "offsets"},       // row 3 at 3 * 2^62: past int64
+                       Bad{{2, W}, {int64_t{1} << 61, 1}, "byte span"}}) { // 2^61 + 8 fp32 elements: 2^63 + 32 bytes
+    SCOPED_TRACE(b.what);
+    const TensorView bad_x = raw(x_.data(), DType::kF32, Device::cpu(), b.shape, b.strides);
+    Caught first = call([&] { softmax_forward(bad_x, Y()); });  // the first operand
+    EXPECT_ERROR(first, Status::kInvalidArgument);
+    EXPECT_MENTIONS(first, "x");
+    EXPECT_CONTAINS(first, "int64");
+    EXPECT_CONTAINS(first, std::to_string(b.strides[0]));  // what was given
+    if (b.shape[0] == big) continue;  // no valid first operand has this shape
+    // A later input (dy) and an output (y), next to a valid x of the same shape.
+    const TensorView x = raw(x_.data(), DType::kF32, Device::cpu(), b.shape, {W, 1});
+    const TensorView dx = raw(dx_.data(), DType::kF32, Device::cpu(), b.shape, {W, 1});
+    Caught in = call([&] { softmax_backward(x, raw(dy_.data(), DType::kF32, Device::cpu(), b.shape, b.strides), dx); });
+    EXPECT_ERROR(in, Status::kInvalidArgument);
+    EXPECT_MENTIONS(in, "dy");
+    EXPECT_CONTAINS(in, "int64");
+    Caught out = call([&] { softmax_forward(x, raw(y_.data(), DType::kF32, Device::cpu(), b.shape, b.strides)); });
+    EXPECT_ERROR(out, Status::kInvalidArgument);
+    EXPECT_MENTIONS(out, "y");
+    EXPECT_CONTAINS(out, "int64");
+  }
+}
+
 TEST_F(FusedErrors, CudaTensorsWithoutCuda) {
   if (cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is present";
   // Host memory labelled CUDA, valid shapes: no usable CUDA here. The status is kUnsupported or,
@@ -698,6 +732,59 @@ TEST(FusedNames, Ops) {
   EXPECT_MENTIONS(e, "op");
   EXPECT_CONTAINS(e, "'gelu'");
   EXPECT_MENTIONS(e, "bias_gelu");
+}
+
+TEST(FusedNames, ResolveRefusesNegativeWidths) {
+  for (Device d : {Device::cuda(0), Device::cpu()}) {
+    for (int64_t width : {int64_t{-5}, int64_t{-1}, INT64_MIN}) {
+      SCOPED_TRACE(device_name(d) + " width " + std::to_string(width));
+      Caught e = call([&] { resolve_fused_variant(FusedOp::kSoftmax, DType::kF32, d, width, false); });
+      EXPECT_ERROR(e, Status::kInvalidArgument);
+      EXPECT_MENTIONS(e, "width");
+      EXPECT_CONTAINS(e, ">= 0");
+      EXPECT_CONTAINS(e, std::to_string(width));
+    }
+  }
+  // A width of 0 (an empty row: nothing to run) is still answered.
+  EXPECT_EQ(resolve_fused_variant(FusedOp::kSoftmax, DType::kF32, Device::cpu(), 0, false), FusedVariant::kCpu);
+  EXPECT_NO_THROW(resolve_fused_variant(FusedOp::kRmsNorm, DType::kBF16, Device::cuda(0), 0, true));
+}
+
+TEST(FusedNames, ResolveRefusesUnsupportedDevices) {
+  {
+    Device other;
+    other.type = static_cast<DeviceType>(7);  // neither kCpu nor kCuda (e.g. a value from C)
+    Caught e = call([&] { resolve_fused_variant(FusedOp::kLayerNorm, DType::kF32, other, 1024, false); });
+    EXPECT_ERROR(e, Status::kInvalidArgument);
+    EXPECT_MENTIONS(e, "device");
+    EXPECT_MENTIONS(e, "cpu");
+    EXPECT_MENTIONS(e, "cuda");
+    EXPECT_CONTAINS(e, "7");
+  }
+  {
+    Caught e = call([&] { resolve_fused_variant(FusedOp::kLayerNorm, DType::kF32, Device::cuda(-1), 1024, false); });
+    EXPECT_ERROR(e, Status::kInvalidArgument);
+    EXPECT_MENTIONS(e, "device");
+    EXPECT_CONTAINS(e, "cuda:-1");
+  }
+}
+
+TEST(FusedNames, ResolveRefusesDtypesTheDeviceDoesNotRun) {
+  for (DType d : {DType::kI32, DType::kI64, DType::kF8E4M3}) {
+    SCOPED_TRACE(std::string(dtype_name(d)));
+    Caught e = call([&] { resolve_fused_variant(FusedOp::kSoftmax, d, Device::cuda(0), 1024, false); });
+    EXPECT_ERROR(e, Status::kUnsupported);
+    EXPECT_MENTIONS(e, "dtype");
+    EXPECT_CONTAINS(e, std::string(dtype_name(d)));
+    EXPECT_CONTAINS(e, "bf16");  // what it takes
+  }
+  // fp64 runs on the cpu variant only: no CUDA design to name.
+  Caught e = call([&] { resolve_fused_variant(FusedOp::kLayerNorm, DType::kF64, Device::cuda(0), 1024, false); });
+  EXPECT_ERROR(e, Status::kUnsupported);
+  EXPECT_MENTIONS(e, "dtype");
+  EXPECT_MENTIONS(e, "fp64");
+  EXPECT_MENTIONS(e, "cpu");
+  EXPECT_EQ(resolve_fused_variant(FusedOp::kLayerNorm, DType::kF64, Device::cpu(), 1024, false), FusedVariant::kCpu);
 }
 
 TEST(FusedNames, RegistersWidthAndAuto) {

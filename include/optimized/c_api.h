@@ -81,7 +81,10 @@ typedef struct optimized_tensor {
   int64_t strides[OPTIMIZED_MAX_RANK]; /* in elements, not bytes */
 } optimized_tensor;
 
-/* Fills *t as a contiguous row-major view of `rank` dimensions `shape`. */
+/* Fills *t as a contiguous row-major view of `rank` dimensions `shape`. INVALID_ARGUMENT (and *t
+ * left as it was) for a negative size, or a shape whose strides, element count or size in bytes do
+ * not fit int64. Every entry that takes an optimized_tensor checks the same of its shape and
+ * strides (offsets of the elements reached and their byte span) before reading it. */
 OPTIMIZED_C_EXPORT optimized_status optimized_tensor_contiguous(optimized_tensor* t, void* data,
                                                                 optimized_dtype dtype,
                                                                 optimized_device_type device_type,

@@ -66,7 +66,8 @@ struct TensorView {
   int64_t strides[kMaxRank] = {};
 
   TensorView() = default;
-  // Contiguous row-major view.
+  // Contiguous row-major view. Throws Error (kInvalidArgument, naming the shape) when a stride
+  // overflows int64.
   TensorView(void* data, DType dtype, Device device, std::initializer_list<int64_t> shape);
   // Explicit strides (same length as shape).
   TensorView(void* data, DType dtype, Device device, std::initializer_list<int64_t> shape,
@@ -75,10 +76,28 @@ struct TensorView {
   static TensorView matrix(void* data, DType dtype, Device device, int64_t rows, int64_t cols,
                            int64_t ld);
 
+  // The element count (0 when a size is 0). Throws Error (kInvalidArgument, naming the shape) when
+  // it overflows int64.
   int64_t numel() const;
   bool is_contiguous() const;
   std::string describe() const;  // "bf16[17, 33] strides [40, 1] on cuda:0"
 };
+
+// What a view reaches in memory, relative to its data pointer, in elements and bytes.
+struct ViewExtent {
+  int64_t numel = 0;    // elements
+  int64_t lowest = 0;   // element offset of the lowest element reached (< 0 only with negative strides)
+  int64_t highest = 0;  // element offset of the highest element reached
+  int64_t bytes = 0;    // from the lowest element's first byte to the highest's last; 0 with no element
+  // The addresses [begin, end) of those bytes; both data with no element, both 0 for null data.
+  uintptr_t begin = 0, end = 0;
+};
+// The extent of `t`, checked: every size >= 0; the element count, every (size - 1) * stride, the
+// offsets and the byte span fit int64; the bytes lie inside the address space. Otherwise throws
+// Error (kInvalidArgument) whose message starts with `name` (the argument) and shows the view.
+// Every path that turns a view's shape and strides into an element count, an offset range or a
+// byte span (overlap checks, copies, memsets) goes through here.
+ViewExtent view_extent(const TensorView& t, std::string_view name);
 
 // Where and how an op runs. cuda_stream is a cudaStream_t (nullptr: the legacy default stream);
 // cpu_threads = 0 lets the CPU backend use all hardware threads.

@@ -9,6 +9,9 @@
 // fp64 is taken by the CPU variant only (computing in fp64), so that gradients can be checked in
 // float64 on the library's own code.
 //
+// Scalars (softmax's scale, the norms' eps) are taken as double: the fp64 CPU path computes with
+// them as given; fp32 / fp16 / bf16 round them to fp32 once, as the fp32 math they run in needs.
+//
 // Optional operands are passed as an empty view (`TensorView{}`, rank 0): "absent".
 // An output may be the very same view as an input of the same shape (in place: y = x,
 // residual_out = residual, dx = dy); any other overlap between an output and another operand is
@@ -63,18 +66,21 @@ enum class GeluApproximation : uint8_t { kNone, kTanh };  // torch's approximate
 int64_t fused_registers_max_width(FusedOp op, DType dtype, bool backward, bool aligned_rows = true);
 
 // The variant kAuto resolves to for an op on (rows, width) rows of `dtype` on `device`.
+// Throws Error kInvalidArgument for a width < 0 or a device that is neither the CPU nor a CUDA
+// ordinal >= 0, kUnsupported for a dtype the family does not take there (fp64 runs on the CPU only);
+// each message names the argument.
 FusedVariant resolve_fused_variant(FusedOp op, DType dtype, Device device, int64_t width,
                                    bool backward, bool aligned_rows = true);
 
 // ---- softmax -------------------------------------------------------------------------------
 // y = softmax(scale * x) (log_softmax when `log`). x, y: (rows, width).
-void softmax_forward(const TensorView& x, const TensorView& y, float scale = 1.0f, bool log = false,
+void softmax_forward(const TensorView& x, const TensorView& y, double scale = 1.0, bool log = false,
                      FusedVariant variant = FusedVariant::kAuto, const ExecutionContext& ctx = {});
 // dx from the forward output y and the incoming gradient dy (all (rows, width)):
 //   softmax:     dx = scale * y * (dy - sum(dy * y))
 //   log_softmax: dx = scale * (dy - exp(y) * sum(dy))
 void softmax_backward(const TensorView& y, const TensorView& dy, const TensorView& dx,
-                      float scale = 1.0f, bool log = false,
+                      double scale = 1.0, bool log = false,
                       FusedVariant variant = FusedVariant::kAuto, const ExecutionContext& ctx = {});
 
 // ---- layer_norm and residual add + layer_norm -----------------------------------------------
@@ -84,7 +90,7 @@ void softmax_backward(const TensorView& y, const TensorView& dy, const TensorVie
 // backward see the same h. weight, bias: (width) or absent. mean, rstd: fp32 (rows), contiguous,
 // or absent (inference); backward needs them.
 void layer_norm_forward(const TensorView& x, const TensorView& residual, const TensorView& weight,
-                        const TensorView& bias, float eps, const TensorView& y,
+                        const TensorView& bias, double eps, const TensorView& y,
                         const TensorView& residual_out, const TensorView& mean,
                         const TensorView& rstd, FusedVariant variant = FusedVariant::kAuto,
                         const ExecutionContext& ctx = {});
@@ -102,7 +108,7 @@ void layer_norm_backward(const TensorView& dy, const TensorView& h, const Tensor
 // ---- rms_norm and residual add + rms_norm ---------------------------------------------------
 // y = h * rstd * weight, rstd = 1 / sqrt(mean(h^2) + eps); h as for layer_norm_forward.
 void rms_norm_forward(const TensorView& x, const TensorView& residual, const TensorView& weight,
-                      float eps, const TensorView& y, const TensorView& residual_out,
+                      double eps, const TensorView& y, const TensorView& residual_out,
                       const TensorView& rstd, FusedVariant variant = FusedVariant::kAuto,
                       const ExecutionContext& ctx = {});
 void rms_norm_backward(const TensorView& dy, const TensorView& h, const TensorView& weight,

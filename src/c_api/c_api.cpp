@@ -68,6 +68,12 @@ optimized::Device to_device(int32_t type, int32_t index, const char* name) {
   return optimized::Device::cuda(index);
 }
 
+std::string shape_string(int32_t rank, const int64_t* shape) {
+  std::string s = "[";
+  for (int i = 0; i < rank; ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
 optimized::TensorView to_view(const optimized_tensor* t, const char* name) {
   if (!t) invalid(std::string(name) + ": expected a pointer to an optimized_tensor; given NULL");
   if (t->rank < 0 || t->rank > OPTIMIZED_MAX_RANK)
@@ -82,6 +88,7 @@ optimized::TensorView to_view(const optimized_tensor* t, const char* name) {
     v.shape[i] = t->shape[i];
     v.strides[i] = t->strides[i];
   }
+  optimized::view_extent(v, name);  // sizes >= 0; element count, offsets and byte span fit int64
   return v;
 }
 
@@ -113,8 +120,13 @@ optimized_status optimized_tensor_contiguous(optimized_tensor* t, void* data, op
     for (int i = rank - 1; i >= 0; --i) {
       out.shape[i] = shape[i];
       out.strides[i] = stride;
-      stride *= shape[i] > 0 ? shape[i] : 1;
+      // The stride of dimension i - 1 (a size 0 counts as 1, as torch's contiguous strides do).
+      if (i > 0 && __builtin_mul_overflow(stride, shape[i] > 0 ? shape[i] : 1, &stride))
+        invalid("shape: expected strides that fit int64; given " + shape_string(rank, shape) +
+                ", whose stride of dimension " + std::to_string(i - 1) + " does not");
     }
+    // The element count, the byte span and the addresses, as every view the library takes is checked.
+    to_view(&out, "shape");
     *t = out;
   });
 }

@@ -1,8 +1,11 @@
 // Owning host/device buffer, and the host-side fp16/bf16 conversions.
+#include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "optimized/buffer.h"
 
@@ -26,6 +29,10 @@ void require_cuda_build() {
 Buffer::Buffer(DType dtype, int64_t count, Device device) : dtype_(dtype), count_(count), device_(device) {
   if (count < 0)
     throw Error(Status::kInvalidArgument, "count: expected >= 0; given " + std::to_string(count));
+  // The host allocation rounds up to 256 bytes: that must fit too.
+  if (count > (INT64_MAX - 255) / std::max<int64_t>(1, static_cast<int64_t>(dtype_size(dtype))))
+    throw Error(Status::kInvalidArgument, "count: expected a byte size that fits int64; given " +
+                                              std::to_string(count) + " elements of " + std::string(dtype_name(dtype)));
   const size_t size = bytes() == 0 ? 1 : bytes();
   if (device.is_cuda()) {
     require_cuda_build();
@@ -113,29 +120,31 @@ void Buffer::fill_bytes(uint8_t byte) {
 }
 
 TensorView Buffer::matrix(int64_t rows, int64_t cols, int64_t ld) const {
-  if (rows > 0 && (rows - 1) * ld + cols > count_)
+  const TensorView v = TensorView::matrix(data_, dtype_, device_, rows, cols, ld);
+  const ViewExtent e = view_extent(v, "matrix");
+  if (e.numel > 0 && (e.lowest < 0 || e.highest >= count_))
     throw Error(Status::kInvalidArgument, "matrix: a (" + std::to_string(rows) + ", " +
                                               std::to_string(cols) + ") view with ld " +
                                               std::to_string(ld) + " needs more than the " +
                                               std::to_string(count_) + " elements of the buffer");
-  return TensorView::matrix(data_, dtype_, device_, rows, cols, ld);
+  return v;
 }
 
 TensorView Buffer::view(std::initializer_list<int64_t> shape) const {
   TensorView v(data_, dtype_, device_, shape);
-  if (v.numel() > count_)
-    throw Error(Status::kInvalidArgument, "view: shape needs " + std::to_string(v.numel()) +
+  const ViewExtent e = view_extent(v, "view");
+  if (e.numel > count_)
+    throw Error(Status::kInvalidArgument, "view: shape needs " + std::to_string(e.numel) +
                                               " elements; the buffer holds " + std::to_string(count_));
   return v;
 }
 
 TensorView Buffer::view(std::initializer_list<int64_t> shape, std::initializer_list<int64_t> strides) const {
   TensorView v(data_, dtype_, device_, shape, strides);
-  int64_t last = 0;
-  for (int i = 0; i < v.rank; ++i) last += (v.shape[i] - 1) * v.strides[i];
-  if (v.numel() > 0 && last >= count_)
-    throw Error(Status::kInvalidArgument, "view: strided view reaches element " + std::to_string(last) +
-                                              "; the buffer holds " + std::to_string(count_));
+  const ViewExtent e = view_extent(v, "view");
+  if (e.numel > 0 && (e.lowest < 0 || e.highest >= count_))
+    throw Error(Status::kInvalidArgument, "view: strided view reaches elements " + std::to_string(e.lowest) + " to " +
+                                              std::to_string(e.highest) + "; the buffer holds " + std::to_string(count_));
   return v;
 }
 

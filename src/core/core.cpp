@@ -60,6 +60,16 @@ std::string_view status_name(Status status) {
 }
 
 namespace {
+// a * b into *out; true (and *out unspecified) when the product does not fit int64.
+bool mul_overflows(int64_t a, int64_t b, int64_t* out) { return __builtin_mul_overflow(a, b, out); }
+bool add_overflows(int64_t a, int64_t b, int64_t* out) { return __builtin_add_overflow(a, b, out); }
+
+std::string shape_string(const TensorView& t) {
+  std::string s = "[";
+  for (int i = 0; i < t.rank; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+  return s + "]";
+}
+
 void fill_shape(TensorView& t, std::initializer_list<int64_t> shape) {
   if (shape.size() > TensorView::kMaxRank)
     throw Error(Status::kInvalidArgument, "shape: expected rank <= 6; given rank " +
@@ -76,7 +86,10 @@ TensorView::TensorView(void* data_, DType dtype_, Device device_, std::initializ
   int64_t stride = 1;
   for (int i = rank - 1; i >= 0; --i) {
     strides[i] = stride;
-    stride *= shape[i];
+    // The last stride is never used beyond the first dimension: only the strides must fit.
+    if (i > 0 && mul_overflows(stride, shape[i], &stride))
+      throw Error(Status::kInvalidArgument,
+                  "shape: expected contiguous strides that fit int64; given " + shape_string(*this));
   }
 }
 
@@ -98,18 +111,65 @@ TensorView TensorView::matrix(void* data, DType dtype, Device device, int64_t ro
 }
 
 int64_t TensorView::numel() const {
+  for (int i = 0; i < rank; ++i)
+    if (shape[i] == 0) return 0;  // whatever the other sizes
   int64_t n = 1;
-  for (int i = 0; i < rank; ++i) n *= shape[i];
+  for (int i = 0; i < rank; ++i)
+    if (mul_overflows(n, shape[i], &n))
+      throw Error(Status::kInvalidArgument, "shape: expected an element count that fits int64; given " +
+                                                shape_string(*this));
   return n;
 }
 
 bool TensorView::is_contiguous() const {
   int64_t expected = 1;
+  bool past_int64 = false;  // expected no longer fits: no stride can equal it
   for (int i = rank - 1; i >= 0; --i) {
-    if (shape[i] != 1 && strides[i] != expected) return false;
-    expected *= shape[i];
+    if (shape[i] != 1 && (past_int64 || strides[i] != expected)) return false;
+    if (!past_int64) past_int64 = mul_overflows(expected, shape[i], &expected);
   }
   return true;
+}
+
+ViewExtent view_extent(const TensorView& t, std::string_view name) {
+  auto fail = [&](const std::string& what) {
+    throw Error(Status::kInvalidArgument, std::string(name) + ": " + what + "; given " + t.describe());
+  };
+  if (t.rank < 0 || t.rank > TensorView::kMaxRank)
+    fail("expected rank 0.." + std::to_string(TensorView::kMaxRank));
+  ViewExtent e;
+  e.numel = 1;
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.shape[i] < 0) fail("expected sizes >= 0 (dimension " + std::to_string(i) + ")");
+    if (t.shape[i] == 0) e.numel = 0;
+  }
+  if (e.numel == 0) {  // no element: nothing is reached, whatever the strides
+    e.begin = e.end = reinterpret_cast<uintptr_t>(t.data);
+    return e;
+  }
+  for (int i = 0; i < t.rank; ++i)
+    if (mul_overflows(e.numel, t.shape[i], &e.numel)) fail("expected an element count that fits int64");
+  for (int i = 0; i < t.rank; ++i) {
+    int64_t reach = 0;  // (size - 1) * stride: how far dimension i moves from its first index
+    if (mul_overflows(t.shape[i] - 1, t.strides[i], &reach) ||
+        add_overflows(reach < 0 ? e.lowest : e.highest, reach, reach < 0 ? &e.lowest : &e.highest))
+      fail("expected strides whose offsets fit int64 (dimension " + std::to_string(i) + ")");
+  }
+  // (highest - lowest + 1) elements of dtype_size bytes.
+  const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
+  int64_t span = 0;
+  if (__builtin_sub_overflow(e.highest, e.lowest, &span) || add_overflows(span, 1, &span) ||
+      mul_overflows(span, elem, &e.bytes))
+    fail("expected a byte span that fits int64 (" + std::to_string(elem) + "-byte elements)");
+  // |lowest| * elem < bytes: no overflow. The bytes must not wrap around the address space.
+  const auto base = reinterpret_cast<uintptr_t>(t.data);
+  if (base == 0) return e;  // no memory yet (a null view is the caller's to reject): begin == end == 0
+  const auto below = static_cast<uintptr_t>(-(e.lowest * elem));  // bytes before data (negative strides)
+  if (below > base || static_cast<uintptr_t>(e.bytes) - below > UINTPTR_MAX - base)
+    fail("expected a view whose bytes lie inside the address space");
+  e.begin = base - below;
+  e.end = e.begin + static_cast<uintptr_t>(e.bytes);
+  return e;
 }
 
 std::string TensorView::describe() const {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,21 +30,24 @@ constexpr std::array kOps = {FusedOp::kSoftmax,     FusedOp::kLogSoftmax,   Fuse
 
 bool present(const TensorView& t) { return t.rank != 0; }
 
+// A scalar for a message, in as many digits as it takes ("1e-50", "-0.5", "nan").
+std::string number(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
 std::string shape_string(const TensorView& t) {
   std::string s = "(";
   for (int i = 0; i < t.rank; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
   return s + ")";
 }
 
-// Byte range [first, last) a view touches (empty for a view with no element).
-std::pair<uintptr_t, uintptr_t> byte_range(const TensorView& t) {
-  const auto base = reinterpret_cast<uintptr_t>(t.data);
-  int64_t last = 0;
-  for (int i = 0; i < t.rank; ++i) {
-    if (t.shape[i] == 0) return {base, base};
-    last += (t.shape[i] - 1) * std::max<int64_t>(t.strides[i], 0);
-  }
-  return {base, base + static_cast<uintptr_t>(last + 1) * dtype_size(t.dtype)};
+// Byte range [first, last) a view touches (empty for a view with no element); checked (view_extent)
+// when the operand was collected.
+std::pair<uintptr_t, uintptr_t> byte_range(const TensorView& t, const char* name) {
+  const ViewExtent e = view_extent(t, name);
+  return {e.begin, e.end};
 }
 
 bool same_view(const TensorView& a, const TensorView& b) {
@@ -112,9 +116,9 @@ class Operands {
   void check_overlaps(bool in_place_ok) const {
     for (size_t i = 0; i < outputs_.size(); ++i) {
       const auto& [out, out_name] = outputs_[i];
-      auto [o0, o1] = byte_range(*out);
+      auto [o0, o1] = byte_range(*out, out_name);
       auto clash = [&](const TensorView& other, const char* other_name, bool allow_same) {
-        auto [b0, b1] = byte_range(other);
+        auto [b0, b1] = byte_range(other, other_name);
         if (!(o0 < b1 && b0 < o1)) return;
         if (allow_same && same_view(*out, other)) return;
         invalid(std::string(out_name) + ": expected an output that does not overlap " + other_name +
@@ -129,7 +133,9 @@ class Operands {
 
  private:
   void check_common(const TensorView& t, const char* name, DType want) {
-    if (!t.data && t.numel() > 0) invalid(std::string(name) + ": expected a non-null data pointer; given null");
+    // Sizes, strides and the byte span fit int64 (and the address space): the extents below are exact.
+    const ViewExtent extent = view_extent(t, name);
+    if (!t.data && extent.numel > 0) invalid(std::string(name) + ": expected a non-null data pointer; given null");
     if (t.dtype != want)
       invalid(std::string(name) + ": expected dtype " + std::string(dtype_name(want)) + "; given " +
               std::string(dtype_name(t.dtype)));
@@ -222,15 +228,15 @@ void run(FusedParams& p, const Operands& ops, FusedVariant variant, const Execut
   p.width = ops.width();
   const Device device = ops.device();
   const bool aligned = fused_rows_aligned(p);
-  if (variant == FusedVariant::kAuto)
-    variant = resolve_fused_variant(p.op, p.dtype, device, p.width, p.backward, aligned);
   const std::string what = std::string(fused_op_name(p.op)) + (p.backward ? " backward" : " forward");
-  if (fused_variant_is_cuda(variant) != device.is_cuda())
-    invalid("variant " + std::string(fused_variant_name(variant)) + " runs on " +
-            (device.is_cuda() ? "the CPU" : "CUDA devices") + "; given operands on " + device_name(device));
   if (device.is_cuda() && p.dtype == DType::kF64)
     throw Error(Status::kUnsupported, what + ": x: fp64 runs on the cpu variant only; given fp64 on " +
                                           device_name(device));
+  if (variant == FusedVariant::kAuto)
+    variant = resolve_fused_variant(p.op, p.dtype, device, p.width, p.backward, aligned);
+  if (fused_variant_is_cuda(variant) != device.is_cuda())
+    invalid("variant " + std::string(fused_variant_name(variant)) + " runs on " +
+            (device.is_cuda() ? "the CPU" : "CUDA devices") + "; given operands on " + device_name(device));
   if (variant == FusedVariant::kCudaFusedRegisters) {
     const int64_t max_width = fused_registers_max_width(p.op, p.dtype, p.backward, aligned);
     if (max_width > 0 && p.width > max_width)
@@ -347,6 +353,16 @@ int64_t fused_registers_max_width(FusedOp op, DType dtype, bool backward, bool a
 // cost more traffic than the row itself).
 FusedVariant resolve_fused_variant(FusedOp op, DType dtype, Device device, int64_t width, bool backward,
                                    bool aligned_rows) {
+  if (device.type != DeviceType::kCpu && device.type != DeviceType::kCuda)
+    invalid("device: expected cpu or cuda; given device type " + std::to_string(static_cast<int>(device.type)));
+  if (device.is_cuda() && device.index < 0)
+    invalid("device: expected a CUDA ordinal >= 0; given cuda:" + std::to_string(device.index));
+  if (width < 0) invalid("width: expected a row length >= 0; given " + std::to_string(width));
+  if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16 && dtype != DType::kF64)
+    throw Error(Status::kUnsupported, "dtype: expected fp32, fp16, bf16 (or fp64 on the cpu variant); given " +
+                                          std::string(dtype_name(dtype)));
+  if (device.is_cuda() && dtype == DType::kF64)
+    throw Error(Status::kUnsupported, "dtype: fp64 runs on the cpu variant only; given fp64 on " + device_name(device));
   if (!device.is_cuda()) return FusedVariant::kCpu;
   const int64_t max_width = fused_registers_max_width(op, dtype, backward, aligned_rows);
   if (max_width == 0) return FusedVariant::kCudaFusedRegisters;  // elementwise: one fused kernel
@@ -360,7 +376,7 @@ FusedVariant resolve_fused_variant(FusedOp op, DType dtype, Device device, int64
 
 // ---- softmax -------------------------------------------------------------------------------
 
-void softmax_forward(const TensorView& x, const TensorView& y, float scale, bool log, FusedVariant variant,
+void softmax_forward(const TensorView& x, const TensorView& y, double scale, bool log, FusedVariant variant,
                      const ExecutionContext& ctx) {
   FusedParams p;
   p.op = log ? FusedOp::kLogSoftmax : FusedOp::kSoftmax;
@@ -372,7 +388,7 @@ void softmax_forward(const TensorView& x, const TensorView& y, float scale, bool
   run(p, ops, variant, ctx);
 }
 
-void softmax_backward(const TensorView& y, const TensorView& dy, const TensorView& dx, float scale, bool log,
+void softmax_backward(const TensorView& y, const TensorView& dy, const TensorView& dx, double scale, bool log,
                       FusedVariant variant, const ExecutionContext& ctx) {
   FusedParams p;
   p.op = log ? FusedOp::kLogSoftmax : FusedOp::kSoftmax;
@@ -391,7 +407,7 @@ void softmax_backward(const TensorView& y, const TensorView& dy, const TensorVie
 namespace {
 
 void norm_forward(bool layer, const TensorView& x, const TensorView& residual, const TensorView& weight,
-                  const TensorView& bias, float eps, const TensorView& y, const TensorView& residual_out,
+                  const TensorView& bias, double eps, const TensorView& y, const TensorView& residual_out,
                   const TensorView& mean, const TensorView& rstd, FusedVariant variant,
                   const ExecutionContext& ctx) {
   FusedParams p;
@@ -414,7 +430,7 @@ void norm_forward(bool layer, const TensorView& x, const TensorView& residual, c
   if (layer) p.mean = ops.stats(mean, "mean", true, false);
   p.rstd = ops.stats(rstd, "rstd", true, false);
   ops.check_overlaps(true);
-  if (!(eps >= 0.0f)) invalid("eps: expected >= 0; given " + std::to_string(eps));
+  if (!(eps >= 0.0)) invalid("eps: expected >= 0; given " + number(eps));
   p.eps = eps;
   run(p, ops, variant, ctx);
 }
@@ -446,7 +462,7 @@ void norm_backward(bool layer, const TensorView& dy, const TensorView& h, const 
 }  // namespace
 
 void layer_norm_forward(const TensorView& x, const TensorView& residual, const TensorView& weight,
-                        const TensorView& bias, float eps, const TensorView& y, const TensorView& residual_out,
+                        const TensorView& bias, double eps, const TensorView& y, const TensorView& residual_out,
                         const TensorView& mean, const TensorView& rstd, FusedVariant variant,
                         const ExecutionContext& ctx) {
   norm_forward(true, x, residual, weight, bias, eps, y, residual_out, mean, rstd, variant, ctx);
@@ -459,7 +475,7 @@ void layer_norm_backward(const TensorView& dy, const TensorView& h, const Tensor
   norm_backward(true, dy, h, weight, mean, rstd, dresidual_out, dx, dweight, dbias, variant, ctx);
 }
 
-void rms_norm_forward(const TensorView& x, const TensorView& residual, const TensorView& weight, float eps,
+void rms_norm_forward(const TensorView& x, const TensorView& residual, const TensorView& weight, double eps,
                       const TensorView& y, const TensorView& residual_out, const TensorView& rstd,
                       FusedVariant variant, const ExecutionContext& ctx) {
   norm_forward(false, x, residual, weight, TensorView{}, eps, y, residual_out, TensorView{}, rstd, variant, ctx);

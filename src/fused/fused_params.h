@@ -58,8 +58,11 @@ struct FusedParams {
   void* dbias = nullptr;           // (width): layer_norm, bias_gelu, optional
 
   // ---- scalars ------------------------------------------------------------------------------
-  float eps = 1e-5f;     // norms
-  float scale = 1.0f;    // softmax, log_softmax: the input is scale * x
+  // As the caller gave them: the fp64 CPU path computes with these doubles; fp32 math (the CPU
+  // path for fp32 / fp16 / bf16, and every CUDA kernel) rounds them to fp32 once (CUDA: at the
+  // launch, FusedScalarsF32 in src/cuda/fused/fused_common.cuh).
+  double eps = 1e-5;     // norms
+  double scale = 1.0;    // softmax, log_softmax: the input is scale * x
   GeluApproximation gelu = GeluApproximation::kNone;
 
   OPTIMIZED_HOST_DEVICE bool is_add_form() const { return op == FusedOp::kAddLayerNorm || op == FusedOp::kAddRmsNorm; }

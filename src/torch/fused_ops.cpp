@@ -145,8 +145,13 @@ DType to_dtype(at::ScalarType t) {
   TORCH_CHECK_TYPE(false, std::string("unreachable: dtype ") + dtype_str(t) + " was not checked");
 }
 
-Device to_device(const at::Device& d) {
+// The C++ device of a torch device the family runs on (cpu, cuda); any other type (meta, xpu, ...)
+// is refused with a ValueError that starts with `prefix` ("optimized::<op>: <argument>: ") and
+// lists the supported types. Tensors of other types never reach these kernels (only the CPU and
+// CUDA dispatch keys are registered); a device named by a query can be anything.
+Device to_device(const at::Device& d, const std::string& prefix = "optimized: device: ") {
   if (d.is_cuda()) return Device::cuda(d.index() < 0 ? 0 : d.index());
+  TORCH_CHECK_VALUE(d.is_cpu(), prefix + "expected a cpu or cuda device; given " + d.str());
   return Device::cpu();
 }
 
@@ -258,8 +263,8 @@ at::Tensor softmax_fwd_impl(const std::string& op, bool log, const at::Tensor& x
     const int64_t width = xm.size(-1);
     Launch launch(x);
     try {
-      softmax_forward(rows_view(as_rows(xm, width)), rows_view(ym.view({-1, width})), static_cast<float>(scale), log,
-                      variant, launch.ctx);
+      softmax_forward(rows_view(as_rows(xm, width)), rows_view(ym.view({-1, width})), scale, log, variant,
+                      launch.ctx);
     } catch (const Error& e) {
       rethrow(op, e);
     }
@@ -281,7 +286,7 @@ at::Tensor softmax_bwd_impl(const std::string& op, bool log, const at::Tensor& y
     Launch launch(y);
     try {
       softmax_backward(rows_view(as_rows(ym, width)), rows_view(as_rows(dym, width)),
-                       rows_view(dxm.view({-1, width})), static_cast<float>(scale), log, variant, launch.ctx);
+                       rows_view(dxm.view({-1, width})), scale, log, variant, launch.ctx);
     } catch (const Error& e) {
       rethrow(op, e);
     }
@@ -350,12 +355,12 @@ NormForward norm_forward(const Checker& c, bool layer, const at::Tensor& x, cons
   try {
     if (layer) {
       layer_norm_forward(rows_view(xr), residual ? rows_view(rr) : absent(), weight ? vector_view(wv) : absent(),
-                         bias ? vector_view(bv) : absent(), static_cast<float>(eps), rows_view(f.y.view({-1, w})),
+                         bias ? vector_view(bv) : absent(), eps, rows_view(f.y.view({-1, w})),
                          residual ? rows_view(f.residual_out.view({-1, w})) : absent(), stats_view(f.mean),
                          stats_view(f.rstd), variant, launch.ctx);
     } else {
       rms_norm_forward(rows_view(xr), residual ? rows_view(rr) : absent(), weight ? vector_view(wv) : absent(),
-                       static_cast<float>(eps), rows_view(f.y.view({-1, w})),
+                       eps, rows_view(f.y.view({-1, w})),
                        residual ? rows_view(f.residual_out.view({-1, w})) : absent(), stats_view(f.rstd), variant,
                        launch.ctx);
     }
@@ -614,8 +619,10 @@ std::string resolve_variant_op(c10::string_view op, at::ScalarType dtype, c10::s
   const DType dt = query_dtype(q, dtype);
   const std::string dev(device.data(), device.size());
   const at::Device d(dev);  // throws torch's own error for malformed names
+  const Device where = to_device(d, "optimized::" + q + ": device: ");  // a torch fact: cpu or cuda
   try {
-    return std::string(fused_variant_name(resolve_fused_variant(fop, dt, to_device(d), width, backward)));
+    // The width (and what the family takes on the device) is the C++ API's to check.
+    return std::string(fused_variant_name(resolve_fused_variant(fop, dt, where, width, backward)));
   } catch (const Error& e) {
     rethrow(q, e);
   }

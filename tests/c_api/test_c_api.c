@@ -202,6 +202,67 @@ static void expect_error(const char* what, optimized_status got, optimized_statu
   check(got == want && strstr(msg, needle) != NULL, what, detail);
 }
 
+/* Shapes and strides whose strides, element count, offsets or byte size do not fit int64: refused
+ * with INVALID_ARGUMENT and a message naming the argument, never wrapped around into a small view. */
+static void overflow_paths(void) {
+  const int64_t p40 = (int64_t)1 << 40;
+  optimized_tensor t, before;
+  memset(&before, 0x5A, sizeof before);
+
+  const int64_t wide[3] = {4, p40, p40}; /* the outer stride 2^80 */
+  t = before;
+  expect_error("contiguous helper: strides past int64",
+               optimized_tensor_contiguous(&t, NULL, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 3, wide),
+               OPTIMIZED_STATUS_INVALID_ARGUMENT, "shape: expected strides that fit int64");
+  check(memcmp(&t, &before, sizeof t) == 0, "contiguous helper: a refused shape leaves *t alone", NULL);
+  expect_error("contiguous helper: the message shows the shape",
+               optimized_tensor_contiguous(&t, NULL, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 3, wide),
+               OPTIMIZED_STATUS_INVALID_ARGUMENT, "[4, 1099511627776, 1099511627776]");
+
+  const int64_t wide_empty[3] = {0, p40, p40}; /* no element, but the stride of dimension 0 is still 2^80 */
+  expect_error("contiguous helper: strides past int64 with a size of 0",
+               optimized_tensor_contiguous(&t, NULL, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 3, wide_empty),
+               OPTIMIZED_STATUS_INVALID_ARGUMENT, "shape: expected strides that fit int64");
+
+  const int64_t count[2] = {(int64_t)1 << 62, 4}; /* strides fit, 2^64 elements do not */
+  expect_error("contiguous helper: element count past int64",
+               optimized_tensor_contiguous(&t, NULL, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, count),
+               OPTIMIZED_STATUS_INVALID_ARGUMENT, "shape: expected an element count that fits int64");
+
+  const int64_t bytes[2] = {(int64_t)1 << 60, 2}; /* 2^61 elements fit; 2^64 bytes of fp64 do not */
+  expect_error("contiguous helper: byte size past int64",
+               optimized_tensor_contiguous(&t, NULL, OPTIMIZED_DTYPE_F64, OPTIMIZED_DEVICE_CPU, 0, 2, bytes),
+               OPTIMIZED_STATUS_INVALID_ARGUMENT, "shape: expected a byte span that fits int64");
+
+  /* Still accepted: large but representable, and empty shapes whose strides fit. */
+  const int64_t fits[2] = {(int64_t)1 << 40, 1 << 20}, empty[3] = {p40, p40, 0};
+  check(optimized_tensor_contiguous(&t, NULL, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, fits) ==
+                OPTIMIZED_STATUS_OK && t.strides[0] == (1 << 20),
+        "contiguous helper: 2^60 fp32 elements fit", optimized_last_error());
+  check(optimized_tensor_contiguous(&t, NULL, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 3, empty) ==
+                OPTIMIZED_STATUS_OK && t.strides[0] == p40 && t.strides[1] == 1,
+        "contiguous helper: [2^40, 2^40, 0] (strides fit, no element)", optimized_last_error());
+
+  /* A tensor built by hand: the entry checks its extent before using it, naming it. */
+  float a[6 * 5], b[5 * 4], c[6 * 4];
+  for (int i = 0; i < 30; ++i) a[i] = uniform();
+  for (int i = 0; i < 20; ++i) b[i] = uniform();
+  const int64_t sa[2] = {6, 5}, sb[2] = {5, 4}, sc[2] = {6, 4};
+  optimized_tensor ta, tb, tc;
+  optimized_tensor_contiguous(&ta, a, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, sa);
+  optimized_tensor_contiguous(&tb, b, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, sb);
+  optimized_tensor_contiguous(&tc, c, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, sc);
+  t = tb, t.strides[0] = (int64_t)1 << 62; /* row 4 at 2^64 elements */
+  expect_error("matmul: b's offsets past int64", optimized_matmul(&ta, &t, &tc, 1, 0, "auto", NULL),
+               OPTIMIZED_STATUS_INVALID_ARGUMENT, "b: expected strides whose offsets fit int64");
+  t = tc, t.strides[0] = (int64_t)1 << 60; /* (5 * 2^60 + 4) fp32 elements fit int64; their bytes do not */
+  expect_error("matmul: c's byte span past int64", optimized_matmul(&ta, &tb, &t, 1, 0, "auto", NULL),
+               OPTIMIZED_STATUS_INVALID_ARGUMENT, "c: expected a byte span that fits int64");
+  t = ta, t.shape[0] = p40, t.shape[1] = p40, t.strides[0] = p40;
+  expect_error("matmul: a's element count past int64", optimized_matmul(&t, &tb, &tc, 1, 0, "auto", NULL),
+               OPTIMIZED_STATUS_INVALID_ARGUMENT, "a: expected an element count that fits int64");
+}
+
 static void error_paths(void) {
   float a[6 * 5], b[5 * 4], c[6 * 4], b_bad[7 * 4];
   for (int i = 0; i < 30; ++i) a[i] = uniform();
@@ -252,6 +313,8 @@ static void error_paths(void) {
     expect_error("CUDA tensors in a CPU-only build", optimized_matmul(&t, &tb2, &tc2, 1, 0, "auto", NULL),
                  OPTIMIZED_STATUS_UNSUPPORTED, "a: CUDA tensors given");
   }
+
+  overflow_paths();
 
   /* A call that succeeds clears the message. */
   const optimized_status s = optimized_matmul(&ta, &tb, &tc, 1, 0, NULL, NULL);

@@ -79,6 +79,18 @@ __device__ __forceinline__ float gelu_grad(float x, bool tanh_form) {
 }
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+// ---- scalars --------------------------------------------------------------------------------
+// eps and scale as every kernel computes with them: fp32, rounded once on the host at the launch
+// (FusedParams carries the caller's doubles, which the fp64 CPU path needs). Kernels read these,
+// never p.eps / p.scale, which would pull fp64 arithmetic onto the device.
+struct FusedScalarsF32 {
+  float eps;
+  float scale;
+};
+inline FusedScalarsF32 scalars_f32(const FusedParams& p) {
+  return {static_cast<float>(p.eps), static_cast<float>(p.scale)};
+}
+
 // ---- dispatch ------------------------------------------------------------------------------
 // Calls f(T{}) with the CUDA element type of `dtype`.
 template <typename F>

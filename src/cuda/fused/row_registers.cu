@@ -140,6 +140,7 @@ __device__ __forceinline__ void write_partial(float (&acc)[kV][kVec], int which,
 // per thread; kKind: which op family and direction; kCluster: rows span a cluster.
 template <typename T, int kVec, int kV, Kind kKind, bool kCluster>
 __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const FusedParams p, const Plan plan,
+                                                                          const FusedScalarsF32 sc,
                                                                           float* __restrict__ partial) {
   constexpr bool kBackward = kKind == Kind::kSoftmaxBwd || kKind == Kind::kNormBwd;
   constexpr bool kNorm = kKind == Kind::kNormFwd || kKind == Kind::kNormBwd;
@@ -199,7 +200,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
         if (ok) xv = load_vec_once<T, kVec>(xr + col_of(i));
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          v[i][j] = ok ? p.scale * to_float(xv.v[j]) : -INFINITY;
+          v[i][j] = ok ? sc.scale * to_float(xv.v[j]) : -INFINITY;
           m = fmaxf(m, v[i][j]);
         }
       }
@@ -277,7 +278,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
       red[0] = sq;
       red[1] = 0.0f;
       row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, parity);
-      const float rstd = 1.0f / sqrtf(red[0] * inv_width + p.eps);
+      const float rstd = 1.0f / sqrtf(red[0] * inv_width + sc.eps);
       if (live && lane == 0 && rank == 0) {
         if (p.mean) p.mean[row] = mean;
         if (p.rstd) p.rstd[row] = rstd;
@@ -324,7 +325,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
         Vec<T, kVec> dv;
 #pragma unroll
         for (int j = 0; j < kVec; ++j)
-          dv.v[j] = from_float<T>(log ? p.scale * (g[i][j] - expf(y[i][j]) * s) : p.scale * y[i][j] * (g[i][j] - s));
+          dv.v[j] = from_float<T>(log ? sc.scale * (g[i][j] - expf(y[i][j]) * s) : sc.scale * y[i][j] * (g[i][j] - s));
         store_vec<T, kVec>(dxr + col_of(i), dv);
       }
     } else {  // kNormBwd
@@ -453,7 +454,7 @@ void launch_instance(const FusedParams& p, const Plan& plan, cudaStream_t stream
     config.attrs = attribute;
     config.numAttrs = 1;
   }
-  check_cuda(cudaLaunchKernelEx(&config, kernel, p, plan, partial.floats()), "row_registers_kernel launch");
+  check_cuda(cudaLaunchKernelEx(&config, kernel, p, plan, scalars_f32(p), partial.floats()), "row_registers_kernel launch");
   if (wants_partials) {
     // partial rows alternate dweight, dbias: (group, which, column).
     const float* base = partial.floats();

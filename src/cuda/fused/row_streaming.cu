@@ -76,7 +76,8 @@ __device__ __forceinline__ MaxSum block_max_sum(MaxSum v, float* scratch) {
 }
 
 template <typename T, int kVec, Kind kKind>
-__global__ void __launch_bounds__(kThreads) row_streaming_kernel(const FusedParams p, float* __restrict__ partial) {
+__global__ void __launch_bounds__(kThreads) row_streaming_kernel(const FusedParams p, const FusedScalarsF32 sc,
+                                                                  float* __restrict__ partial) {
   __shared__ float scratch[kWarps * 2];
   const int64_t width = p.width;
   const int64_t vecs = width / kVec;  // kVec divides the width (else kVec == 1)
@@ -98,7 +99,7 @@ __global__ void __launch_bounds__(kThreads) row_streaming_kernel(const FusedPara
         bool nan = false;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          x[j] = __fmul_rn(p.scale, to_float(xv.v[j]));
+          x[j] = __fmul_rn(sc.scale, to_float(xv.v[j]));
           vmax = fmaxf(vmax, x[j]);  // fmaxf drops NaN: it is carried in the sum instead
           nan |= isnan(x[j]);
         }
@@ -117,7 +118,7 @@ __global__ void __launch_bounds__(kThreads) row_streaming_kernel(const FusedPara
         Vec<T, kVec> yv;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          const float d = __fmul_rn(p.scale, to_float(xv.v[j])) - ms.m;  // no fma: the max was rounded
+          const float d = __fmul_rn(sc.scale, to_float(xv.v[j])) - ms.m;  // no fma: the max was rounded
           yv.v[j] = from_float<T>(log ? d - log_s : expf(d) * inv_s);
         }
         store_vec<T, kVec>(yr + v * kVec, yv);
@@ -160,7 +161,7 @@ __global__ void __launch_bounds__(kThreads) row_streaming_kernel(const FusedPara
         }
       }
       block_sum<1>(sq, scratch);
-      const float rstd = 1.0f / sqrtf(sq[0] * inv_width + p.eps);
+      const float rstd = 1.0f / sqrtf(sq[0] * inv_width + sc.eps);
       if (threadIdx.x == 0) {
         if (p.mean) p.mean[row] = mean;
         if (p.rstd) p.rstd[row] = rstd;
@@ -195,7 +196,7 @@ __global__ void __launch_bounds__(kThreads) row_streaming_kernel(const FusedPara
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           const float y = to_float(yv.v[j]), g = to_float(gv.v[j]);
-          dv.v[j] = from_float<T>(log ? p.scale * (g - expf(y) * s[0]) : p.scale * y * (g - s[0]));
+          dv.v[j] = from_float<T>(log ? sc.scale * (g - expf(y) * s[0]) : sc.scale * y * (g - s[0]));
         }
         store_vec<T, kVec>(dxr + v * kVec, dv);
       }
@@ -251,7 +252,7 @@ void launch_instance(const FusedParams& p, cudaStream_t stream) {
   const int64_t blocks = std::min<int64_t>(p.rows, resident_blocks(kernel, kThreads, 0, "row_streaming"));
   const bool wants_partials = kKind == Kind::kNormBwd && (p.dweight || p.dbias);
   StreamScratch partial(wants_partials ? static_cast<size_t>(blocks) * 2 * p.width * sizeof(float) : 0, stream);
-  kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, partial.floats());
+  kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, scalars_f32(p), partial.floats());
   check_launch("row_streaming_kernel launch");
   if (wants_partials) {
     if (p.dweight) launch_column_sum(partial.floats(), blocks, p.width, 2 * p.width, p.dweight, p.dtype, stream);

@@ -70,6 +70,7 @@ namespace optimized {
 namespace {
 
 using fused_cuda::from_float;
+using fused_cuda::scalars_f32;
 using fused_cuda::to_float;
 
 // ---- config --------------------------------------------------------------------------------
@@ -379,12 +380,12 @@ void softmax_forward(const FusedParams& p, cudaStream_t stream) {
   Temp<float> e(rows * n, stream, "softmax exp");
   Temp<float> row_sum(rows, stream, "softmax row sum");
   const Mat<float> e_mat{e.get(), n};
-  launch_row_reduce<MaxOp>(stream, "softmax row max", rows, n, Scaled{p.scale}, Total{}, row_max.get(), x);
-  launch_map(stream, "softmax exp", rows, n, ExpShifted{p.scale}, e_mat, x, PerRow{row_max.get()});
+  launch_row_reduce<MaxOp>(stream, "softmax row max", rows, n, Scaled{scalars_f32(p).scale}, Total{}, row_max.get(), x);
+  launch_map(stream, "softmax exp", rows, n, ExpShifted{scalars_f32(p).scale}, e_mat, x, PerRow{row_max.get()});
   launch_row_reduce<SumOp>(stream, "softmax row sum", rows, n, Identity{}, Total{}, row_sum.get(), e_mat);
   if (log) {
     e.release();
-    launch_map(stream, "log_softmax output", rows, n, LogSoftmaxOut{p.scale}, y, x, PerRow{row_max.get()},
+    launch_map(stream, "log_softmax output", rows, n, LogSoftmaxOut{scalars_f32(p).scale}, y, x, PerRow{row_max.get()},
                PerRow{row_sum.get()});
   } else {
     launch_map(stream, "softmax divide", rows, n, Divide{}, y, e_mat, PerRow{row_sum.get()});
@@ -409,14 +410,14 @@ void softmax_backward(const FusedParams& p, cudaStream_t stream) {
     launch_row_reduce<SumOp>(stream, "softmax backward row sum", rows, n, Identity{}, Total{}, row_sum.get(),
                              prod_mat);
     prod.release();
-    launch_map(stream, "softmax backward dx", rows, n, SoftmaxGrad{p.scale}, dx, y, dy, PerRow{row_sum.get()});
+    launch_map(stream, "softmax backward dx", rows, n, SoftmaxGrad{scalars_f32(p).scale}, dx, y, dy, PerRow{row_sum.get()});
   } else {
     Temp<float> e(rows * n, stream, "log_softmax backward exp");
     const Mat<float> e_mat{e.get(), n};
     launch_row_reduce<SumOp>(stream, "log_softmax backward row sum", rows, n, Identity{}, Total{},
                              row_sum.get(), dy);
     launch_map(stream, "log_softmax backward exp", rows, n, Exp{}, e_mat, y);
-    launch_map(stream, "log_softmax backward dx", rows, n, LogSoftmaxGrad{p.scale}, dx, dy, e_mat,
+    launch_map(stream, "log_softmax backward dx", rows, n, LogSoftmaxGrad{scalars_f32(p).scale}, dx, dy, e_mat,
                PerRow{row_sum.get()});
     e.release();
   }
@@ -463,7 +464,7 @@ void norm_forward(const FusedParams& p, cudaStream_t stream) {
     launch_row_reduce<SumOp>(stream, "rms_norm row mean square", rows, n, Square{}, MeanOf{}, moment.get(), h);
   }
   // A (rows, 1) map: rstd per row.
-  launch_map(stream, "norm rstd", rows, 1, RsqrtPlusEps{p.eps}, Mat<float>{rstd, 1},
+  launch_map(stream, "norm rstd", rows, 1, RsqrtPlusEps{scalars_f32(p).eps}, Mat<float>{rstd, 1},
              Mat<float>{moment.get(), 1});
   moment.release();
 
