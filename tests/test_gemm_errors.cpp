@@ -134,6 +134,22 @@ TEST_F(GemmErrors, NullDataPointer) {
   }
 }
 
+TEST_F(GemmErrors, StridesWhoseExtentOverflows) {
+  // A row stride of 2^62 passes every per-dimension check (unit inner stride, ld >= cols) but its
+  // extent, (rows - 1) * ld elements, overflows int64: refused, naming the operand, never read.
+  const int64_t huge = int64_t{1} << 62;
+  for (int which = 0; which < 3; ++which) {
+    const char* name[] = {"a", "b", "c"};
+    SCOPED_TRACE(name[which]);
+    TensorView a = A(), b = B(), c = C();
+    TensorView* t[] = {&a, &b, &c};
+    t[which]->strides[0] = huge;
+    Caught e = call([&] { matmul(a, b, c); });
+    EXPECT_ERROR(e, Status::kInvalidArgument);
+    EXPECT_MENTIONS(e, name[which]);
+  }
+}
+
 TEST_F(GemmErrors, RankNotTwoOrThree) {
   {
     Caught e = call([&] { matmul(raw(a_.data(), DType::kF32, Device::cpu(), {K}, {1}), B(), C()); });

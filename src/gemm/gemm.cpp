@@ -66,18 +66,11 @@ Operand as_matrix(const TensorView& t, const char* name) {
   return op;
 }
 
-// Byte range [first, last) that a view touches, for the aliasing check.
-std::pair<uintptr_t, uintptr_t> byte_range(const TensorView& t) {
-  int64_t last = 0;
-  for (int i = 0; i < t.rank; ++i) last += (t.shape[i] - 1) * std::max<int64_t>(t.strides[i], 0);
-  const auto base = reinterpret_cast<uintptr_t>(t.data);
-  return {base, base + static_cast<uintptr_t>(last + 1) * dtype_size(t.dtype)};
-}
-
-bool overlaps(const TensorView& x, const TensorView& y) {
-  auto [x0, x1] = byte_range(x);
-  auto [y0, y1] = byte_range(y);
-  return x0 < y1 && y0 < x1;
+// Whether two views' byte ranges meet (the aliasing check). view_extent checks that the shape and
+// strides of each describe an int64-addressable range (no overflow), naming the argument.
+bool overlaps(const TensorView& x, const char* x_name, const TensorView& y, const char* y_name) {
+  const ViewExtent ex = view_extent(x, x_name), ey = view_extent(y, y_name);
+  return ex.begin < ey.end && ey.begin < ex.end;
 }
 
 GemmParams make_params(const TensorView& a, const TensorView& b, const TensorView& c, float alpha,
@@ -107,8 +100,9 @@ GemmParams make_params(const TensorView& a, const TensorView& b, const TensorVie
   if (C.batch > 1 && C.batch_stride < (C.rows - 1) * C.ld + C.cols)
     invalid("c: expected batch stride >= " + std::to_string((C.rows - 1) * C.ld + C.cols) +
             " so that batches do not overlap; given " + std::to_string(C.batch_stride));
-  if (overlaps(c, a) || overlaps(c, b))
-    invalid(std::string("c: expected an output that does not overlap ") + (overlaps(c, a) ? "a" : "b") +
+  const bool overlaps_a = overlaps(c, "c", a, "a"), overlaps_b = overlaps(c, "c", b, "b");
+  if (overlaps_a || overlaps_b)
+    invalid(std::string("c: expected an output that does not overlap ") + (overlaps_a ? "a" : "b") +
             "; given overlapping memory");
   GemmParams p;
   p.a = a.data;

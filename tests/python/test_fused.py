@@ -71,7 +71,7 @@ class Case:
 
 
 def _f32(v: float) -> float:
-    """v as the C++ API sees it (eps and scale are passed as float32)."""
+    """v rounded to float32, as the float32 math sees it (float64 inputs take eps and scale as given)."""
     return float(torch.tensor(v, dtype=torch.float32))
 
 
@@ -158,7 +158,7 @@ CASES = [
          norm=True),
     Case("layer_norm_no_affine", "layer_norm", _x,
          lambda i, v: (optimized_ops.layer_norm(i["x"], i["x"].shape[-1:], variant=v),),
-         lambda i, d: (F.layer_norm(i["x"], i["x"].shape[-1:], eps=_f32(1e-5)),), _norm_terms(True, 1e-5), norm=True),
+         lambda i, d: (F.layer_norm(i["x"], i["x"].shape[-1:], eps=1e-5),), _norm_terms(True, 1e-5), norm=True),
     Case("rms_norm", "rms_norm", _x_w,
          lambda i, v: (optimized_ops.rms_norm(i["x"], i["x"].shape[-1:], i["w"], variant=v),),
          lambda i, d: (F.rms_norm(i["x"], i["x"].shape[-1:], i["w"], _rms_eps(d)),), _norm_terms(False, _rms_eps),
@@ -168,7 +168,7 @@ CASES = [
          lambda i, d: (F.rms_norm(i["x"], i["x"].shape[-1:], None, 2**-20),), _norm_terms(False, 2**-20), norm=True),
     Case("add_layer_norm", "add_layer_norm", _x_r_w_b,
          lambda i, v: optimized_ops.add_layer_norm(i["x"], i["r"], i["x"].shape[-1:], i["w"], i["b"], variant=v),
-         lambda i, d: (F.layer_norm(i["x"] + i["r"], i["x"].shape[-1:], i["w"], i["b"], _f32(1e-5)), i["x"] + i["r"]),
+         lambda i, d: (F.layer_norm(i["x"] + i["r"], i["x"].shape[-1:], i["w"], i["b"], 1e-5), i["x"] + i["r"]),
          _norm_terms(True, 1e-5), norm=True),
     Case("add_rms_norm", "add_rms_norm", _x_r_w,
          lambda i, v: optimized_ops.add_rms_norm(i["x"], i["r"], i["x"].shape[-1:], i["w"], variant=v),
