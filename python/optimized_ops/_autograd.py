@@ -59,7 +59,7 @@ from torch import _C
 from torch._functorch.utils import enable_single_level_autograd_function
 from torch._library.utils import fill_defaults
 
-__all__ = ["register_autograd", "register_vmap_loop", "has_tangent", "compute_dtype", "as_float32"]
+__all__ = ["register_autograd", "register_vmap_loop", "has_tangent", "compute_dtype", "kernel_scalar"]
 
 _keep_alive: list = []  # the Library fragments holding the registrations
 
@@ -83,9 +83,10 @@ def compute_dtype(*tensors: Optional[torch.Tensor]) -> torch.dtype:
     return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
-def as_float32(v: float) -> float:
-    """v rounded as the C++ glue rounds eps and scale (static_cast<float>)."""
-    return struct.unpack("f", struct.pack("f", v))[0]
+def kernel_scalar(v: float, dtype: torch.dtype) -> float:
+    """eps or scale as the kernels use it for math in `dtype`: as given (a double) in float64, rounded
+    to float32 otherwise (the float32 math and the CUDA kernels)."""
+    return v if dtype == torch.float64 else struct.unpack("f", struct.pack("f", v))[0]
 
 
 # ---- a loop over the batch, for vmap ----------------------------------------------------------------

@@ -42,7 +42,7 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 
-from ._autograd import as_float32, compute_dtype, has_tangent, register_autograd
+from ._autograd import compute_dtype, kernel_scalar, has_tangent, register_autograd
 from ._library import load
 
 _lib = load()  # registers torch.ops.optimized.* before the registrations below
@@ -809,7 +809,7 @@ def _softmax_jvp(log: bool):
         c = compute_dtype(y)
         # log_softmax: s * (tx - sum(softmax * tx)), softmax = exp(y)
         txc = tx.to(c)
-        return (as_float32(scale) * (txc - (y.to(c).exp() * txc).sum(dim, keepdim=True))).to(y.dtype)
+        return (kernel_scalar(scale, c) * (txc - (y.to(c).exp() * txc).sum(dim, keepdim=True))).to(y.dtype)
     return jvp
 
 
@@ -833,7 +833,7 @@ def _norm_jvp(layer: bool):
         c = compute_dtype(h)
         hc = h.to(c)
         centered = hc - hc.mean(dims, keepdim=True) if layer else hc
-        rstd = ((centered * centered).mean(dims, keepdim=True) + as_float32(eps)).rsqrt()
+        rstd = ((centered * centered).mean(dims, keepdim=True) + kernel_scalar(eps, c)).rsqrt()
         xhat = centered * rstd
         ty = None
         if th is not None:
@@ -906,7 +906,7 @@ def _softmax_bwd_jvp(log: bool):
                 t = tyc * (dyc - total(dyc * yc)) - yc * total(dyc * tyc)
             if tdyc is not None:
                 t = _add(t, yc * (tdyc - total(tdyc * yc)))
-        return (as_float32(scale) * t).to(dx.dtype)
+        return (kernel_scalar(scale, t.dtype) * t).to(dx.dtype)
     return jvp
 
 
