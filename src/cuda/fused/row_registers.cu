@@ -60,11 +60,27 @@ struct ReduceSmem {
   float cluster[2][kMaxCluster][N];
 };
 
+// Where a block stands in its reductions: the parity of the next one's buffers and, in a cluster,
+// whether the start barrier (every block of the cluster running) has been waited on yet.
+struct ReduceState {
+  int parity = 0;
+  bool cluster_started = false;
+};
+
+// A block may write into a peer's shared memory only once that peer has started: every block
+// arrives on the cluster barrier when it starts (relaxed: it orders no memory) and waits on it
+// right before its first write into a peer (racecheck: "block that might not have entered yet").
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory"); }
+
 // Reduces v[0..N) over the threads of one row (all of them: every thread of the block must call
 // it, the same number of times). Returns with every thread of the row holding the totals.
 template <int N, typename Op, bool kCluster>
 __device__ __forceinline__ void row_reduce(float (&v)[N], int tpr, int cluster, ReduceSmem<N>& smem,
-                                           int& parity) {
+                                           ReduceState& state) {
+  int& parity = state.parity;
   const int width = tpr < 32 ? tpr : 32;
 #pragma unroll
   for (int k = 0; k < N; ++k)
@@ -91,6 +107,10 @@ __device__ __forceinline__ void row_reduce(float (&v)[N], int tpr, int cluster, 
     // sends this block's partial to block p, then everyone combines what it received.
     cg::cluster_group cl = cg::this_cluster();
     const int rank = static_cast<int>(cl.block_rank());
+    if (!state.cluster_started) {  // uniform: every thread of the block reaches it together
+      cluster_wait();
+      state.cluster_started = true;
+    }
     if (threadIdx.x < static_cast<unsigned>(cluster)) {
       float* peer = cl.map_shared_rank(&smem.cluster[buf][rank][0], static_cast<int>(threadIdx.x));
 #pragma unroll
@@ -145,7 +165,8 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
   constexpr bool kBackward = kKind == Kind::kSoftmaxBwd || kKind == Kind::kNormBwd;
   constexpr bool kNorm = kKind == Kind::kNormFwd || kKind == Kind::kNormBwd;
   __shared__ ReduceSmem<2> smem;
-  int parity = 0;
+  ReduceState reduce_state;  // the reductions' buffer parity and cluster start
+  if constexpr (kCluster) cluster_arrive_relaxed();  // waited on before the first write into a peer
 
   const int tpr = plan.tpr;
   const int lane = threadIdx.x % tpr;
@@ -205,7 +226,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
         }
       }
       float red[2] = {m, 0.0f};
-      row_reduce<2, MaxOp, kCluster>(red, tpr, plan.cluster, smem, parity);
+      row_reduce<2, MaxOp, kCluster>(red, tpr, plan.cluster, smem, reduce_state);
       m = red[0];
       float s = 0.0f;
 #pragma unroll
@@ -221,7 +242,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
         }
       red[0] = s;
       red[1] = 0.0f;
-      row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, parity);
+      row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, reduce_state);
       const float inv_s = 1.0f / red[0], log_s = logf(red[0]);
       T* yr = static_cast<T*>(p.y) + row * p.ld_y;
 #pragma unroll
@@ -264,7 +285,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
       float mean = 0.0f;
       float red[2] = {sum, 0.0f};
       if (layer) {
-        row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, parity);
+        row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, reduce_state);
         mean = red[0] * inv_width;
       }
       float sq = 0.0f;
@@ -277,7 +298,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
         }
       red[0] = sq;
       red[1] = 0.0f;
-      row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, parity);
+      row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, reduce_state);
       const float rstd = 1.0f / sqrtf(red[0] * inv_width + sc.eps);
       if (live && lane == 0 && rank == 0) {
         if (p.mean) p.mean[row] = mean;
@@ -316,7 +337,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
         }
       }
       float red[2] = {s, 0.0f};
-      row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, parity);
+      row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, reduce_state);
       s = red[0];
       T* dxr = static_cast<T*>(p.dx) + row * p.ld_dx;
 #pragma unroll
@@ -357,7 +378,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
         }
       }
       float red[2] = {a, bsum};
-      row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, parity);
+      row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, reduce_state);
       const float mean_gx = red[0] * inv_width, mean_g = layer ? red[1] * inv_width : 0.0f;
       const T* dror = static_cast<const T*>(p.dresidual_out) + row * p.ld_dresidual_out;
       T* dxr = static_cast<T*>(p.dx) + row * p.ld_dx;
