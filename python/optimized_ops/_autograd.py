@@ -31,19 +31,9 @@ jvp on the primals without their tangents. vmap levels reach the op's batching r
 :func:`register_vmap_loop` (torch's fallback cannot stack optional outputs; jacrev and hessian vmap
 over the backward ops).
 
-Wiring another op takes its backward, its setup_context and a jvp, e.g. matmul in gemm.py::
-
-    from ._autograd import register_autograd
-
-    def _jvp(inputs, keyword_only_inputs, output, tangents):
-        # d(a @ b) = da @ b + a @ db, both through this op (same variant, same broadcasting)
-        (a, b), (ta, tb) = inputs, tangents
-        v = keyword_only_inputs.get("variant", "auto")
-        da = matmul(ta, b, variant=v) if ta is not None else None
-        db = matmul(a, tb, variant=v) if tb is not None else None
-        return db if da is None else da if db is None else da + db
-
-    register_autograd("optimized::matmul", _backward, setup_context=_setup_context, jvp=_jvp)
+Wiring an op takes its backward, its setup_context and a jvp rule
+``jvp(inputs, keyword_only_inputs, output, tangents) -> output tangents``: see ``_jvp`` and the
+``register_autograd`` call at the end of gemm.py (matmul), and the rules in fused.py.
 """
 
 from __future__ import annotations

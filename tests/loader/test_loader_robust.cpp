@@ -84,6 +84,16 @@ TEST_P(LoaderFork, ChildContinuesWhereTheParentWasAndTheParentGoesOn) {
 
 INSTANTIATE_TEST_SUITE_P(Io, LoaderFork, ::testing::Values("pread", "io_uring", "mmap"));
 
+// Whether next() on a stopped loader refuses with an error that says so.
+bool next_says_stopped(Loader& loader) {
+  try {
+    loader.next();
+  } catch (const Error& e) {
+    return std::string(e.what()).find("stopped") != std::string::npos;
+  }
+  return false;
+}
+
 TEST(LoaderForkLifetime, ChildDestroysOrStopsTheInheritedLoader) {
   TempDir tmp;
   const uint64_t n = 40, r = 100;
@@ -101,13 +111,7 @@ TEST(LoaderForkLifetime, ChildDestroysOrStopsTheInheritedLoader) {
   EXPECT_TRUE(child.ok()) << child.describe();
   child = run_in_child([&] {
     loader->stop();
-    bool threw = false;
-    try {
-      loader->next();
-    } catch (const Error& e) {
-      threw = std::string(e.what()).find("stopped") != std::string::npos;
-    }
-    CHILD_EXPECT(threw, 2);
+    CHILD_EXPECT(next_says_stopped(*loader), 2);
     loader.reset();
     return 0;
   });
@@ -115,13 +119,7 @@ TEST(LoaderForkLifetime, ChildDestroysOrStopsTheInheritedLoader) {
   // A loader stopped before the fork stays stopped in the child.
   loader->stop();
   child = run_in_child([&] {
-    bool threw = false;
-    try {
-      loader->next();
-    } catch (const Error& e) {
-      threw = std::string(e.what()).find("stopped") != std::string::npos;
-    }
-    CHILD_EXPECT(threw, 2);
+    CHILD_EXPECT(next_says_stopped(*loader), 2);
     return 0;
   });
   EXPECT_TRUE(child.ok()) << child.describe();
