@@ -12,7 +12,7 @@
 
 #include <unistd.h>
 
-#include "cpu/cpu_gemm.h"
+#include "gemm/cpu/cpu_gemm.h"
 #include "gpu_timer.h"
 
 namespace bench {

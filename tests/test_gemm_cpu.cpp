@@ -7,7 +7,7 @@
 #include <string_view>
 #include <tuple>
 
-#include "cpu/cpu_gemm.h"
+#include "gemm/cpu/cpu_gemm.h"
 #include "gemm_test_util.h"
 
 namespace optimized::testing {

@@ -335,7 +335,7 @@ std::span<const FusedOp> all_fused_ops() { return kOps; }
 
 // The short-row kernel keeps up to 4 (forward) or 2 (backward) 16-byte vectors of the row per
 // thread, on up to 512 threads per block and a cluster of up to 8 blocks per row
-// (src/cuda/fused/row_registers.cu).
+// (src/fused/cuda/row_registers.cu).
 int64_t fused_registers_max_width(FusedOp op, DType dtype, bool backward, bool aligned_rows) {
   if (op == FusedOp::kBiasGelu || op == FusedOp::kSiluAndMul) return 0;
   if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16) return 0;

@@ -60,7 +60,7 @@ struct FusedParams {
   // ---- scalars ------------------------------------------------------------------------------
   // As the caller gave them: the fp64 CPU path computes with these doubles; fp32 math (the CPU
   // path for fp32 / fp16 / bf16, and every CUDA kernel) rounds them to fp32 once (CUDA: at the
-  // launch, FusedScalarsF32 in src/cuda/fused/fused_common.cuh).
+  // launch, FusedScalarsF32 in src/fused/cuda/fused_common.cuh).
   double eps = 1e-5;     // norms
   double scale = 1.0;    // softmax, log_softmax: the input is scale * x
   GeluApproximation gelu = GeluApproximation::kNone;
@@ -88,11 +88,11 @@ inline bool fused_rows_aligned(const FusedParams& p) {
 }
 
 // ---- backends (each runs forward or backward by params.backward) ---------------------------
-// CPU (src/cpu/fused_cpu.cpp): host pointers; `threads` as ExecutionContext::cpu_threads.
+// CPU (src/fused/cpu/fused_cpu.cpp): host pointers; `threads` as ExecutionContext::cpu_threads.
 void cpu_fused(const FusedParams& params, int threads);
 
 #ifdef OPTIMIZED_WITH_CUDA
-// CUDA launchers (src/cuda/fused/); cudaStream_t passed as void* so this header stays CUDA-free.
+// CUDA launchers (src/fused/cuda/); cudaStream_t passed as void* so this header stays CUDA-free.
 // Each throws Error on a failed launch or allocation (temporaries come from cudaMallocAsync on the
 // stream).
 void launch_fused_unfused(const FusedParams& params, void* stream);    // unfused.cu

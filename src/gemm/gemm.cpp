@@ -5,13 +5,13 @@
 #include <cstring>
 #include <sstream>
 
-#include "cpu/cpu_gemm.h"
+#include "gemm/cpu/cpu_gemm.h"
 #include "gemm/gemm_params.h"
 #include "optimized/gemm.h"
 
 #if OPTIMIZED_WITH_CUDA
 #include "core/cuda_device_guard.h"
-#include "cuda/gemm/gemm_launchers.h"
+#include "gemm/cuda/gemm_launchers.h"
 #include "gemm/gemm_describe.h"
 #endif
 

@@ -8,7 +8,7 @@
 //                                           run on the current stream of the device, under a
 //                                           device guard.
 //
-// Conventions shared with torch_ops.cpp (the GEMM glue): error messages are built as one
+// Conventions shared with gemm_ops.cpp (the GEMM glue): error messages are built as one
 // std::string (integers through std::to_string, never streamed through c10::str, which segfaulted
 // on the GPU machine's toolchain); ValueError for shapes, devices and names, TypeError for dtypes,
 // NotImplementedError for what a variant or build cannot take; the stream comes from c10's

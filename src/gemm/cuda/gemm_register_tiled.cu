@@ -42,8 +42,8 @@
 // (launches of at most 65535). K is walked in slices of < 2^30 per launch (32-bit counters).
 #include <cstdint>
 
-#include "cuda/gemm/gemm_common.cuh"
-#include "cuda/gemm/gemm_launchers.h"
+#include "gemm/cuda/gemm_common.cuh"
+#include "gemm/cuda/gemm_launchers.h"
 
 namespace optimized::cuda {
 namespace {

@@ -20,7 +20,7 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "cuda/fused/fused_common.cuh"
+#include "fused/cuda/fused_common.cuh"
 
 namespace optimized::fused_cuda {
 

@@ -14,7 +14,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "cpu/cpu_gemm.h"
+#include "gemm/cpu/cpu_gemm.h"
 #include "optimized/buffer.h"
 
 namespace optimized::cpu {

@@ -63,7 +63,7 @@
 #include <type_traits>
 
 #include "core/cuda_device_guard.h"
-#include "cuda/fused/fused_common.cuh"
+#include "fused/cuda/fused_common.cuh"
 #include "fused/fused_params.h"
 
 namespace optimized {

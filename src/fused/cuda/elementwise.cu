@@ -13,7 +13,7 @@
 // column_sum_kernel.
 #include <algorithm>
 
-#include "cuda/fused/fused_common.cuh"
+#include "fused/cuda/fused_common.cuh"
 
 namespace optimized::fused_cuda {
 

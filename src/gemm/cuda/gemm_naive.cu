@@ -21,8 +21,8 @@
 // columns with a grid-stride loop; grid z carries the batch, in launches of at most 65535.
 #include <cstdint>
 
-#include "cuda/gemm/gemm_common.cuh"
-#include "cuda/gemm/gemm_launchers.h"
+#include "gemm/cuda/gemm_common.cuh"
+#include "gemm/cuda/gemm_launchers.h"
 
 namespace optimized::cuda {
 namespace {

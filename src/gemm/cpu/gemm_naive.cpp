@@ -3,7 +3,7 @@
 // every load of B touches a new cache line once N is more than a few lines wide.
 #include <cstdint>
 
-#include "cpu/cpu_gemm.h"
+#include "gemm/cpu/cpu_gemm.h"
 #include "optimized/buffer.h"
 
 namespace optimized::cpu {

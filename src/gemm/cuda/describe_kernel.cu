@@ -1,6 +1,6 @@
 // Kernel resource report shared by every GEMM launcher: what the compiler allotted (registers,
 // shared and local memory) and what the occupancy calculator makes of it on the current device.
-#include "cuda/gemm/gemm_launchers.h"
+#include "gemm/cuda/gemm_launchers.h"
 
 namespace optimized::cuda {
 

@@ -23,8 +23,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/gemm/gemm_common.cuh"
-#include "cuda/gemm/gemm_launchers.h"
+#include "gemm/cuda/gemm_common.cuh"
+#include "gemm/cuda/gemm_launchers.h"
 
 namespace optimized::cuda {
 namespace {

@@ -3,7 +3,7 @@
 // gemm_packed.cpp calls into this file only when cpuid reports avx512f.
 #include <immintrin.h>
 
-#include "cpu/gemm_packed_kernels.h"
+#include "gemm/cpu/gemm_packed_kernels.h"
 
 namespace optimized::cpu::packed {
 namespace {

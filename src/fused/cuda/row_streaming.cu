@@ -16,7 +16,7 @@
 // are few), summed by column_sum_kernel at the end.
 #include <algorithm>
 
-#include "cuda/fused/fused_common.cuh"
+#include "fused/cuda/fused_common.cuh"
 
 namespace optimized::fused_cuda {
 

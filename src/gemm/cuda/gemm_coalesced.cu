@@ -19,8 +19,8 @@
 // carries the batch, in launches of at most 65535.
 #include <cstdint>
 
-#include "cuda/gemm/gemm_common.cuh"
-#include "cuda/gemm/gemm_launchers.h"
+#include "gemm/cuda/gemm_common.cuh"
+#include "gemm/cuda/gemm_launchers.h"
 
 namespace optimized::cuda {
 namespace {

@@ -27,8 +27,8 @@
 #include <memory>
 #include <string_view>
 
-#include "cpu/cpu_gemm.h"
-#include "cpu/gemm_packed_kernels.h"
+#include "gemm/cpu/cpu_gemm.h"
+#include "gemm/cpu/gemm_packed_kernels.h"
 #include "optimized/buffer.h"
 
 namespace optimized::cpu {

@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "cpu/gemm_packed_kernels.h"
+#include "gemm/cpu/gemm_packed_kernels.h"
 
 namespace optimized::cpu::packed {
 namespace {
