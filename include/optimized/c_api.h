@@ -14,6 +14,11 @@
  *   - CUDA work is enqueued on the given stream (a cudaStream_t passed as void*; NULL is the
  *     legacy default stream) and is asynchronous: synchronize the stream before reading results.
  *
+ * Sections, one per family: GEMM (optimized_matmul), the fused memory-bound ops (softmax, norms,
+ * bias + GELU, SiLU-and-mul; forward and backward), the streaming loader (opaque handles: a shard
+ * writer and a loader), and one variant query for every family (optimized_variant_name /
+ * optimized_variant_check), read from the C++ variant tables.
+ *
  * Example (C = A @ B, fp32 on the CPU, contiguous row-major):
  *
  *     int64_t sa[2] = {M, K}, sb[2] = {K, N}, sc[2] = {M, N};
@@ -112,6 +117,280 @@ OPTIMIZED_C_EXPORT const char* optimized_gemm_variant_name(int32_t index);
  * is not checked (optimized_cuda_device_count() tells). */
 OPTIMIZED_C_EXPORT optimized_status optimized_gemm_variant_check(const char* variant, int32_t dtype,
                                                                  int32_t device_type);
+
+/* ---- every family: one variant query ------------------------------------------------------
+ * The families with named variants: "gemm", "fused", "loader". Each query reads the family's C++
+ * variant table (all_gemm_variants(), all_fused_variants(), ...), so a variant added in C++ is
+ * listed here without a C edit. A family name that is not one of these: INVALID_ARGUMENT, with a
+ * message naming the families. */
+
+/* Name of family `index` (0-based: "gemm", "fused", "loader"), or NULL past the end. */
+OPTIMIZED_C_EXPORT const char* optimized_family_name(int32_t index);
+
+/* *count = the number of variants of `family` ("auto" excluded). */
+OPTIMIZED_C_EXPORT optimized_status optimized_variant_count(const char* family, int32_t* count);
+
+/* Name of variant `index` of `family` (0-based, in ladder order, "auto" excluded); NULL past the
+ * end (optimized_last_error() then "") or for an unknown family (optimized_last_error() says why).
+ * The string is static. */
+OPTIMIZED_C_EXPORT const char* optimized_variant_name(const char* family, int32_t index);
+
+/* OPTIMIZED_STATUS_OK when `family`'s `variant` ("auto" or a name, where the family has "auto")
+ * runs data of `dtype` on `device_type`; otherwise INVALID_ARGUMENT (unknown family or name, or a
+ * variant of the other device) or UNSUPPORTED (the dtype), the reason in optimized_last_error().
+ * Whether a device is present is not checked. The loader's variants take records of any dtype on
+ * either device (dtype and device_type must still be valid values). For "gemm" the same as
+ * optimized_gemm_variant_check(). */
+OPTIMIZED_C_EXPORT optimized_status optimized_variant_check(const char* family, const char* variant,
+                                                            int32_t dtype, int32_t device_type);
+
+/* ---- fused memory-bound ops (include/optimized/fused.h) -----------------------------------
+ * Row-wise ops on 2-D views (rows, width) whose last dimension has unit stride and whose rows may
+ * be further apart than the width; a 1-D view is one row. One dtype for every data operand of a
+ * call (fp32, fp16, bf16; fp64 on the "cpu" variant); mean and rstd are fp32 (rows), contiguous.
+ * Optional operands are NULL when absent (a non-NULL view of rank 0 is refused: pass NULL).
+ * An output may be the very same view as an input of its shape (in place); other overlaps are
+ * refused. variant: "auto" (or NULL), "cpu", "unfused", "fused_streaming", "fused_registers"
+ * (optimized_fused_variant_name()). cuda_stream as for optimized_matmul: CUDA work is enqueued on
+ * it, asynchronously; ignored on the CPU. Errors name the argument (x, y, residual, weight, ...). */
+
+typedef enum optimized_gelu_approximation {
+  OPTIMIZED_GELU_NONE = 0, /* gelu(z) = z * Phi(z), with erf (torch's approximate='none') */
+  OPTIMIZED_GELU_TANH = 1  /* the tanh form (torch's approximate='tanh') */
+} optimized_gelu_approximation;
+
+/* y = softmax(scale * x) over each row; x, y: (rows, width). */
+OPTIMIZED_C_EXPORT optimized_status optimized_softmax_forward(const optimized_tensor* x, optimized_tensor* y,
+                                                              double scale, const char* variant,
+                                                              void* cuda_stream);
+/* y = log_softmax(scale * x). */
+OPTIMIZED_C_EXPORT optimized_status optimized_log_softmax_forward(const optimized_tensor* x, optimized_tensor* y,
+                                                                  double scale, const char* variant,
+                                                                  void* cuda_stream);
+/* dx = scale * y * (dy - sum(dy * y)) from the forward output y. */
+OPTIMIZED_C_EXPORT optimized_status optimized_softmax_backward(const optimized_tensor* y, const optimized_tensor* dy,
+                                                               optimized_tensor* dx, double scale,
+                                                               const char* variant, void* cuda_stream);
+/* dx = scale * (dy - exp(y) * sum(dy)) from the forward output y (log-probabilities). */
+OPTIMIZED_C_EXPORT optimized_status optimized_log_softmax_backward(const optimized_tensor* y,
+                                                                   const optimized_tensor* dy, optimized_tensor* dx,
+                                                                   double scale, const char* variant,
+                                                                   void* cuda_stream);
+
+/* y = (h - mean) * rstd * weight + bias, rstd = 1 / sqrt(var + eps) (biased variance), where
+ * h = x, or h = x + residual (rounded to the dtype) when residual is given; then residual_out
+ * (required with residual, NULL without) receives h. weight, bias: (width) or NULL. mean, rstd:
+ * fp32 (rows) outputs, or NULL (inference); the backward needs them. eps >= 0. */
+OPTIMIZED_C_EXPORT optimized_status optimized_layer_norm_forward(
+    const optimized_tensor* x, const optimized_tensor* residual, const optimized_tensor* weight,
+    const optimized_tensor* bias, double eps, optimized_tensor* y, optimized_tensor* residual_out,
+    optimized_tensor* mean, optimized_tensor* rstd, const char* variant, void* cuda_stream);
+/* Gradients of layer_norm: h is what was normalized (x, or residual_out of the add form); mean and
+ * rstd (required) as the forward saved them; dresidual_out: the gradient arriving at residual_out
+ * (add form; added into dx) or NULL. dx: (rows, width). dweight, dbias: (width) or NULL when not
+ * wanted (dweight needs weight). */
+OPTIMIZED_C_EXPORT optimized_status optimized_layer_norm_backward(
+    const optimized_tensor* dy, const optimized_tensor* h, const optimized_tensor* weight,
+    const optimized_tensor* mean, const optimized_tensor* rstd, const optimized_tensor* dresidual_out,
+    optimized_tensor* dx, optimized_tensor* dweight, optimized_tensor* dbias, const char* variant,
+    void* cuda_stream);
+
+/* y = h * rstd * weight, rstd = 1 / sqrt(mean(h^2) + eps); h, residual, residual_out, weight and
+ * rstd as for optimized_layer_norm_forward. */
+OPTIMIZED_C_EXPORT optimized_status optimized_rms_norm_forward(
+    const optimized_tensor* x, const optimized_tensor* residual, const optimized_tensor* weight, double eps,
+    optimized_tensor* y, optimized_tensor* residual_out, optimized_tensor* rstd, const char* variant,
+    void* cuda_stream);
+/* Gradients of rms_norm (rstd required), as for optimized_layer_norm_backward. */
+OPTIMIZED_C_EXPORT optimized_status optimized_rms_norm_backward(
+    const optimized_tensor* dy, const optimized_tensor* h, const optimized_tensor* weight,
+    const optimized_tensor* rstd, const optimized_tensor* dresidual_out, optimized_tensor* dx,
+    optimized_tensor* dweight, const char* variant, void* cuda_stream);
+
+/* y = gelu(x + bias); bias: (width) or NULL; approximate: an optimized_gelu_approximation. */
+OPTIMIZED_C_EXPORT optimized_status optimized_bias_gelu_forward(const optimized_tensor* x,
+                                                                const optimized_tensor* bias,
+                                                                int32_t approximate, optimized_tensor* y,
+                                                                const char* variant, void* cuda_stream);
+/* dx = dy * gelu'(x + bias); dbias = sum over rows of dx, or NULL when not wanted. */
+OPTIMIZED_C_EXPORT optimized_status optimized_bias_gelu_backward(const optimized_tensor* dy,
+                                                                 const optimized_tensor* x,
+                                                                 const optimized_tensor* bias, int32_t approximate,
+                                                                 optimized_tensor* dx, optimized_tensor* dbias,
+                                                                 const char* variant, void* cuda_stream);
+
+/* x: (rows, 2 * d) = [a | b]; y: (rows, d) = silu(a) * b. */
+OPTIMIZED_C_EXPORT optimized_status optimized_silu_and_mul_forward(const optimized_tensor* x, optimized_tensor* y,
+                                                                   const char* variant, void* cuda_stream);
+/* dy: (rows, d); x: the forward input (rows, 2 * d); dx: (rows, 2 * d). */
+OPTIMIZED_C_EXPORT optimized_status optimized_silu_and_mul_backward(const optimized_tensor* dy,
+                                                                    const optimized_tensor* x, optimized_tensor* dx,
+                                                                    const char* variant, void* cuda_stream);
+
+/* Name of fused variant `index` (0-based: "cpu", "unfused", ..., "auto" excluded), or NULL past
+ * the end. */
+OPTIMIZED_C_EXPORT const char* optimized_fused_variant_name(int32_t index);
+/* Name of fused op `index` (0-based: "softmax", "log_softmax", "layer_norm", "rms_norm",
+ * "add_layer_norm", "add_rms_norm", "bias_gelu", "silu_and_mul"), or NULL past the end: the `op`
+ * names the two queries below take. */
+OPTIMIZED_C_EXPORT const char* optimized_fused_op_name(int32_t index);
+/* *variant = the variant "auto" runs for `op` on rows of `width` elements of `dtype` on the device
+ * (device_type, device_index); backward and aligned_rows (every row of every operand starts on a
+ * 16-byte boundary) are 0 or 1. The string is static. */
+OPTIMIZED_C_EXPORT optimized_status optimized_fused_resolve_variant(const char* op, int32_t dtype,
+                                                                    int32_t device_type, int32_t device_index,
+                                                                    int64_t width, int32_t backward,
+                                                                    int32_t aligned_rows, const char** variant);
+/* *max_width = the longest row "fused_registers" holds for `op` and `dtype` (0: the op has no row
+ * reduction, or the dtype none of its kernels); longer rows need "fused_streaming". */
+OPTIMIZED_C_EXPORT optimized_status optimized_fused_registers_max_width(const char* op, int32_t dtype,
+                                                                        int32_t backward, int32_t aligned_rows,
+                                                                        int64_t* max_width);
+
+/* ---- the streaming loader (include/optimized/loader.h) ------------------------------------
+ * A dataset is a directory of shard files of fixed-size records (docs/perf-notes/loader.md).
+ * optimized_shard_writer writes one; optimized_loader streams batches of its records into host or
+ * CUDA memory, with batches read ahead in the background. Handles are opaque; use each from one
+ * thread at a time. Every function returns a status; errors name the argument, or the file and
+ * record, in optimized_last_error(). */
+
+#define OPTIMIZED_SHARD_MAX_RANK 8 /* record shapes have at most 8 dimensions */
+
+typedef struct optimized_shard_writer optimized_shard_writer;
+typedef struct optimized_loader optimized_loader;
+
+/* Starts a dataset in `dir` (created if missing; holding shard files already: INVALID_ARGUMENT
+ * unless overwrite, which deletes them). dtype: "uint8", "int8", "int16", "uint16", "int32",
+ * "uint32", "int64", "float16", "bfloat16", "float32", "float64"; record_shape: record_rank
+ * (0 .. OPTIMIZED_SHARD_MAX_RANK) sizes (NULL when 0: scalar records); records_per_shard >= 1.
+ * Until optimized_shard_writer_close() succeeds the dataset is marked incomplete and cannot be
+ * opened. On success *writer is a new handle, to be ended by _close or _abort. */
+OPTIMIZED_C_EXPORT optimized_status optimized_shard_writer_create(optimized_shard_writer** writer, const char* dir,
+                                                                  const char* dtype, int32_t record_rank,
+                                                                  const int64_t* record_shape,
+                                                                  uint64_t records_per_shard, int32_t overwrite);
+/* Appends `count` records (record_bytes each, packed) from host memory. A failure while writing
+ * (disk full, I/O error) aborts the dataset (left incomplete, with the reason); later calls on this
+ * writer fail, and only _abort (or _close, which then reports the failure) ends it. */
+OPTIMIZED_C_EXPORT optimized_status optimized_shard_writer_append(optimized_shard_writer* writer,
+                                                                  const void* records, uint64_t count);
+/* Bytes per record (dtype size * prod(record_shape)) and records appended so far. */
+OPTIMIZED_C_EXPORT optimized_status optimized_shard_writer_info(const optimized_shard_writer* writer,
+                                                                uint64_t* record_bytes, uint64_t* records_written);
+/* Finishes every shard and header and removes the incomplete marker; *num_records and *num_shards
+ * (each may be NULL) receive what was written. Frees the handle, whether it succeeds or not. */
+OPTIMIZED_C_EXPORT optimized_status optimized_shard_writer_close(optimized_shard_writer* writer,
+                                                                 uint64_t* num_records, uint64_t* num_shards);
+/* Stops writing and leaves the dataset visibly incomplete ("aborted after N records: why"; why may
+ * be NULL). Frees the handle. */
+OPTIMIZED_C_EXPORT optimized_status optimized_shard_writer_abort(optimized_shard_writer* writer, const char* why);
+
+/* Loader options; optimized_loader_options_default() fills the C++ defaults. Strings are read
+ * during optimized_loader_create() only; NULL means the default. */
+typedef struct optimized_loader_options {
+  int64_t batch_size;        /* records per batch (>= 1; default 1) */
+  int32_t device_type;       /* where batches are delivered: an optimized_device_type (default CPU) */
+  int32_t device_index;      /* CUDA ordinal */
+  int32_t shuffle;           /* 1: a permutation of all records per epoch, from (seed, epoch) */
+  int32_t drop_last;         /* 1: full batches only (every rank yields as many) */
+  uint64_t seed;
+  int32_t rank;              /* data-parallel rank in [0, world_size) */
+  int32_t world_size;
+  uint64_t epochs;           /* 0: no limit */
+  uint64_t start_epoch;      /* resume here: a position from optimized_loader_position() */
+  uint64_t start_batch;
+  const char* variant;       /* "pipelined" (default) or "synchronous" */
+  int32_t prefetch;          /* batches in flight ahead of the consumer (>= 1) */
+  int32_t threads;           /* worker threads; 0: from the core count */
+  int32_t queue_depth;       /* io_uring reads in flight */
+  int32_t verify;            /* 1: check every record's CRC32C as it arrives */
+  uint64_t chunk_bytes;      /* largest single read (a multiple of 4096) */
+  const char* io;            /* "auto", "io_uring", "pread", "mmap" */
+  const char* direct_io;     /* "auto", "on", "off" (O_DIRECT) */
+  const char* gds;           /* "auto", "on", "off" (GPUDirect Storage) */
+  uint64_t staging_bytes;    /* the most host memory the staging ring may hold */
+  int32_t worker;            /* interleaving over consumers: batches worker, worker + num_workers, ... */
+  int32_t num_workers;
+} optimized_loader_options;
+
+/* Fills *options with the defaults of the C++ LoaderOptions. */
+OPTIMIZED_C_EXPORT optimized_status optimized_loader_options_default(optimized_loader_options* options);
+
+/* Opens the dataset in `dir` (every shard's header and size checked: a missing directory, a
+ * missing, truncated or extra shard, or an incomplete dataset fail, naming the file) and starts
+ * reading. options: NULL for the defaults. On success *loader is a new handle. */
+OPTIMIZED_C_EXPORT optimized_status optimized_loader_create(optimized_loader** loader, const char* dir,
+                                                            const optimized_loader_options* options);
+
+/* One batch, as optimized_loader_next() returns it. */
+typedef struct optimized_batch {
+  void* data;               /* records * record_bytes bytes, packed; CUDA memory for a CUDA loader */
+  int64_t records;          /* records in the batch; 0 at the end of an epoch */
+  uint64_t bytes;
+  const uint64_t* indices;  /* the dataset index of each record, in batch order */
+  uint64_t epoch, batch;    /* the batch's position (end_of_epoch: where the next call continues) */
+  int32_t end_of_epoch;     /* 1: no batch (the epoch ended; the next call starts the next one) */
+  int32_t device_type, device_index;
+  void* ready_event;        /* CUDA: the cudaEvent_t recorded after the copy into data; NULL on the CPU */
+} optimized_batch;
+
+/* The next batch of the current epoch, or end_of_epoch = 1 once at the end of each epoch (and
+ * always after the last epoch when options.epochs is set). The memory and the indices stay valid
+ * until the next call of optimized_loader_next() or optimized_loader_destroy() on this loader. CUDA: the batch
+ * is copied asynchronously; cuda_stream (a cudaStream_t, NULL: the legacy default stream) is made
+ * to wait for the copy, so work queued on it after this call sees the batch (synchronize it before
+ * reading from the host); the memory is reused only after the work queued on that stream before the
+ * call that releases the batch. A read or checksum failure names the shard file and the record;
+ * the loader then keeps failing until optimized_loader_seek(). */
+OPTIMIZED_C_EXPORT optimized_status optimized_loader_next(optimized_loader* loader, void* cuda_stream,
+                                                          optimized_batch* batch);
+/* Where the next batch comes from: batch `*batch` of epoch `*epoch`. Save it to resume (with
+ * optimized_loader_get_info()'s fingerprint, which identifies the dataset). */
+OPTIMIZED_C_EXPORT optimized_status optimized_loader_position(const optimized_loader* loader, uint64_t* epoch,
+                                                              uint64_t* batch);
+/* Continues at (epoch, batch): what a new loader created with start_epoch, start_batch reads. */
+OPTIMIZED_C_EXPORT optimized_status optimized_loader_seek(optimized_loader* loader, uint64_t epoch,
+                                                          uint64_t batch);
+/* Stops the reads and frees the staging memory; the current batch stays valid. Later
+ * optimized_loader_next() calls fail. */
+OPTIMIZED_C_EXPORT optimized_status optimized_loader_stop(optimized_loader* loader);
+/* Stops the loader and frees the handle (and the current batch). NULL: no effect. */
+OPTIMIZED_C_EXPORT void optimized_loader_destroy(optimized_loader* loader);
+
+/* What a loader reads. The strings live as long as the loader. */
+typedef struct optimized_loader_info {
+  uint64_t num_records;      /* in the dataset */
+  uint64_t record_bytes;
+  uint64_t num_shards;
+  const char* dtype;         /* the records' element type ("int32", ...) */
+  int32_t record_rank;
+  int64_t record_shape[OPTIMIZED_SHARD_MAX_RANK];
+  uint64_t fingerprint;      /* identifies the dataset's contents, for resuming */
+  uint64_t batches_per_epoch;/* this rank's (this worker's) */
+  uint64_t records_per_epoch;
+  const char* io_backend;    /* "io_uring", "pread", "mmap" or "cufile" */
+  int32_t direct_io;         /* 1: O_DIRECT in use */
+  int32_t gds;               /* 1: reads go to GPU memory through cuFile */
+  int32_t prefetch;          /* slots in the staging ring */
+  uint64_t staging_bytes;
+} optimized_loader_info;
+
+OPTIMIZED_C_EXPORT optimized_status optimized_loader_get_info(const optimized_loader* loader,
+                                                              optimized_loader_info* info);
+
+typedef struct optimized_loader_stats {
+  uint64_t batches;          /* handed to the consumer */
+  uint64_t record_bytes;     /* record bytes handed to the consumer */
+  uint64_t read_bytes;       /* bytes read from storage */
+  double consumer_wait_s;    /* time optimized_loader_next() spent waiting */
+} optimized_loader_stats;
+
+OPTIMIZED_C_EXPORT optimized_status optimized_loader_get_stats(const optimized_loader* loader,
+                                                               optimized_loader_stats* stats);
+
+/* Reads and checks every shard and every record's checksum (a full scrub); the first mismatch
+ * names the file and the record. */
+OPTIMIZED_C_EXPORT optimized_status optimized_dataset_verify(const char* dir);
 
 /* The message of the most recent call on this thread; "" when it succeeded. Valid until the next
  * call into the library on this thread. Never NULL. */

@@ -1,13 +1,25 @@
-// The C API (include/optimized/c_api.h): converts the C structs to TensorViews, calls the C++ API
-// and turns every exception into a status code plus a thread-local message. Nothing thrown
-// crosses the extern "C" boundary: each entry ends in catch (...).
+// The C API (include/optimized/c_api.h): converts the C structs to TensorViews and options, calls
+// the C++ API and turns every exception into a status code plus a thread-local message. Nothing
+// thrown crosses the extern "C" boundary: each entry runs inside guarded() (catch (...)).
+//
+// One section per family: core (views, errors), GEMM, fused, loader, and the variant query of every
+// family, which reads the C++ tables (all_gemm_variants(), all_fused_variants(), the loader's
+// names) so that a variant added in C++ is reachable from C without an edit here
+// (tests/c_api/test_c_api_tables.cpp checks it).
 #include "optimized/c_api.h"
 
+#include <array>
+#include <cstring>
+#include <memory>
 #include <new>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "optimized/core.h"
+#include "optimized/fused.h"
 #include "optimized/gemm.h"
+#include "optimized/loader.h"
 
 namespace {
 
@@ -92,6 +104,222 @@ optimized::TensorView to_view(const optimized_tensor* t, const char* name) {
   return v;
 }
 
+// An optional operand: NULL is absent (the C++ empty view). A view of rank 0 is refused rather than
+// read as "absent", so that an uninitialized rank cannot silently drop a weight.
+optimized::TensorView optional_view(const optimized_tensor* t, const char* name) {
+  if (!t) return {};
+  if (t->rank == 0)
+    invalid(std::string(name) + ": expected NULL (absent) or a view of rank >= 1; given a view of rank 0");
+  return to_view(t, name);
+}
+
+optimized::ExecutionContext context(void* cuda_stream) {
+  optimized::ExecutionContext ctx;
+  ctx.cuda_stream = cuda_stream;
+  return ctx;
+}
+
+void require_out(const void* p, const char* name) {
+  if (!p) invalid(std::string(name) + ": expected a pointer to write the result to; given NULL");
+}
+
+// ---- GEMM --------------------------------------------------------------------------------------
+
+void gemm_check(const char* variant, int32_t dtype, int32_t device_type) {
+  if (!variant) invalid("variant: expected a name (\"auto\" or a variant); given NULL");
+  const optimized::GemmVariant v = optimized::parse_gemm_variant(variant);
+  const optimized::DType d = to_dtype(dtype, "dtype");
+  const optimized::Device device = to_device(device_type, 0, "device_type");
+  if (v != optimized::GemmVariant::kAuto && optimized::gemm_variant_is_cuda(v) != device.is_cuda())
+    invalid("variant: " + std::string(variant) + " runs on " +
+            (optimized::gemm_variant_is_cuda(v) ? "CUDA" : "the CPU") + " tensors; given " +
+            (device.is_cuda() ? "CUDA" : "CPU") + " tensors");
+  // kAuto resolves to a variant that takes every dtype matmul takes.
+  const optimized::GemmVariant probe =
+      v != optimized::GemmVariant::kAuto ? v
+      : device.is_cuda()                 ? optimized::GemmVariant::kCudaNaive
+                                         : optimized::GemmVariant::kCpuNaive;
+  if (std::string why = optimized::gemm_variant_rejects_dtype(probe, d); !why.empty())
+    throw optimized::Error(optimized::Status::kUnsupported, "variant: " + why);
+}
+
+// ---- fused -------------------------------------------------------------------------------------
+
+optimized::FusedVariant fused_variant(const char* variant) {
+  return variant ? optimized::parse_fused_variant(variant) : optimized::FusedVariant::kAuto;
+}
+
+optimized::GeluApproximation gelu_form(int32_t approximate) {
+  if (approximate == OPTIMIZED_GELU_NONE) return optimized::GeluApproximation::kNone;
+  if (approximate == OPTIMIZED_GELU_TANH) return optimized::GeluApproximation::kTanh;
+  invalid("approximate: expected OPTIMIZED_GELU_NONE (0) or OPTIMIZED_GELU_TANH (1); given " +
+          std::to_string(approximate));
+}
+
+optimized::FusedOp fused_op(const char* op) {
+  if (!op) invalid("op: expected a fused op name (optimized_fused_op_name); given NULL");
+  return optimized::parse_fused_op(op);
+}
+
+bool flag(int32_t value, const char* name) {
+  if (value != 0 && value != 1) invalid(std::string(name) + ": expected 0 or 1; given " + std::to_string(value));
+  return value == 1;
+}
+
+// A fused variant runs on one kind of device, and on the dtypes resolve_fused_variant takes there
+// (fp32, fp16, bf16; fp64 on the CPU): the C++ function owns that rule and its messages.
+void fused_check(const char* variant, int32_t dtype, int32_t device_type) {
+  if (!variant) invalid("variant: expected a name (\"auto\" or a variant); given NULL");
+  const optimized::FusedVariant v = optimized::parse_fused_variant(variant);
+  const optimized::DType d = to_dtype(dtype, "dtype");
+  const optimized::Device device = to_device(device_type, 0, "device_type");
+  if (v != optimized::FusedVariant::kAuto && optimized::fused_variant_is_cuda(v) != device.is_cuda())
+    invalid("variant: " + std::string(variant) + " runs on " +
+            (optimized::fused_variant_is_cuda(v) ? "CUDA" : "the CPU") + " tensors; given " +
+            (device.is_cuda() ? "CUDA" : "CPU") + " tensors");
+  optimized::resolve_fused_variant(optimized::FusedOp::kSoftmax, d, device, 1, false);
+}
+
+// ---- loader ------------------------------------------------------------------------------------
+
+// loader.h has no all_loader_variants() yet: the ladder's two rungs, in order. test_c_api_tables
+// checks that every LoaderVariant value whose name parses back to it is listed here.
+constexpr std::array kLoaderVariants = {optimized::LoaderVariant::kSynchronous, optimized::LoaderVariant::kPipelined};
+
+void loader_check(const char* variant, int32_t dtype, int32_t device_type) {
+  if (!variant) invalid("variant: expected a name (synchronous or pipelined); given NULL");
+  optimized::parse_loader_variant(variant);
+  to_dtype(dtype, "dtype");  // records of any dtype, on either device
+  to_device(device_type, 0, "device_type");
+}
+
+// ---- every family ------------------------------------------------------------------------------
+
+struct Family {
+  const char* name;
+  size_t (*count)();
+  const char* (*name_at)(size_t index);  // string literals: NUL-terminated and static
+  void (*check)(const char* variant, int32_t dtype, int32_t device_type);
+};
+
+constexpr Family kFamilies[] = {
+    {"gemm", [] { return optimized::all_gemm_variants().size(); },
+     [](size_t i) { return optimized::gemm_variant_name(optimized::all_gemm_variants()[i]).data(); }, gemm_check},
+    {"fused", [] { return optimized::all_fused_variants().size(); },
+     [](size_t i) { return optimized::fused_variant_name(optimized::all_fused_variants()[i]).data(); }, fused_check},
+    {"loader", [] { return kLoaderVariants.size(); },
+     [](size_t i) { return optimized::loader_variant_name(kLoaderVariants[i]).data(); }, loader_check},
+};
+
+const Family& family(const char* name) {
+  std::string names;
+  for (const Family& f : kFamilies) names += (names.empty() ? "" : ", ") + std::string(f.name);
+  if (!name) invalid("family: expected one of " + names + "; given NULL");
+  for (const Family& f : kFamilies)
+    if (std::strcmp(f.name, name) == 0) return f;
+  invalid("family: expected one of " + names + "; given '" + std::string(name) + "'");
+}
+
+const char* variant_at(const Family& f, int32_t index) {
+  if (index < 0 || static_cast<size_t>(index) >= f.count()) return nullptr;
+  return f.name_at(static_cast<size_t>(index));
+}
+
+}  // namespace
+
+// ---- the loader's opaque handles (declared in c_api.h) -------------------------------------------
+
+struct optimized_shard_writer {
+  std::unique_ptr<optimized::ShardWriter> writer;
+  // Set when an append failed half-way: the dataset was aborted (left incomplete) with this reason.
+  optimized::Status failed_status = optimized::Status::kOk;
+  std::string failed;
+};
+
+struct optimized_loader {
+  std::unique_ptr<optimized::Loader> loader;
+  std::optional<optimized::Batch> current;  // the batch last handed out: kept alive until the next call
+  void* current_stream = nullptr;           // the stream it was handed out on (CUDA)
+  std::string io_backend;                   // chosen at construction; a stable string for get_info
+
+  // Lets the memory of the batch handed out be reused once the work queued on its stream so far is
+  // done (the rule torch's caching allocator follows), then drops it.
+  void release_current() {
+    if (!current) return;
+    std::optional<optimized::Batch> batch = std::move(current);
+    current.reset();
+    if (batch->device().is_cuda() && batch->memory()) batch->memory()->release_after(current_stream);
+  }
+};
+
+namespace {
+
+optimized_shard_writer& writer_of(optimized_shard_writer* w) {
+  if (!w) invalid("writer: expected a handle from optimized_shard_writer_create; given NULL");
+  return *w;
+}
+
+const optimized_loader& loader_of(const optimized_loader* l) {
+  if (!l) invalid("loader: expected a handle from optimized_loader_create; given NULL");
+  return *l;
+}
+optimized_loader& loader_of(optimized_loader* l) {
+  if (!l) invalid("loader: expected a handle from optimized_loader_create; given NULL");
+  return *l;
+}
+
+void fill_options(const optimized::LoaderOptions& o, optimized_loader_options* c) {
+  optimized_loader_options out{};
+  out.batch_size = o.batch_size;
+  out.device_type = o.device.is_cuda() ? OPTIMIZED_DEVICE_CUDA : OPTIMIZED_DEVICE_CPU;
+  out.device_index = o.device.index;
+  out.shuffle = o.shuffle ? 1 : 0;
+  out.drop_last = o.drop_last ? 1 : 0;
+  out.seed = o.seed;
+  out.rank = o.rank;
+  out.world_size = o.world_size;
+  out.epochs = o.epochs;
+  out.start_epoch = o.start.epoch;
+  out.start_batch = o.start.batch;
+  out.variant = nullptr;  // NULL: the C++ default (pipelined), as for io, direct_io and gds (auto)
+  out.prefetch = o.prefetch;
+  out.threads = o.threads;
+  out.queue_depth = o.queue_depth;
+  out.verify = o.verify ? 1 : 0;
+  out.chunk_bytes = o.chunk_bytes;
+  out.io = out.direct_io = out.gds = nullptr;
+  out.staging_bytes = o.staging_bytes;
+  out.worker = o.worker;
+  out.num_workers = o.num_workers;
+  *c = out;
+}
+
+optimized::LoaderOptions to_options(const optimized_loader_options& c) {
+  optimized::LoaderOptions o;
+  o.batch_size = c.batch_size;
+  o.device = to_device(c.device_type, c.device_index, "device");
+  o.shuffle = flag(c.shuffle, "shuffle");
+  o.drop_last = flag(c.drop_last, "drop_last");
+  o.seed = c.seed;
+  o.rank = c.rank;
+  o.world_size = c.world_size;
+  o.epochs = c.epochs;
+  o.start = {c.start_epoch, c.start_batch};
+  if (c.variant) o.variant = optimized::parse_loader_variant(c.variant);
+  o.prefetch = c.prefetch;
+  o.threads = c.threads;
+  o.queue_depth = c.queue_depth;
+  o.verify = flag(c.verify, "verify");
+  o.chunk_bytes = c.chunk_bytes;
+  if (c.io) o.io = optimized::parse_io_backend(c.io);
+  if (c.direct_io) o.direct_io = optimized::parse_direct_io(c.direct_io);
+  if (c.gds) o.gds = optimized::parse_gds_mode(c.gds);
+  o.staging_bytes = c.staging_bytes;
+  o.worker = c.worker;
+  o.num_workers = c.num_workers;
+  return o;  // the Loader checks the ranges and names the field
+}
+
 }  // namespace
 
 extern "C" {
@@ -145,32 +373,399 @@ optimized_status optimized_matmul(const optimized_tensor* a, const optimized_ten
 
 const char* optimized_gemm_variant_name(int32_t index) {
   try {
-    const auto variants = optimized::all_gemm_variants();
-    if (index < 0 || static_cast<size_t>(index) >= variants.size()) return nullptr;
-    // gemm_variant_name returns views of string literals: NUL-terminated.
-    return optimized::gemm_variant_name(variants[static_cast<size_t>(index)]).data();
+    return variant_at(family("gemm"), index);
   } catch (...) {
     return nullptr;
   }
 }
 
 optimized_status optimized_gemm_variant_check(const char* variant, int32_t dtype, int32_t device_type) {
-  return guarded("optimized_gemm_variant_check", [&] {
-    if (!variant) invalid("variant: expected a name (\"auto\" or a variant); given NULL");
-    const optimized::GemmVariant v = optimized::parse_gemm_variant(variant);
-    const optimized::DType d = to_dtype(dtype, "dtype");
-    const optimized::Device device = to_device(device_type, 0, "device_type");
-    if (v != optimized::GemmVariant::kAuto && optimized::gemm_variant_is_cuda(v) != device.is_cuda())
-      invalid("variant: " + std::string(variant) + " runs on " +
-              (optimized::gemm_variant_is_cuda(v) ? "CUDA" : "the CPU") + " tensors; given " +
-              (device.is_cuda() ? "CUDA" : "CPU") + " tensors");
-    // kAuto resolves to a variant that takes every dtype matmul takes.
-    const optimized::GemmVariant probe =
-        v != optimized::GemmVariant::kAuto ? v
-        : device.is_cuda()                 ? optimized::GemmVariant::kCudaNaive
-                                           : optimized::GemmVariant::kCpuNaive;
-    if (std::string why = optimized::gemm_variant_rejects_dtype(probe, d); !why.empty())
-      throw optimized::Error(optimized::Status::kUnsupported, "variant: " + why);
+  return guarded("optimized_gemm_variant_check", [&] { gemm_check(variant, dtype, device_type); });
+}
+
+// ---- every family ------------------------------------------------------------------------------
+
+const char* optimized_family_name(int32_t index) {
+  constexpr int32_t n = static_cast<int32_t>(sizeof kFamilies / sizeof kFamilies[0]);
+  return index >= 0 && index < n ? kFamilies[index].name : nullptr;
+}
+
+optimized_status optimized_variant_count(const char* family_name, int32_t* count) {
+  return guarded("optimized_variant_count", [&] {
+    const Family& f = family(family_name);
+    require_out(count, "count");
+    *count = static_cast<int32_t>(f.count());
+  });
+}
+
+const char* optimized_variant_name(const char* family_name, int32_t index) {
+  const char* name = nullptr;
+  guarded("optimized_variant_name", [&] { name = variant_at(family(family_name), index); });
+  return name;
+}
+
+optimized_status optimized_variant_check(const char* family_name, const char* variant, int32_t dtype,
+                                         int32_t device_type) {
+  return guarded("optimized_variant_check", [&] { family(family_name).check(variant, dtype, device_type); });
+}
+
+// ---- fused -------------------------------------------------------------------------------------
+
+optimized_status optimized_softmax_forward(const optimized_tensor* x, optimized_tensor* y, double scale,
+                                           const char* variant, void* cuda_stream) {
+  return guarded("optimized_softmax_forward", [&] {
+    optimized::softmax_forward(to_view(x, "x"), to_view(y, "y"), scale, false, fused_variant(variant),
+                               context(cuda_stream));
+  });
+}
+
+optimized_status optimized_log_softmax_forward(const optimized_tensor* x, optimized_tensor* y, double scale,
+                                               const char* variant, void* cuda_stream) {
+  return guarded("optimized_log_softmax_forward", [&] {
+    optimized::softmax_forward(to_view(x, "x"), to_view(y, "y"), scale, true, fused_variant(variant),
+                               context(cuda_stream));
+  });
+}
+
+optimized_status optimized_softmax_backward(const optimized_tensor* y, const optimized_tensor* dy,
+                                            optimized_tensor* dx, double scale, const char* variant,
+                                            void* cuda_stream) {
+  return guarded("optimized_softmax_backward", [&] {
+    optimized::softmax_backward(to_view(y, "y"), to_view(dy, "dy"), to_view(dx, "dx"), scale, false,
+                                fused_variant(variant), context(cuda_stream));
+  });
+}
+
+optimized_status optimized_log_softmax_backward(const optimized_tensor* y, const optimized_tensor* dy,
+                                                optimized_tensor* dx, double scale, const char* variant,
+                                                void* cuda_stream) {
+  return guarded("optimized_log_softmax_backward", [&] {
+    optimized::softmax_backward(to_view(y, "y"), to_view(dy, "dy"), to_view(dx, "dx"), scale, true,
+                                fused_variant(variant), context(cuda_stream));
+  });
+}
+
+optimized_status optimized_layer_norm_forward(const optimized_tensor* x, const optimized_tensor* residual,
+                                              const optimized_tensor* weight, const optimized_tensor* bias,
+                                              double eps, optimized_tensor* y, optimized_tensor* residual_out,
+                                              optimized_tensor* mean, optimized_tensor* rstd, const char* variant,
+                                              void* cuda_stream) {
+  return guarded("optimized_layer_norm_forward", [&] {
+    optimized::layer_norm_forward(to_view(x, "x"), optional_view(residual, "residual"),
+                                  optional_view(weight, "weight"), optional_view(bias, "bias"), eps,
+                                  to_view(y, "y"), optional_view(residual_out, "residual_out"),
+                                  optional_view(mean, "mean"), optional_view(rstd, "rstd"), fused_variant(variant),
+                                  context(cuda_stream));
+  });
+}
+
+optimized_status optimized_layer_norm_backward(const optimized_tensor* dy, const optimized_tensor* h,
+                                               const optimized_tensor* weight, const optimized_tensor* mean,
+                                               const optimized_tensor* rstd, const optimized_tensor* dresidual_out,
+                                               optimized_tensor* dx, optimized_tensor* dweight,
+                                               optimized_tensor* dbias, const char* variant, void* cuda_stream) {
+  return guarded("optimized_layer_norm_backward", [&] {
+    // mean and rstd are required: the C++ entry says so by name when they are absent.
+    optimized::layer_norm_backward(to_view(dy, "dy"), to_view(h, "h"), optional_view(weight, "weight"),
+                                   optional_view(mean, "mean"), optional_view(rstd, "rstd"),
+                                   optional_view(dresidual_out, "dresidual_out"), to_view(dx, "dx"),
+                                   optional_view(dweight, "dweight"), optional_view(dbias, "dbias"),
+                                   fused_variant(variant), context(cuda_stream));
+  });
+}
+
+optimized_status optimized_rms_norm_forward(const optimized_tensor* x, const optimized_tensor* residual,
+                                            const optimized_tensor* weight, double eps, optimized_tensor* y,
+                                            optimized_tensor* residual_out, optimized_tensor* rstd,
+                                            const char* variant, void* cuda_stream) {
+  return guarded("optimized_rms_norm_forward", [&] {
+    optimized::rms_norm_forward(to_view(x, "x"), optional_view(residual, "residual"), optional_view(weight, "weight"),
+                                eps, to_view(y, "y"), optional_view(residual_out, "residual_out"),
+                                optional_view(rstd, "rstd"), fused_variant(variant), context(cuda_stream));
+  });
+}
+
+optimized_status optimized_rms_norm_backward(const optimized_tensor* dy, const optimized_tensor* h,
+                                             const optimized_tensor* weight, const optimized_tensor* rstd,
+                                             const optimized_tensor* dresidual_out, optimized_tensor* dx,
+                                             optimized_tensor* dweight, const char* variant, void* cuda_stream) {
+  return guarded("optimized_rms_norm_backward", [&] {
+    optimized::rms_norm_backward(to_view(dy, "dy"), to_view(h, "h"), optional_view(weight, "weight"),
+                                 optional_view(rstd, "rstd"), optional_view(dresidual_out, "dresidual_out"),
+                                 to_view(dx, "dx"), optional_view(dweight, "dweight"), fused_variant(variant),
+                                 context(cuda_stream));
+  });
+}
+
+optimized_status optimized_bias_gelu_forward(const optimized_tensor* x, const optimized_tensor* bias,
+                                             int32_t approximate, optimized_tensor* y, const char* variant,
+                                             void* cuda_stream) {
+  return guarded("optimized_bias_gelu_forward", [&] {
+    optimized::bias_gelu_forward(to_view(x, "x"), optional_view(bias, "bias"), gelu_form(approximate), to_view(y, "y"),
+                                 fused_variant(variant), context(cuda_stream));
+  });
+}
+
+optimized_status optimized_bias_gelu_backward(const optimized_tensor* dy, const optimized_tensor* x,
+                                              const optimized_tensor* bias, int32_t approximate, optimized_tensor* dx,
+                                              optimized_tensor* dbias, const char* variant, void* cuda_stream) {
+  return guarded("optimized_bias_gelu_backward", [&] {
+    optimized::bias_gelu_backward(to_view(dy, "dy"), to_view(x, "x"), optional_view(bias, "bias"),
+                                  gelu_form(approximate), to_view(dx, "dx"), optional_view(dbias, "dbias"),
+                                  fused_variant(variant), context(cuda_stream));
+  });
+}
+
+optimized_status optimized_silu_and_mul_forward(const optimized_tensor* x, optimized_tensor* y, const char* variant,
+                                                void* cuda_stream) {
+  return guarded("optimized_silu_and_mul_forward", [&] {
+    optimized::silu_and_mul_forward(to_view(x, "x"), to_view(y, "y"), fused_variant(variant), context(cuda_stream));
+  });
+}
+
+optimized_status optimized_silu_and_mul_backward(const optimized_tensor* dy, const optimized_tensor* x,
+                                                 optimized_tensor* dx, const char* variant, void* cuda_stream) {
+  return guarded("optimized_silu_and_mul_backward", [&] {
+    optimized::silu_and_mul_backward(to_view(dy, "dy"), to_view(x, "x"), to_view(dx, "dx"), fused_variant(variant),
+                                     context(cuda_stream));
+  });
+}
+
+const char* optimized_fused_variant_name(int32_t index) {
+  try {
+    return variant_at(family("fused"), index);
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+const char* optimized_fused_op_name(int32_t index) {
+  try {
+    const auto ops = optimized::all_fused_ops();
+    if (index < 0 || static_cast<size_t>(index) >= ops.size()) return nullptr;
+    return optimized::fused_op_name(ops[static_cast<size_t>(index)]).data();  // a string literal
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+optimized_status optimized_fused_resolve_variant(const char* op, int32_t dtype, int32_t device_type,
+                                                 int32_t device_index, int64_t width, int32_t backward,
+                                                 int32_t aligned_rows, const char** variant) {
+  return guarded("optimized_fused_resolve_variant", [&] {
+    require_out(variant, "variant");
+    const optimized::FusedVariant v = optimized::resolve_fused_variant(
+        fused_op(op), to_dtype(dtype, "dtype"), to_device(device_type, device_index, "device"), width,
+        flag(backward, "backward"), flag(aligned_rows, "aligned_rows"));
+    *variant = optimized::fused_variant_name(v).data();
+  });
+}
+
+optimized_status optimized_fused_registers_max_width(const char* op, int32_t dtype, int32_t backward,
+                                                     int32_t aligned_rows, int64_t* max_width) {
+  return guarded("optimized_fused_registers_max_width", [&] {
+    require_out(max_width, "max_width");
+    *max_width = optimized::fused_registers_max_width(fused_op(op), to_dtype(dtype, "dtype"),
+                                                      flag(backward, "backward"), flag(aligned_rows, "aligned_rows"));
+  });
+}
+
+// ---- loader: shard writer ------------------------------------------------------------------------
+
+optimized_status optimized_shard_writer_create(optimized_shard_writer** writer, const char* dir, const char* dtype,
+                                               int32_t record_rank, const int64_t* record_shape,
+                                               uint64_t records_per_shard, int32_t overwrite) {
+  return guarded("optimized_shard_writer_create", [&] {
+    require_out(writer, "writer");
+    *writer = nullptr;
+    if (!dir) invalid("dir: expected a directory path; given NULL");
+    if (!dtype) invalid("dtype: expected an element type name (\"float32\", \"int32\", ...); given NULL");
+    if (record_rank < 0 || record_rank > OPTIMIZED_SHARD_MAX_RANK)
+      invalid("record_rank: expected 0.." + std::to_string(OPTIMIZED_SHARD_MAX_RANK) + "; given " +
+              std::to_string(record_rank));
+    if (record_rank > 0 && !record_shape)
+      invalid("record_shape: expected " + std::to_string(record_rank) + " sizes; given NULL");
+    std::vector<int64_t> shape(record_shape, record_shape + record_rank);
+    auto handle = std::make_unique<optimized_shard_writer>();
+    handle->writer = std::make_unique<optimized::ShardWriter>(dir, dtype, std::move(shape), records_per_shard,
+                                                              flag(overwrite, "overwrite"));
+    *writer = handle.release();
+  });
+}
+
+optimized_status optimized_shard_writer_append(optimized_shard_writer* writer, const void* records, uint64_t count) {
+  return guarded("optimized_shard_writer_append", [&] {
+    optimized_shard_writer& w = writer_of(writer);
+    if (w.failed_status != optimized::Status::kOk)
+      throw optimized::Error(w.failed_status, "writer: an earlier append failed and the dataset was aborted (" +
+                                                  w.failed + "); end the writer with optimized_shard_writer_abort");
+    if (count == 0) return;
+    if (!records) invalid("records: expected " + std::to_string(count) + " records of host memory; given NULL");
+    try {
+      w.writer->append(records, count);
+    } catch (const std::exception& e) {
+      // Records may have been written half-way: as the C++ writer does when a throw leaves its scope,
+      // leave the dataset visibly incomplete rather than let a later close() finish a shorter one.
+      const auto* error = dynamic_cast<const optimized::Error*>(&e);
+      w.failed_status = error ? error->status() : optimized::Status::kInternal;
+      w.failed = e.what();
+      w.writer->abort("append failed: " + w.failed);
+      throw;
+    }
+  });
+}
+
+optimized_status optimized_shard_writer_info(const optimized_shard_writer* writer, uint64_t* record_bytes,
+                                             uint64_t* records_written) {
+  return guarded("optimized_shard_writer_info", [&] {
+    if (!writer) invalid("writer: expected a handle from optimized_shard_writer_create; given NULL");
+    if (record_bytes) *record_bytes = writer->writer->record_bytes();
+    if (records_written) *records_written = writer->writer->records_written();
+  });
+}
+
+optimized_status optimized_shard_writer_close(optimized_shard_writer* writer, uint64_t* num_records,
+                                              uint64_t* num_shards) {
+  return guarded("optimized_shard_writer_close", [&] {
+    std::unique_ptr<optimized_shard_writer> w(&writer_of(writer));  // freed however this ends
+    if (w->failed_status != optimized::Status::kOk)
+      throw optimized::Error(w->failed_status, "writer: an append failed (" + w->failed +
+                                                   "); the dataset was left incomplete");
+    const optimized::DatasetInfo info = w->writer->close();
+    if (num_records) *num_records = info.num_records;
+    if (num_shards) *num_shards = info.shards.size();
+  });
+}
+
+optimized_status optimized_shard_writer_abort(optimized_shard_writer* writer, const char* why) {
+  return guarded("optimized_shard_writer_abort", [&] {
+    std::unique_ptr<optimized_shard_writer> w(&writer_of(writer));
+    w->writer->abort(why ? why : "");
+  });
+}
+
+// ---- loader ------------------------------------------------------------------------------------
+
+optimized_status optimized_loader_options_default(optimized_loader_options* options) {
+  return guarded("optimized_loader_options_default", [&] {
+    require_out(options, "options");
+    fill_options(optimized::LoaderOptions{}, options);
+  });
+}
+
+optimized_status optimized_loader_create(optimized_loader** loader, const char* dir,
+                                         const optimized_loader_options* options) {
+  return guarded("optimized_loader_create", [&] {
+    require_out(loader, "loader");
+    *loader = nullptr;
+    if (!dir) invalid("dir: expected a dataset directory; given NULL");
+    const optimized::LoaderOptions o = options ? to_options(*options) : optimized::LoaderOptions{};
+    auto handle = std::make_unique<optimized_loader>();
+    handle->loader = std::make_unique<optimized::Loader>(dir, o);
+    handle->io_backend = handle->loader->io_backend();
+    *loader = handle.release();
+  });
+}
+
+optimized_status optimized_loader_next(optimized_loader* loader, void* cuda_stream, optimized_batch* batch) {
+  if (batch) *batch = optimized_batch{};
+  return guarded("optimized_loader_next", [&] {
+    optimized_loader& l = loader_of(loader);
+    require_out(batch, "batch");
+    l.release_current();
+    std::optional<optimized::Batch> b = l.loader->next();
+    if (!b) {
+      const optimized::LoaderPosition p = l.loader->position();
+      batch->end_of_epoch = 1;
+      // Where the next call continues: the start of the next epoch (or, after the last epoch, its end).
+      batch->epoch = p.epoch;
+      batch->batch = p.batch;
+      return;
+    }
+    if (b->device().is_cuda()) b->wait(cuda_stream);
+    l.current = std::move(b);
+    l.current_stream = cuda_stream;
+    const optimized::Batch& c = *l.current;
+    batch->data = c.data();
+    batch->records = c.records();
+    batch->bytes = c.bytes();
+    batch->indices = c.indices().data();
+    batch->epoch = c.position().epoch;
+    batch->batch = c.position().batch;
+    batch->device_type = c.device().is_cuda() ? OPTIMIZED_DEVICE_CUDA : OPTIMIZED_DEVICE_CPU;
+    batch->device_index = c.device().index;
+    batch->ready_event = c.ready_event();
+  });
+}
+
+optimized_status optimized_loader_position(const optimized_loader* loader, uint64_t* epoch, uint64_t* batch) {
+  return guarded("optimized_loader_position", [&] {
+    const optimized_loader& l = loader_of(loader);
+    require_out(epoch, "epoch");
+    require_out(batch, "batch");
+    const optimized::LoaderPosition p = l.loader->position();
+    *epoch = p.epoch;
+    *batch = p.batch;
+  });
+}
+
+optimized_status optimized_loader_seek(optimized_loader* loader, uint64_t epoch, uint64_t batch) {
+  return guarded("optimized_loader_seek", [&] { loader_of(loader).loader->seek({epoch, batch}); });
+}
+
+optimized_status optimized_loader_stop(optimized_loader* loader) {
+  return guarded("optimized_loader_stop", [&] { loader_of(loader).loader->stop(); });
+}
+
+void optimized_loader_destroy(optimized_loader* loader) {
+  if (!loader) return;
+  try {
+    loader->release_current();
+  } catch (...) {  // a CUDA error while releasing: the memory is freed with the loader all the same
+  }
+  try {
+    delete loader;  // ~Loader stops the threads
+  } catch (...) {
+  }
+}
+
+optimized_status optimized_loader_get_info(const optimized_loader* loader, optimized_loader_info* info) {
+  return guarded("optimized_loader_get_info", [&] {
+    const optimized_loader& l = loader_of(loader);
+    require_out(info, "info");
+    const optimized::DatasetInfo& d = l.loader->dataset();
+    optimized_loader_info out{};
+    out.num_records = d.num_records;
+    out.record_bytes = d.record_bytes;
+    out.num_shards = d.shards.size();
+    out.dtype = d.dtype.c_str();
+    out.record_rank = static_cast<int32_t>(d.record_shape.size());
+    for (size_t i = 0; i < d.record_shape.size() && i < OPTIMIZED_SHARD_MAX_RANK; ++i) out.record_shape[i] = d.record_shape[i];
+    out.fingerprint = optimized::dataset_fingerprint(d);
+    out.batches_per_epoch = l.loader->batches_per_epoch();
+    out.records_per_epoch = l.loader->records_per_epoch();
+    out.io_backend = l.io_backend.c_str();
+    out.direct_io = l.loader->direct_io() ? 1 : 0;
+    out.gds = l.loader->gds() ? 1 : 0;
+    out.prefetch = l.loader->prefetch();
+    out.staging_bytes = l.loader->staging_bytes();
+    *info = out;
+  });
+}
+
+optimized_status optimized_loader_get_stats(const optimized_loader* loader, optimized_loader_stats* stats) {
+  return guarded("optimized_loader_get_stats", [&] {
+    const optimized_loader& l = loader_of(loader);
+    require_out(stats, "stats");
+    const optimized::LoaderStats s = l.loader->stats();
+    *stats = optimized_loader_stats{s.batches, s.record_bytes, s.read_bytes, s.consumer_wait_s};
+  });
+}
+
+optimized_status optimized_dataset_verify(const char* dir) {
+  return guarded("optimized_dataset_verify", [&] {
+    if (!dir) invalid("dir: expected a dataset directory; given NULL");
+    optimized::verify_dataset(dir);
   });
 }
 
@@ -212,3 +807,4 @@ static_assert(OPTIMIZED_DTYPE_BF16 == static_cast<int>(optimized::DType::kBF16))
 static_assert(OPTIMIZED_DTYPE_I64 == static_cast<int>(optimized::DType::kI64));
 static_assert(OPTIMIZED_DTYPE_F64 == static_cast<int>(optimized::DType::kF64));
 static_assert(OPTIMIZED_MAX_RANK == optimized::TensorView::kMaxRank);
+static_assert(OPTIMIZED_SHARD_MAX_RANK == optimized::kShardMaxRank);

@@ -1,14 +1,29 @@
 /* The C API used from a C program (C11): status codes, the thread-local last-error message,
- * every error path naming its argument, and GEMM results on the CPU (and CUDA, when a device is
- * present) against a double-precision reference on fresh random inputs with poisoned outputs.
+ * every error path naming its argument, and the results of every family against a double-precision
+ * reference on fresh random inputs with poisoned outputs, on the CPU (and CUDA, when a device is
+ * present):
+ *   - GEMM: every variant, odd shapes, strided A, broadcast B;
+ *   - fused: softmax, log_softmax, layer_norm, rms_norm (plain and with residual), bias_gelu (erf and
+ *     tanh), silu_and_mul, forward and backward, odd sizes, padded rows, optional operands present
+ *     and absent;
+ *   - the generic variant query of every family, against the GEMM-specific and fused-specific ones;
+ *   - the loader: a dataset written through the shard writer into a temporary directory, read back
+ *     (every record exactly once per epoch, shuffled, over ranks, each I/O engine), resumed from a
+ *     saved position, and refused when the directory is missing, a shard is truncated, a record is
+ *     corrupt or the writer aborted.
  *
  * Prints one line per check and closes with "N passed, N failed"; exits non-zero on failure. */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp, truncate, pwrite, opendir */
+#include <dirent.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "optimized/c_api.h"
 
@@ -351,6 +366,1273 @@ static void thread_local_error(void) {
         "last error is thread-local", optimized_last_error());
 }
 
+/* ---- the variant query of every family ------------------------------------------------------- */
+
+static void variant_queries(void) {
+  const optimized_status I = OPTIMIZED_STATUS_INVALID_ARGUMENT, U = OPTIMIZED_STATUS_UNSUPPORTED;
+  const char* const families[] = {"gemm", "fused", "loader"};
+  int nf = 0;
+  while (optimized_family_name(nf) != NULL) ++nf;
+  check(nf == 3 && strcmp(optimized_family_name(0), families[0]) == 0 &&
+            strcmp(optimized_family_name(1), families[1]) == 0 && strcmp(optimized_family_name(2), families[2]) == 0 &&
+            optimized_family_name(-1) == NULL,
+        "families: gemm, fused, loader", NULL);
+
+  for (int f = 0; f < nf; ++f) {
+    const char* family = optimized_family_name(f);
+    char what[160];
+    int32_t count = -1;
+    snprintf(what, sizeof what, "%s: variant_count succeeds", family);
+    check(optimized_variant_count(family, &count) == OPTIMIZED_STATUS_OK && count >= 2, what, optimized_last_error());
+    int listed = 0, accepted = 0;
+    for (const char* name; (name = optimized_variant_name(family, listed)) != NULL; ++listed) {
+      /* Each listed variant runs somewhere: on its device with fp32 or bf16 (the loader: anything). */
+      int ok = 0;
+      for (int device = 0; device < 2 && !ok; ++device)
+        ok = optimized_variant_check(family, name, OPTIMIZED_DTYPE_F32, device) == OPTIMIZED_STATUS_OK ||
+             optimized_variant_check(family, name, OPTIMIZED_DTYPE_BF16, device) == OPTIMIZED_STATUS_OK;
+      accepted += ok;
+      if (strcmp(name, "auto") == 0) accepted = -1000;
+    }
+    snprintf(what, sizeof what, "%s: variant_count (%d) = names listed (%d), each accepted, auto not listed", family,
+             (int)count, listed);
+    check(count == listed && accepted == listed && optimized_variant_name(family, -1) == NULL &&
+              optimized_last_error()[0] == '\0',
+          what, optimized_last_error());
+  }
+
+  /* The family queries agree with the GEMM- and fused-specific ones, name by name. */
+  int same = 1, i = 0;
+  for (; optimized_gemm_variant_name(i) != NULL || optimized_variant_name("gemm", i) != NULL; ++i) {
+    const char *a = optimized_gemm_variant_name(i), *b = optimized_variant_name("gemm", i);
+    same &= a && b && strcmp(a, b) == 0;
+  }
+  check(same && i >= 3, "gemm: optimized_variant_name = optimized_gemm_variant_name", NULL);
+  same = 1;
+  int has[4] = {0, 0, 0, 0};
+  const char* const fused_names[4] = {"cpu", "unfused", "fused_streaming", "fused_registers"};
+  for (i = 0; optimized_fused_variant_name(i) != NULL || optimized_variant_name("fused", i) != NULL; ++i) {
+    const char *a = optimized_fused_variant_name(i), *b = optimized_variant_name("fused", i);
+    same &= a && b && strcmp(a, b) == 0;
+    for (int k = 0; k < 4; ++k) has[k] |= a && strcmp(a, fused_names[k]) == 0;
+  }
+  check(same && has[0] && has[1] && has[2] && has[3] && optimized_fused_variant_name(-1) == NULL,
+        "fused: optimized_variant_name = optimized_fused_variant_name (cpu, unfused, fused_streaming, fused_registers)",
+        NULL);
+  check(optimized_variant_name("loader", 0) && optimized_variant_name("loader", 1) &&
+            strcmp(optimized_variant_name("loader", 0), "synchronous") == 0 &&
+            strcmp(optimized_variant_name("loader", 1), "pipelined") == 0,
+        "loader: synchronous, pipelined", NULL);
+
+  /* The generic GEMM check is the GEMM check: the same status and message for every name, dtype and
+   * device (dtype and device values out of range included). */
+  int agree = 1;
+  char first_diff[700] = "";
+  for (int v = -1; v <= 12; ++v) {
+    const char* name = v < 0 ? "auto" : v < 10 && optimized_gemm_variant_name(v) ? optimized_gemm_variant_name(v) : "nope";
+    for (int32_t dtype = -1; dtype <= 7; ++dtype)
+      for (int32_t device = -1; device <= 2; ++device) {
+        const optimized_status s1 = optimized_gemm_variant_check(name, dtype, device);
+        char m1[300];
+        snprintf(m1, sizeof m1, "%s", optimized_last_error());
+        const optimized_status s2 = optimized_variant_check("gemm", name, dtype, device);
+        if (s1 != s2 || strcmp(m1, optimized_last_error()) != 0) {
+          if (agree) snprintf(first_diff, sizeof first_diff, "%s dtype %d device %d: '%s' vs '%s'", name, (int)dtype,
+                              (int)device, m1, optimized_last_error());
+          agree = 0;
+        }
+      }
+  }
+  check(agree, "gemm: optimized_variant_check = optimized_gemm_variant_check everywhere", first_diff);
+
+  /* fused checks */
+  check(optimized_variant_check("fused", "auto", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU) == OPTIMIZED_STATUS_OK &&
+            optimized_variant_check("fused", "cpu", OPTIMIZED_DTYPE_F64, OPTIMIZED_DEVICE_CPU) == OPTIMIZED_STATUS_OK &&
+            optimized_variant_check("fused", "fused_registers", OPTIMIZED_DTYPE_BF16, OPTIMIZED_DEVICE_CUDA) ==
+                OPTIMIZED_STATUS_OK &&
+            optimized_variant_check("fused", "unfused", OPTIMIZED_DTYPE_F16, OPTIMIZED_DEVICE_CUDA) == OPTIMIZED_STATUS_OK,
+        "fused: variant check accepts", optimized_last_error());
+  expect_error("fused check: a CUDA variant on the CPU",
+               optimized_variant_check("fused", "fused_registers", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU), I,
+               "variant: fused_registers runs on CUDA");
+  expect_error("fused check: cpu on CUDA", optimized_variant_check("fused", "cpu", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CUDA),
+               I, "variant: cpu runs on the CPU");
+  expect_error("fused check: fp64 on CUDA",
+               optimized_variant_check("fused", "fused_streaming", OPTIMIZED_DTYPE_F64, OPTIMIZED_DEVICE_CUDA), U,
+               "fp64 runs on the cpu variant only");
+  expect_error("fused check: int64", optimized_variant_check("fused", "auto", OPTIMIZED_DTYPE_I64, OPTIMIZED_DEVICE_CPU), U,
+               "dtype: expected fp32, fp16, bf16");
+  expect_error("fused check: unknown name", optimized_variant_check("fused", "fastest", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU),
+               I, "variant: expected one of auto, cpu");
+  expect_error("fused check: NULL name", optimized_variant_check("fused", NULL, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU), I,
+               "variant: expected a name");
+  expect_error("fused check: dtype out of range", optimized_variant_check("fused", "cpu", 99, OPTIMIZED_DEVICE_CPU), I,
+               "dtype: expected dtype to be an optimized_dtype value");
+  expect_error("fused check: device out of range", optimized_variant_check("fused", "cpu", OPTIMIZED_DTYPE_F32, 5), I,
+               "device_type: expected device_type");
+
+  /* loader checks: any dtype, either device; the names are the loader's */
+  check(optimized_variant_check("loader", "pipelined", OPTIMIZED_DTYPE_I64, OPTIMIZED_DEVICE_CUDA) == OPTIMIZED_STATUS_OK &&
+            optimized_variant_check("loader", "synchronous", OPTIMIZED_DTYPE_F16, OPTIMIZED_DEVICE_CPU) == OPTIMIZED_STATUS_OK,
+        "loader: variant check accepts", optimized_last_error());
+  expect_error("loader check: unknown name", optimized_variant_check("loader", "auto", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU),
+               I, "variant: expected \"synchronous\" or \"pipelined\"");
+  expect_error("loader check: dtype out of range", optimized_variant_check("loader", "pipelined", -3, OPTIMIZED_DEVICE_CPU), I,
+               "dtype:");
+
+  /* unknown families */
+  int32_t count = 77;
+  const char* name = optimized_variant_name("attention", 0);
+  check(name == NULL && strstr(optimized_last_error(), "family: expected one of gemm, fused, loader; given 'attention'"),
+        "variant name: an unknown family is NULL with a message naming the families", optimized_last_error());
+  expect_error("variant count: unknown family", optimized_variant_count("attention", &count), I,
+               "family: expected one of gemm, fused, loader; given 'attention'");
+  check(count == 77, "variant count: an unknown family leaves *count alone", NULL);
+  expect_error("variant count: NULL family", optimized_variant_count(NULL, &count), I,
+               "family: expected one of gemm, fused, loader; given NULL");
+  expect_error("variant count: NULL result", optimized_variant_count("gemm", NULL), I, "count: expected a pointer");
+  expect_error("variant check: unknown family",
+               optimized_variant_check("GEMM", "auto", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU), I,
+               "family: expected one of gemm, fused, loader; given 'GEMM'");
+  check(optimized_variant_name("fused", 0) != NULL && optimized_last_error()[0] == '\0',
+        "variant name: success clears the message", optimized_last_error());
+}
+
+/* ---- fused ops ------------------------------------------------------------------------------- */
+
+/* The operands of a fused call, by role (the names the C API's messages use). */
+enum { R_X, R_RES, R_W, R_B, R_MEAN, R_RSTD, R_DY, R_DRES, R_Y, R_RESOUT, R_DX, R_DW, R_DB, R_COUNT };
+static const char* const k_role[R_COUNT] = {"x", "residual", "weight", "bias", "mean", "rstd", "dy",
+                                            "dresidual_out", "y", "residual_out", "dx", "dweight", "dbias"};
+
+enum { F_SOFTMAX, F_LOG_SOFTMAX, F_LAYER_NORM, F_RMS_NORM, F_BIAS_GELU, F_SILU_AND_MUL };
+
+typedef struct {
+  int present, output, two_d; /* two_d: (rows, cols) with rows ld apart; else a (cols) vector */
+  int64_t rows, cols, ld;
+  int32_t dtype;              /* the call's dtype, or fp32 for mean / rstd */
+  void* host;                 /* ld * rows elements (cols for vectors); padding NaN */
+  void* dev;                  /* the CUDA copy */
+  optimized_tensor view;
+  double *ref, *bound;        /* outputs: reference and allowed error per element (rows x cols) */
+} operand;
+
+typedef struct {
+  const char* label;
+  int op, backward, approximate;
+  int32_t dtype;
+  int64_t rows, width, pad;            /* width: the normalized length (silu_and_mul: d) */
+  int residual, weight, bias, stats;   /* forward: optional operands present; backward: residual = dres */
+  int dweight, dbias;                  /* backward: parameter gradients wanted */
+  double eps, scale;
+} fused_spec;
+
+typedef struct {
+  fused_spec s;
+  operand o[R_COUNT];
+} fused_case;
+
+static double fget(const operand* p, int64_t i) {
+  return p->dtype == OPTIMIZED_DTYPE_F64 ? ((const double*)p->host)[i] : (double)((const float*)p->host)[i];
+}
+static void fset(operand* p, int64_t i, double v) {
+  if (p->dtype == OPTIMIZED_DTYPE_F64) ((double*)p->host)[i] = v;
+  else ((float*)p->host)[i] = (float)v;
+}
+/* What a value becomes when stored in the dtype. */
+static double round_to(int32_t dtype, double v) { return dtype == OPTIMIZED_DTYPE_F64 ? v : (double)(float)v; }
+static size_t fsize(int32_t dtype) { return dtype == OPTIMIZED_DTYPE_F64 ? 8 : 4; }
+static int64_t op_count(const operand* p) { return p->two_d ? p->rows * p->ld : p->cols; }
+static int64_t at(const operand* p, int64_t r, int64_t j) { return p->two_d ? r * p->ld + j : j; }
+
+static void add_operand(fused_case* c, int role, int output, int two_d, int64_t cols, int32_t dtype) {
+  operand* p = &c->o[role];
+  p->present = 1, p->output = output, p->two_d = two_d, p->dtype = dtype;
+  p->rows = two_d ? c->s.rows : 1;
+  p->cols = cols;
+  p->ld = two_d && c->s.rows > 1 ? cols + c->s.pad : cols;
+  const int64_t n = op_count(p) > 0 ? op_count(p) : 1;
+  p->host = malloc((size_t)n * fsize(dtype));
+  memset(p->host, 0xFF, (size_t)n * fsize(dtype)); /* NaN: the padding, and every output element */
+  if (!output)
+    for (int64_t r = 0; r < p->rows; ++r)
+      for (int64_t j = 0; j < cols; ++j) fset(p, at(p, r, j), uniform());
+  if (output) {
+    p->ref = calloc((size_t)(p->rows * cols + 1), sizeof(double));
+    p->bound = calloc((size_t)(p->rows * cols + 1), sizeof(double));
+  }
+}
+
+/* Builds the operands of the case: random inputs, NaN outputs and padding. */
+static void fused_setup(fused_case* c) {
+  const int64_t w = c->s.width, rows_w = c->s.op == F_SILU_AND_MUL ? 2 * w : w;
+  const int32_t d = c->s.dtype;
+  switch (c->s.op) {
+    case F_SOFTMAX:
+    case F_LOG_SOFTMAX:
+      if (!c->s.backward) {
+        add_operand(c, R_X, 0, 1, w, d), add_operand(c, R_Y, 1, 1, w, d);
+        for (int64_t i = 0; i < op_count(&c->o[R_X]); ++i)
+          if (!isnan(fget(&c->o[R_X], i))) fset(&c->o[R_X], i, 3.0 * fget(&c->o[R_X], i));
+      } else { /* y: a forward output (probabilities, or log-probabilities), computed here */
+        add_operand(c, R_Y, 0, 1, w, d), add_operand(c, R_DY, 0, 1, w, d), add_operand(c, R_DX, 1, 1, w, d);
+        operand* y = &c->o[R_Y];
+        for (int64_t r = 0; r < c->s.rows; ++r) {
+          double m = -INFINITY, sum = 0;
+          for (int64_t j = 0; j < w; ++j) m = fmax(m, 3.0 * fget(y, at(y, r, j)));
+          for (int64_t j = 0; j < w; ++j) sum += exp(3.0 * fget(y, at(y, r, j)) - m);
+          for (int64_t j = 0; j < w; ++j) {
+            const double z = 3.0 * fget(y, at(y, r, j)) - m;
+            fset(y, at(y, r, j), c->s.op == F_SOFTMAX ? exp(z) / sum : z - log(sum));
+          }
+        }
+      }
+      break;
+    case F_LAYER_NORM:
+    case F_RMS_NORM: {
+      const int layer = c->s.op == F_LAYER_NORM;
+      if (!c->s.backward) {
+        add_operand(c, R_X, 0, 1, w, d);
+        for (int64_t i = 0; i < op_count(&c->o[R_X]); ++i) /* a mean away from 0 */
+          if (!isnan(fget(&c->o[R_X], i))) fset(&c->o[R_X], i, fget(&c->o[R_X], i) + 0.4);
+        if (c->s.residual) add_operand(c, R_RES, 0, 1, w, d), add_operand(c, R_RESOUT, 1, 1, w, d);
+        if (c->s.weight) add_operand(c, R_W, 0, 0, w, d);
+        if (c->s.bias && layer) add_operand(c, R_B, 0, 0, w, d);
+        add_operand(c, R_Y, 1, 1, w, d);
+        if (c->s.stats) {
+          if (layer) add_operand(c, R_MEAN, 1, 0, c->s.rows, OPTIMIZED_DTYPE_F32);
+          add_operand(c, R_RSTD, 1, 0, c->s.rows, OPTIMIZED_DTYPE_F32);
+        }
+      } else { /* h random; mean / rstd its statistics, as the forward saves them (fp32) */
+        add_operand(c, R_DY, 0, 1, w, d), add_operand(c, R_X, 0, 1, w, d); /* R_X holds h */
+        if (c->s.weight) add_operand(c, R_W, 0, 0, w, d);
+        if (layer) add_operand(c, R_MEAN, 0, 0, c->s.rows, OPTIMIZED_DTYPE_F32);
+        add_operand(c, R_RSTD, 0, 0, c->s.rows, OPTIMIZED_DTYPE_F32);
+        if (c->s.residual) add_operand(c, R_DRES, 0, 1, w, d);
+        add_operand(c, R_DX, 1, 1, w, d);
+        if (c->s.dweight) add_operand(c, R_DW, 1, 0, w, d);
+        if (c->s.dbias && layer) add_operand(c, R_DB, 1, 0, w, d);
+        const operand* h = &c->o[R_X];
+        for (int64_t r = 0; r < c->s.rows; ++r) {
+          double mean = 0, var = 0;
+          if (layer) {
+            for (int64_t j = 0; j < w; ++j) mean += fget(h, at(h, r, j));
+            mean /= (double)w;
+          }
+          for (int64_t j = 0; j < w; ++j) var += (fget(h, at(h, r, j)) - mean) * (fget(h, at(h, r, j)) - mean);
+          if (layer) ((float*)c->o[R_MEAN].host)[r] = (float)mean;
+          ((float*)c->o[R_RSTD].host)[r] = (float)(1.0 / sqrt(var / (double)w + c->s.eps));
+        }
+      }
+      break;
+    }
+    case F_BIAS_GELU:
+      if (!c->s.backward) {
+        add_operand(c, R_X, 0, 1, w, d);
+        if (c->s.bias) add_operand(c, R_B, 0, 0, w, d);
+        add_operand(c, R_Y, 1, 1, w, d);
+      } else {
+        add_operand(c, R_DY, 0, 1, w, d), add_operand(c, R_X, 0, 1, w, d);
+        if (c->s.bias) add_operand(c, R_B, 0, 0, w, d);
+        add_operand(c, R_DX, 1, 1, w, d);
+        if (c->s.dbias) add_operand(c, R_DB, 1, 0, w, d);
+      }
+      for (int64_t i = 0; i < op_count(&c->o[R_X]); ++i) /* z over [-3, 3]: both tails of the GELU */
+        if (!isnan(fget(&c->o[R_X], i))) fset(&c->o[R_X], i, 2.5 * fget(&c->o[R_X], i));
+      break;
+    case F_SILU_AND_MUL:
+      if (!c->s.backward) {
+        add_operand(c, R_X, 0, 1, rows_w, d), add_operand(c, R_Y, 1, 1, w, d);
+      } else {
+        add_operand(c, R_DY, 0, 1, w, d), add_operand(c, R_X, 0, 1, rows_w, d), add_operand(c, R_DX, 1, 1, rows_w, d);
+      }
+      for (int64_t i = 0; i < op_count(&c->o[R_X]); ++i)
+        if (!isnan(fget(&c->o[R_X], i))) fset(&c->o[R_X], i, 4.0 * fget(&c->o[R_X], i));
+      break;
+  }
+}
+
+static void fused_free(fused_case* c) {
+  for (int r = 0; r < R_COUNT; ++r) {
+    free(c->o[r].host), free(c->o[r].ref), free(c->o[r].bound);
+    c->o[r].host = NULL, c->o[r].ref = c->o[r].bound = NULL, c->o[r].present = 0;
+  }
+}
+
+/* ---- the float64 reference and the family's tolerance rule ----
+ * Every output element must satisfy |out - ref| <= 2 u_out |ref| + 8 u_c (sqrt(n) S + E) + floor
+ * (tests/fused_test_util.h explains each term; u_out = u_c = 2^-24 for fp32, 2^-53 for fp64; n the
+ * terms of the element's sums, S their size, E the element's own roundings). The backward reads the
+ * fp32 mean / rstd set up above, and the reference takes the same values. */
+static void expect(fused_case* c, int role, int64_t r, int64_t j, double ref, double n, double S, double E) {
+  operand* p = &c->o[role];
+  const double u = c->s.dtype == OPTIMIZED_DTYPE_F64 && p->dtype == OPTIMIZED_DTYPE_F64 ? ldexp(1.0, -53) : ldexp(1.0, -24);
+  const double uc = c->s.dtype == OPTIMIZED_DTYPE_F64 ? ldexp(1.0, -53) : ldexp(1.0, -24);
+  const double floor_ = c->s.dtype == OPTIMIZED_DTYPE_F64 ? ldexp(1.0, -1022) : ldexp(1.0, -126);
+  const int64_t k = p->two_d ? r * p->cols + j : j;
+  p->ref[k] = ref;
+  p->bound[k] = 2.0 * u * fabs(ref) + 8.0 * uc * (sqrt(n) * S + E) + floor_;
+}
+
+static double sigmoid(double a) { return 1.0 / (1.0 + exp(-a)); }
+static double gelu(double z, int tanh_form) {
+  if (!tanh_form) return 0.5 * z * (1.0 + erf(z / sqrt(2.0)));
+  const double k = sqrt(2.0 / acos(-1.0));
+  return 0.5 * z * (1.0 + tanh(k * (z + 0.044715 * z * z * z)));
+}
+static double gelu_grad(double z, int tanh_form) {
+  if (!tanh_form) return 0.5 * (1.0 + erf(z / sqrt(2.0))) + z * exp(-0.5 * z * z) / sqrt(2.0 * acos(-1.0));
+  const double k = sqrt(2.0 / acos(-1.0)), t = tanh(k * (z + 0.044715 * z * z * z));
+  return 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * z * z);
+}
+
+static void fused_reference(fused_case* c) {
+  const int64_t w = c->s.width, rows = c->s.rows;
+  const operand *x = &c->o[R_X], *res = &c->o[R_RES], *wt = &c->o[R_W], *bs = &c->o[R_B], *dy = &c->o[R_DY],
+                *dres = &c->o[R_DRES], *yin = &c->o[R_Y];
+  const double s = c->s.scale;
+#define W_(j) (wt->present ? fget(wt, j) : 1.0)
+#define B_(j) (bs->present ? fget(bs, j) : 0.0)
+  switch (c->s.op) {
+    case F_SOFTMAX:
+    case F_LOG_SOFTMAX:
+      for (int64_t r = 0; r < rows; ++r) {
+        if (!c->s.backward) {
+          double m = -INFINITY, sum = 0;
+          for (int64_t j = 0; j < w; ++j) m = fmax(m, s * fget(x, at(x, r, j)));
+          for (int64_t j = 0; j < w; ++j) sum += exp(s * fget(x, at(x, r, j)) - m);
+          const double lse = m + log(sum);
+          for (int64_t j = 0; j < w; ++j) {
+            const double z = s * fget(x, at(x, r, j)), y = exp(z - lse);
+            if (c->s.op == F_SOFTMAX) expect(c, R_Y, r, j, y, (double)w, y, y * (1 + fabs(z) + fabs(m)));
+            else expect(c, R_Y, r, j, z - lse, (double)w, 1.0, 1 + fabs(z) + fabs(m) + fabs(lse));
+          }
+        } else {
+          double dot = 0, dot_abs = 0, sdy = 0, sdy_abs = 0;
+          for (int64_t j = 0; j < w; ++j) {
+            const double y = fget(yin, at(yin, r, j)), g = fget(dy, at(dy, r, j));
+            dot += g * y, dot_abs += fabs(g * y), sdy += g, sdy_abs += fabs(g);
+          }
+          for (int64_t j = 0; j < w; ++j) {
+            const double y = fget(yin, at(yin, r, j)), g = fget(dy, at(dy, r, j));
+            if (c->s.op == F_SOFTMAX)
+              expect(c, R_DX, r, j, s * y * (g - dot), (double)w, fabs(s * y) * dot_abs, fabs(s * y) * (fabs(g) + fabs(dot)));
+            else
+              expect(c, R_DX, r, j, s * (g - exp(y) * sdy), (double)w, fabs(s) * exp(y) * sdy_abs,
+                     fabs(s) * (fabs(g) + exp(y) * fabs(sdy) * (1 + fabs(y))));
+          }
+        }
+      }
+      break;
+    case F_LAYER_NORM:
+    case F_RMS_NORM: {
+      const int layer = c->s.op == F_LAYER_NORM;
+      if (!c->s.backward) {
+        for (int64_t r = 0; r < rows; ++r) {
+          double mean = 0, mean_abs = 0, var = 0;
+          double* h = malloc((size_t)w * sizeof(double));
+          for (int64_t j = 0; j < w; ++j) { /* h = x + residual, rounded to the dtype (fused.h) */
+            const double x_j = fget(x, at(x, r, j));
+            h[j] = res->present ? round_to(c->s.dtype, x_j + fget(res, at(res, r, j))) : x_j;
+            if (res->present) expect(c, R_RESOUT, r, j, h[j], 1, 0, fabs(h[j]));
+            mean += h[j], mean_abs += fabs(h[j]);
+          }
+          mean = layer ? mean / (double)w : 0.0;
+          mean_abs /= (double)w;
+          for (int64_t j = 0; j < w; ++j) var += (h[j] - mean) * (h[j] - mean);
+          const double rstd = 1.0 / sqrt(var / (double)w + c->s.eps);
+          for (int64_t j = 0; j < w; ++j) {
+            const double xhat = (h[j] - mean) * rstd;
+            if (layer)
+              expect(c, R_Y, r, j, xhat * W_(j) + B_(j), (double)w, (fabs(xhat) + mean_abs * rstd) * fabs(W_(j)),
+                     fabs(xhat * W_(j)) + fabs(B_(j)));
+            else
+              expect(c, R_Y, r, j, xhat * W_(j), (double)w, fabs(xhat * W_(j)), fabs(xhat * W_(j)));
+          }
+          if (c->o[R_MEAN].present) expect(c, R_MEAN, 0, r, mean, (double)w, mean_abs, fabs(mean));
+          if (c->o[R_RSTD].present) expect(c, R_RSTD, 0, r, rstd, (double)w, rstd, rstd);
+          free(h);
+        }
+      } else {
+        double *dw = calloc((size_t)w + 1, sizeof(double)), *dw_s = calloc((size_t)w + 1, sizeof(double)),
+               *dw_e = calloc((size_t)w + 1, sizeof(double)), *db = calloc((size_t)w + 1, sizeof(double)),
+               *db_s = calloc((size_t)w + 1, sizeof(double));
+        for (int64_t r = 0; r < rows; ++r) {
+          const double mean = layer ? (double)((const float*)c->o[R_MEAN].host)[r] : 0.0;
+          const double rstd = (double)((const float*)c->o[R_RSTD].host)[r];
+          double mg = 0, mgx = 0, mg_abs = 0, mgk_abs = 0;
+          for (int64_t j = 0; j < w; ++j) {
+            const double xhat = (fget(x, at(x, r, j)) - mean) * rstd, g = fget(dy, at(dy, r, j)) * W_(j);
+            const double K = fabs(xhat) + fabs(mean) * rstd + 1;
+            mg += g, mgx += g * xhat, mg_abs += fabs(g), mgk_abs += fabs(g) * K;
+          }
+          mg /= (double)w, mgx /= (double)w, mg_abs /= (double)w, mgk_abs /= (double)w;
+          if (!layer) mg = 0;
+          for (int64_t j = 0; j < w; ++j) {
+            const double xhat = (fget(x, at(x, r, j)) - mean) * rstd, g_dy = fget(dy, at(dy, r, j)), g = g_dy * W_(j);
+            const double K = fabs(xhat) + fabs(mean) * rstd + 1;
+            const double d_res = dres->present ? fget(dres, at(dres, r, j)) : 0.0;
+            expect(c, R_DX, r, j, rstd * (g - mg - xhat * mgx) + d_res, (double)w,
+                   rstd * (mg_abs + fabs(xhat) * mgk_abs), rstd * (fabs(g) + fabs(mg) + K * fabs(mgx)) + fabs(d_res));
+            dw[j] += g_dy * xhat, dw_s[j] += fabs(g_dy * xhat), dw_e[j] += fabs(g_dy) * K;
+            db[j] += g_dy, db_s[j] += fabs(g_dy);
+          }
+        }
+        for (int64_t j = 0; j < w; ++j) {
+          if (c->o[R_DW].present) expect(c, R_DW, 0, j, dw[j], (double)rows, dw_s[j], dw_e[j]);
+          if (c->o[R_DB].present) expect(c, R_DB, 0, j, db[j], (double)rows, db_s[j], 0);
+        }
+        free(dw), free(dw_s), free(dw_e), free(db), free(db_s);
+      }
+      break;
+    }
+    case F_BIAS_GELU: {
+      double *db = calloc((size_t)w + 1, sizeof(double)), *db_s = calloc((size_t)w + 1, sizeof(double)),
+             *db_e = calloc((size_t)w + 1, sizeof(double));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < w; ++j) {
+          const double z = fget(x, at(x, r, j)) + B_(j), az = fabs(z);
+          if (!c->s.backward) {
+            expect(c, R_Y, r, j, gelu(z, c->s.approximate), 1, 0, az * (1 + 1.13 + az + 0.05 * az * az * az));
+          } else {
+            const double g = fget(dy, at(dy, r, j)), dx = g * gelu_grad(z, c->s.approximate);
+            const double E = fabs(g) * (1 + az) * (1 + az) * (1 + az);
+            expect(c, R_DX, r, j, dx, 1, 0, E);
+            db[j] += dx, db_s[j] += fabs(dx), db_e[j] += E;
+          }
+        }
+      if (c->o[R_DB].present)
+        for (int64_t j = 0; j < w; ++j) expect(c, R_DB, 0, j, db[j], (double)rows, db_s[j], db_e[j]);
+      free(db), free(db_s), free(db_e);
+      break;
+    }
+    case F_SILU_AND_MUL:
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < w; ++j) {
+          const double a = fget(x, at(x, r, j)), b = fget(x, at(x, r, w + j)), sg = sigmoid(a);
+          if (!c->s.backward) {
+            const double y = a * sg * b;
+            expect(c, R_Y, r, j, y, 1, 0, fabs(y) * (2 + fabs(a)));
+          } else {
+            const double g = fget(dy, at(dy, r, j)), db = g * a * sg;
+            expect(c, R_DX, r, j, g * b * sg * (1 + a * (1 - sg)), 1, 0,
+                   fabs(g * b) * sg * (1 + fabs(a)) * (2 + fabs(a)));
+            expect(c, R_DX, r, w + j, db, 1, 0, fabs(db) * (2 + fabs(a)));
+          }
+        }
+      break;
+  }
+#undef W_
+#undef B_
+}
+
+/* Views of every present operand, over the host buffers or (use_dev) their CUDA copies. */
+static void fused_views(fused_case* c, int32_t device_type, int use_dev) {
+  for (int r = 0; r < R_COUNT; ++r) {
+    operand* p = &c->o[r];
+    if (!p->present) continue;
+    memset(&p->view, 0, sizeof p->view);
+    p->view.data = use_dev ? p->dev : p->host;
+    p->view.dtype = p->dtype;
+    p->view.device_type = device_type;
+    if (p->two_d) {
+      p->view.rank = 2;
+      p->view.shape[0] = p->rows, p->view.shape[1] = p->cols;
+      p->view.strides[0] = p->ld, p->view.strides[1] = 1;
+    } else {
+      p->view.rank = 1;
+      p->view.shape[0] = p->cols, p->view.strides[0] = 1;
+    }
+  }
+}
+
+#define V(role) (c->o[role].present ? &c->o[role].view : NULL)
+
+static optimized_status fused_call(fused_case* c, const char* variant, void* stream) {
+  switch (c->s.op) {
+    case F_SOFTMAX:
+      return c->s.backward ? optimized_softmax_backward(V(R_Y), V(R_DY), V(R_DX), c->s.scale, variant, stream)
+                         : optimized_softmax_forward(V(R_X), V(R_Y), c->s.scale, variant, stream);
+    case F_LOG_SOFTMAX:
+      return c->s.backward ? optimized_log_softmax_backward(V(R_Y), V(R_DY), V(R_DX), c->s.scale, variant, stream)
+                         : optimized_log_softmax_forward(V(R_X), V(R_Y), c->s.scale, variant, stream);
+    case F_LAYER_NORM:
+      return c->s.backward ? optimized_layer_norm_backward(V(R_DY), V(R_X), V(R_W), V(R_MEAN), V(R_RSTD), V(R_DRES),
+                                                         V(R_DX), V(R_DW), V(R_DB), variant, stream)
+                         : optimized_layer_norm_forward(V(R_X), V(R_RES), V(R_W), V(R_B), c->s.eps, V(R_Y), V(R_RESOUT),
+                                                        V(R_MEAN), V(R_RSTD), variant, stream);
+    case F_RMS_NORM:
+      return c->s.backward ? optimized_rms_norm_backward(V(R_DY), V(R_X), V(R_W), V(R_RSTD), V(R_DRES), V(R_DX), V(R_DW),
+                                                       variant, stream)
+                         : optimized_rms_norm_forward(V(R_X), V(R_RES), V(R_W), c->s.eps, V(R_Y), V(R_RESOUT), V(R_RSTD),
+                                                      variant, stream);
+    case F_BIAS_GELU:
+      return c->s.backward ? optimized_bias_gelu_backward(V(R_DY), V(R_X), V(R_B), c->s.approximate, V(R_DX), V(R_DB),
+                                                        variant, stream)
+                         : optimized_bias_gelu_forward(V(R_X), V(R_B), c->s.approximate, V(R_Y), variant, stream);
+    case F_SILU_AND_MUL:
+      return c->s.backward ? optimized_silu_and_mul_backward(V(R_DY), V(R_X), V(R_DX), variant, stream)
+                         : optimized_silu_and_mul_forward(V(R_X), V(R_Y), variant, stream);
+  }
+  return OPTIMIZED_STATUS_INTERNAL;
+}
+#undef V
+
+/* Every output element within its bound (NaN fails), the padding of every output still NaN. */
+static void fused_compare(fused_case* c, const char* what) {
+  char detail[512];
+  double worst = 0;
+  const char* worst_role = "";
+  int padding_written = 0;
+  for (int role = 0; role < R_COUNT; ++role) {
+    const operand* p = &c->o[role];
+    if (!p->present || !p->output) continue;
+    for (int64_t r = 0; r < p->rows; ++r)
+      for (int64_t j = 0; j < p->ld; ++j) {
+        const double got = fget(p, at(p, r, j));
+        if (j >= p->cols) {
+          padding_written |= !isnan(got);
+          continue;
+        }
+        const int64_t k = r * p->cols + j;
+        double ratio = fabs(got - p->ref[k]) / p->bound[k];
+        if (isnan(ratio)) ratio = INFINITY;
+        if (ratio > worst) worst = ratio, worst_role = k_role[role];
+      }
+  }
+  snprintf(detail, sizeof detail, "worst error / allowed = %g (%s)%s", worst, worst_role,
+           padding_written ? "; row padding of an output was written" : "");
+  check(worst <= 1.0 && !padding_written, what, detail);
+}
+
+static void run_fused_cpu(fused_case* c, const char* variant) {
+  char what[200], detail[600];
+  snprintf(what, sizeof what, "cpu %-5s fused %s %s %s rows %lld width %lld pad %lld", variant ? variant : "NULL",
+           c->s.label, c->s.backward ? "bwd" : "fwd", c->s.dtype == OPTIMIZED_DTYPE_F64 ? "fp64" : "fp32",
+           (long long)c->s.rows, (long long)c->s.width, (long long)c->s.pad);
+  fused_setup(c);
+  fused_reference(c);
+  fused_views(c, OPTIMIZED_DEVICE_CPU, 0);
+  const optimized_status s = fused_call(c, variant, NULL);
+  if (s != OPTIMIZED_STATUS_OK) {
+    snprintf(detail, sizeof detail, "status %s: %s", optimized_status_string(s), optimized_last_error());
+    check(0, what, detail);
+  } else {
+    fused_compare(c, what);
+  }
+  fused_free(c);
+}
+
+#ifdef OPTIMIZED_TEST_CUDA
+static void run_fused_cuda(fused_case* c, const char* variant) {
+  char what[200], detail[600];
+  snprintf(what, sizeof what, "cuda %-15s fused %s %s rows %lld width %lld pad %lld", variant, c->s.label,
+           c->s.backward ? "bwd" : "fwd", (long long)c->s.rows, (long long)c->s.width, (long long)c->s.pad);
+  fused_setup(c);
+  fused_reference(c);
+  cudaStream_t stream = NULL;
+  int ok = cudaStreamCreate(&stream) == cudaSuccess;
+  for (int r = 0; r < R_COUNT && ok; ++r) {
+    operand* p = &c->o[r];
+    if (!p->present) continue;
+    const size_t bytes = (size_t)(op_count(p) > 0 ? op_count(p) : 1) * fsize(p->dtype);
+    ok = cudaMalloc(&p->dev, bytes) == cudaSuccess && cudaMemcpy(p->dev, p->host, bytes, cudaMemcpyHostToDevice) == cudaSuccess;
+  }
+  if (!ok) {
+    check(0, what, "cudaMalloc / cudaMemcpy / cudaStreamCreate failed");
+  } else {
+    fused_views(c, OPTIMIZED_DEVICE_CUDA, 1);
+    const optimized_status s = fused_call(c, variant, stream);
+    const cudaError_t e = cudaStreamSynchronize(stream);
+    for (int r = 0; r < R_COUNT; ++r) {
+      operand* p = &c->o[r];
+      if (p->present && p->output)
+        cudaMemcpy(p->host, p->dev, (size_t)(op_count(p) > 0 ? op_count(p) : 1) * fsize(p->dtype), cudaMemcpyDeviceToHost);
+    }
+    if (s != OPTIMIZED_STATUS_OK || e != cudaSuccess) {
+      snprintf(detail, sizeof detail, "status %s: %s (stream: %s)", optimized_status_string(s), optimized_last_error(),
+               cudaGetErrorString(e));
+      check(0, what, detail);
+    } else {
+      fused_compare(c, what);
+    }
+  }
+  for (int r = 0; r < R_COUNT; ++r) {
+    if (c->o[r].dev) cudaFree(c->o[r].dev);
+    c->o[r].dev = NULL;
+  }
+  if (stream) cudaStreamDestroy(stream);
+  fused_free(c);
+}
+#endif
+
+/* Odd sizes (1, primes), padded rows, optional operands present and absent, every op forward and
+ * backward. */
+static const fused_spec k_fused_cases[] = {
+    /* label        op              bwd gelu dtype             rows width pad res w  b  stats dw db eps   scale */
+    {"softmax",      F_SOFTMAX,      0, 0, OPTIMIZED_DTYPE_F32, 3, 37, 3, 0, 0, 0, 0, 0, 0, 0, 0.7},
+    {"softmax",      F_SOFTMAX,      0, 0, OPTIMIZED_DTYPE_F32, 5, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1.0},
+    {"log_softmax",  F_LOG_SOFTMAX,  0, 0, OPTIMIZED_DTYPE_F32, 2, 53, 5, 0, 0, 0, 0, 0, 0, 0, 1.0},
+    {"softmax",      F_SOFTMAX,      1, 0, OPTIMIZED_DTYPE_F32, 3, 37, 2, 0, 0, 0, 0, 0, 0, 0, 1.3},
+    {"log_softmax",  F_LOG_SOFTMAX,  1, 0, OPTIMIZED_DTYPE_F32, 4, 29, 0, 0, 0, 0, 0, 0, 0, 0, 0.5},
+    {"layer_norm",   F_LAYER_NORM,   0, 0, OPTIMIZED_DTYPE_F32, 5, 29, 4, 0, 1, 1, 1, 0, 0, 1e-5, 1},
+    {"add_layer_norm (no weight, bias, stats)", F_LAYER_NORM, 0, 0, OPTIMIZED_DTYPE_F32, 3, 31, 1, 1, 0, 0, 0, 0, 0, 1e-3, 1},
+    {"layer_norm",   F_LAYER_NORM,   1, 0, OPTIMIZED_DTYPE_F32, 5, 29, 4, 0, 1, 0, 0, 1, 1, 1e-5, 1},
+    {"add_layer_norm (dresidual_out, no weight)", F_LAYER_NORM, 1, 0, OPTIMIZED_DTYPE_F32, 7, 13, 0, 1, 0, 0, 0, 0, 1, 1e-5, 1},
+    {"layer_norm (zero rows)", F_LAYER_NORM, 1, 0, OPTIMIZED_DTYPE_F32, 0, 11, 0, 0, 1, 0, 0, 1, 1, 1e-5, 1},
+    {"add_rms_norm", F_RMS_NORM,     0, 0, OPTIMIZED_DTYPE_F32, 4, 41, 1, 1, 1, 0, 1, 0, 0, 1e-6, 1},
+    {"rms_norm",     F_RMS_NORM,     0, 0, OPTIMIZED_DTYPE_F32, 1, 97, 0, 0, 0, 0, 0, 0, 0, 1e-6, 1},
+    {"add_rms_norm", F_RMS_NORM,     1, 0, OPTIMIZED_DTYPE_F32, 4, 41, 1, 1, 1, 0, 0, 1, 0, 1e-6, 1},
+    {"bias_gelu erf", F_BIAS_GELU,   0, OPTIMIZED_GELU_NONE, OPTIMIZED_DTYPE_F32, 3, 23, 2, 0, 0, 1, 0, 0, 0, 0, 1},
+    {"bias_gelu tanh (no bias)", F_BIAS_GELU, 0, OPTIMIZED_GELU_TANH, OPTIMIZED_DTYPE_F32, 2, 17, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+    {"bias_gelu erf", F_BIAS_GELU,   1, OPTIMIZED_GELU_NONE, OPTIMIZED_DTYPE_F32, 3, 23, 2, 0, 0, 1, 0, 0, 1, 0, 1},
+    {"bias_gelu tanh", F_BIAS_GELU,  1, OPTIMIZED_GELU_TANH, OPTIMIZED_DTYPE_F32, 5, 7, 0, 0, 0, 1, 0, 0, 1, 0, 1},
+    {"silu_and_mul", F_SILU_AND_MUL, 0, 0, OPTIMIZED_DTYPE_F32, 3, 19, 2, 0, 0, 0, 0, 0, 0, 0, 1},
+    {"silu_and_mul", F_SILU_AND_MUL, 1, 0, OPTIMIZED_DTYPE_F32, 3, 19, 2, 0, 0, 0, 0, 0, 0, 0, 1},
+    /* fp64 (the cpu variant computes in fp64): the bound shrinks to fp64 rounding */
+    {"add_rms_norm", F_RMS_NORM,     0, 0, OPTIMIZED_DTYPE_F64, 3, 19, 1, 1, 1, 0, 1, 0, 0, 1e-6, 1},
+    {"softmax",      F_SOFTMAX,      1, 0, OPTIMIZED_DTYPE_F64, 2, 31, 0, 0, 0, 0, 0, 0, 0, 0, 0.9},
+};
+#define N_FUSED_CASES ((int)(sizeof k_fused_cases / sizeof k_fused_cases[0]))
+
+static fused_case make_case(const fused_spec* spec) {
+  fused_case c;
+  memset(&c, 0, sizeof c);
+  c.s = *spec;
+  return c;
+}
+
+static void fused_results(void) {
+  for (int i = 0; i < N_FUSED_CASES; ++i) {
+    fused_case c = make_case(&k_fused_cases[i]);
+    run_fused_cpu(&c, "cpu");
+    c = make_case(&k_fused_cases[i]);
+    run_fused_cpu(&c, "auto");
+  }
+  fused_case c = make_case(&k_fused_cases[0]);
+  run_fused_cpu(&c, NULL); /* NULL variant: auto */
+#ifdef OPTIMIZED_TEST_CUDA
+  if (optimized_cuda_device_count() > 0) {
+    const char* const variants[] = {"auto", "unfused", "fused_streaming", "fused_registers"};
+    for (int v = 0; v < 4; ++v)
+      for (int i = 0; i < N_FUSED_CASES; ++i) {
+        if (k_fused_cases[i].dtype == OPTIMIZED_DTYPE_F64) continue; /* fp64 runs on the cpu variant only */
+        c = make_case(&k_fused_cases[i]);
+        run_fused_cuda(&c, variants[v]);
+      }
+  } else {
+    printf("skip  fused CUDA cases: no CUDA device\n");
+  }
+#endif
+}
+
+/* Every error path of the fused entries: the status, and a message that names the argument. */
+static void fused_error_paths(void) {
+  enum { ROWS = 3, W = 37 };
+  static float x[ROWS * W], y[ROWS * W], dy[ROWS * W], dx[ROWS * (W + 1)], wv[W], bv[W], st[ROWS], st2[ROWS];
+  for (int i = 0; i < ROWS * W; ++i) x[i] = uniform(), dy[i] = uniform(), y[i] = 1.0f / W;
+  for (int i = 0; i < W; ++i) wv[i] = uniform(), bv[i] = uniform();
+  for (int i = 0; i < ROWS; ++i) st[i] = 0.1f, st2[i] = 1.0f;
+  const int64_t srw[2] = {ROWS, W}, srw1[2] = {ROWS, W + 1}, sw[1] = {W}, sw1[1] = {W - 1}, sr[1] = {ROWS};
+  optimized_tensor tx, ty, tdy, tdx, tdx_wide, tw, tb, tb_short, tmean, trstd, t;
+  optimized_tensor_contiguous(&tx, x, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, srw);
+  optimized_tensor_contiguous(&ty, y, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, srw);
+  optimized_tensor_contiguous(&tdy, dy, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, srw);
+  optimized_tensor_contiguous(&tdx, dx, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, srw);
+  optimized_tensor_contiguous(&tdx_wide, dx, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, srw1);
+  optimized_tensor_contiguous(&tw, wv, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 1, sw);
+  optimized_tensor_contiguous(&tb, bv, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 1, sw);
+  optimized_tensor_contiguous(&tb_short, bv, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 1, sw1);
+  optimized_tensor_contiguous(&tmean, st, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 1, sr);
+  optimized_tensor_contiguous(&trstd, st2, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 1, sr);
+  const optimized_status I = OPTIMIZED_STATUS_INVALID_ARGUMENT, U = OPTIMIZED_STATUS_UNSUPPORTED;
+
+  expect_error("fused: softmax NULL x", optimized_softmax_forward(NULL, &ty, 1, "auto", NULL), I, "x: expected a pointer");
+  expect_error("fused: softmax NULL y", optimized_softmax_forward(&tx, NULL, 1, "auto", NULL), I, "y: expected a pointer");
+  expect_error("fused: softmax backward NULL dy", optimized_softmax_backward(&ty, NULL, &tdx, 1, "cpu", NULL), I, "dy:");
+  expect_error("fused: log_softmax backward NULL dx", optimized_log_softmax_backward(&ty, &tdy, NULL, 1, "cpu", NULL),
+               I, "dx:");
+  expect_error("fused: unknown variant", optimized_softmax_forward(&tx, &ty, 1, "fastest", NULL), I,
+               "variant: expected one of auto, cpu, unfused, fused_streaming, fused_registers");
+  expect_error("fused: CUDA variant on CPU tensors", optimized_softmax_forward(&tx, &ty, 1, "fused_streaming", NULL), I,
+               "variant fused_streaming");
+  expect_error("fused: mismatched shape names y", optimized_softmax_forward(&tx, &tdx_wide, 1, "cpu", NULL), I,
+               "y: expected shape (3, 37)");
+  expect_error("fused: mismatched shape names dx", optimized_softmax_backward(&ty, &tdy, &tdx_wide, 1, "cpu", NULL), I,
+               "dx: expected shape (3, 37)");
+  t = ty, t.dtype = OPTIMIZED_DTYPE_BF16;
+  expect_error("fused: mismatched dtype names y", optimized_softmax_forward(&tx, &t, 1, "cpu", NULL), I,
+               "y: expected dtype fp32");
+  t = tx, t.dtype = OPTIMIZED_DTYPE_I32;
+  expect_error("fused: int32 x is unsupported", optimized_softmax_forward(&t, &ty, 1, "cpu", NULL), U,
+               "x: expected dtype fp32, fp16, bf16");
+  t = tx, t.dtype = 42;
+  expect_error("fused: a dtype value out of range names x", optimized_softmax_forward(&t, &ty, 1, "cpu", NULL), I,
+               "x: expected dtype");
+  t = ty, t.device_type = 9;
+  expect_error("fused: bad device type names y", optimized_softmax_forward(&tx, &t, 1, "cpu", NULL), I,
+               "y: expected device_type");
+  t = tx, t.strides[0] = 1, t.strides[1] = ROWS; /* column-major */
+  expect_error("fused: non-unit last stride names x", optimized_softmax_forward(&t, &ty, 1, "cpu", NULL), I,
+               "x: expected unit stride");
+  t = tdx, t.data = dy + 1; /* dx overlapping dy, not the same view */
+  expect_error("fused: overlapping output names dx", optimized_softmax_backward(&ty, &tdy, &t, 1, "cpu", NULL), I,
+               "dx: expected an output that does not overlap dy");
+  t = tx, t.rank = 0;
+  expect_error("fused: a required operand of rank 0 names x", optimized_softmax_forward(&t, &ty, 1, "cpu", NULL), I,
+               "x: expected rank 1 (width) or 2 (rows, width)");
+
+  /* layer_norm / rms_norm */
+  expect_error("fused: layer_norm bias of the wrong length",
+               optimized_layer_norm_forward(&tx, NULL, &tw, &tb_short, 1e-5, &ty, NULL, NULL, NULL, "cpu", NULL), I,
+               "bias: expected shape (37)");
+  t = tw, t.rank = 0;
+  expect_error("fused: a rank-0 view for an optional operand names weight",
+               optimized_layer_norm_forward(&tx, NULL, &t, NULL, 1e-5, &ty, NULL, NULL, NULL, "cpu", NULL), I,
+               "weight: expected NULL (absent)");
+  expect_error("fused: negative eps", optimized_rms_norm_forward(&tx, NULL, &tw, -1.0, &ty, NULL, NULL, "cpu", NULL), I,
+               "eps: expected >= 0");
+  expect_error("fused: residual without residual_out",
+               optimized_rms_norm_forward(&tx, &tdy, &tw, 1e-5, &ty, NULL, NULL, "cpu", NULL), I,
+               "residual_out: required with residual");
+  expect_error("fused: residual_out without residual",
+               optimized_layer_norm_forward(&tx, NULL, NULL, NULL, 1e-5, &ty, &tdx, NULL, NULL, "cpu", NULL), I,
+               "residual_out: given without residual");
+  expect_error("fused: layer_norm backward without mean",
+               optimized_layer_norm_backward(&tdy, &tx, &tw, NULL, &trstd, NULL, &tdx, NULL, NULL, "cpu", NULL), I,
+               "mean: required");
+  expect_error("fused: rms_norm backward without rstd",
+               optimized_rms_norm_backward(&tdy, &tx, &tw, NULL, NULL, &tdx, NULL, "cpu", NULL), I, "rstd: required");
+  expect_error("fused: rms_norm backward NULL h",
+               optimized_rms_norm_backward(&tdy, NULL, &tw, &trstd, NULL, &tdx, NULL, "cpu", NULL), I, "h: expected a pointer");
+  expect_error("fused: dweight without weight",
+               optimized_rms_norm_backward(&tdy, &tx, NULL, &trstd, NULL, &tdx, &tb, "cpu", NULL), I,
+               "dweight: asked for without weight");
+  t = trstd, t.dtype = OPTIMIZED_DTYPE_BF16;
+  expect_error("fused: rstd must be fp32", optimized_rms_norm_forward(&tx, NULL, NULL, 1e-5, &ty, NULL, &t, "cpu", NULL),
+               I, "rstd: expected dtype fp32");
+  const int64_t sr2[1] = {ROWS - 1};
+  optimized_tensor_contiguous(&t, st, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 1, sr2);
+  expect_error("fused: mean of the wrong length",
+               optimized_layer_norm_forward(&tx, NULL, NULL, NULL, 1e-5, &ty, NULL, &t, NULL, "cpu", NULL), I,
+               "mean: expected shape (3)");
+
+  /* bias_gelu, silu_and_mul */
+  expect_error("fused: bias_gelu bad approximate", optimized_bias_gelu_forward(&tx, &tb, 7, &ty, "cpu", NULL), I,
+               "approximate: expected OPTIMIZED_GELU_NONE (0) or OPTIMIZED_GELU_TANH (1); given 7");
+  expect_error("fused: bias_gelu backward NULL x",
+               optimized_bias_gelu_backward(&tdy, NULL, &tb, OPTIMIZED_GELU_NONE, &tdx, NULL, "cpu", NULL), I, "x:");
+  expect_error("fused: silu_and_mul odd last dimension", optimized_silu_and_mul_forward(&tx, &ty, "cpu", NULL), I,
+               "x: expected an even last dimension");
+  {
+    const int64_t s2d[2] = {ROWS, 2 * 18}, sd[2] = {ROWS, 17};
+    optimized_tensor tx2, tyd;
+    optimized_tensor_contiguous(&tx2, dx, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, s2d);
+    optimized_tensor_contiguous(&tyd, y, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, sd);
+    expect_error("fused: silu_and_mul y of the wrong width", optimized_silu_and_mul_forward(&tx2, &tyd, "cpu", NULL), I,
+                 "y: expected shape (3, 18)");
+  }
+
+  /* CUDA tensors where no CUDA device can run them: UNSUPPORTED, after the argument checks. */
+  if (optimized_cuda_device_count() == 0) {
+    optimized_tensor cx = tx, cy = ty;
+    cx.device_type = cy.device_type = OPTIMIZED_DEVICE_CUDA;
+    expect_error("fused: CUDA tensors without a usable CUDA device",
+                 optimized_softmax_forward(&cx, &cy, 1, "auto", NULL), U, "softmax forward");
+  }
+
+  /* The variant queries of the family. */
+  const char* v = NULL;
+  check(optimized_fused_resolve_variant("softmax", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 4096, 0, 1, &v) ==
+                OPTIMIZED_STATUS_OK && v && strcmp(v, "cpu") == 0,
+        "fused resolve: auto on the CPU is cpu", optimized_last_error());
+  int64_t fwd = -1, fwd_unaligned = -1, bwd = -1, gelu_w = -1, bf16 = -1;
+  check(optimized_fused_registers_max_width("softmax", OPTIMIZED_DTYPE_F32, 0, 1, &fwd) == OPTIMIZED_STATUS_OK &&
+            optimized_fused_registers_max_width("softmax", OPTIMIZED_DTYPE_F32, 0, 0, &fwd_unaligned) == OPTIMIZED_STATUS_OK &&
+            optimized_fused_registers_max_width("softmax", OPTIMIZED_DTYPE_F32, 1, 1, &bwd) == OPTIMIZED_STATUS_OK &&
+            optimized_fused_registers_max_width("softmax", OPTIMIZED_DTYPE_BF16, 0, 1, &bf16) == OPTIMIZED_STATUS_OK &&
+            optimized_fused_registers_max_width("bias_gelu", OPTIMIZED_DTYPE_F32, 0, 1, &gelu_w) == OPTIMIZED_STATUS_OK,
+        "fused registers max width: queries succeed", optimized_last_error());
+  char detail[200];
+  snprintf(detail, sizeof detail, "fwd %lld, unaligned %lld, bwd %lld, bf16 %lld, bias_gelu %lld", (long long)fwd,
+           (long long)fwd_unaligned, (long long)bwd, (long long)bf16, (long long)gelu_w);
+  check(fwd > 0 && fwd_unaligned > 0 && fwd_unaligned <= fwd && bwd > 0 && bwd <= fwd && bf16 >= fwd && gelu_w == 0,
+        "fused registers max width: a limit for row ops, none for elementwise ones", detail);
+  int64_t rms_bf16 = -1;
+  check(optimized_fused_registers_max_width("rms_norm", OPTIMIZED_DTYPE_BF16, 0, 1, &rms_bf16) == OPTIMIZED_STATUS_OK &&
+            rms_bf16 > 0 &&
+            optimized_fused_resolve_variant("rms_norm", OPTIMIZED_DTYPE_BF16, OPTIMIZED_DEVICE_CUDA, 0, rms_bf16 + 1, 0, 1,
+                                            &v) ==
+                OPTIMIZED_STATUS_OK && v && strcmp(v, "fused_streaming") == 0,
+        "fused resolve: past the registers' limit auto streams", optimized_last_error());
+  check(optimized_fused_resolve_variant("softmax", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CUDA, 0, 1024, 1, 1, &v) ==
+                OPTIMIZED_STATUS_OK && v && strcmp(v, "cpu") != 0 &&
+            optimized_variant_check("fused", v, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CUDA) == OPTIMIZED_STATUS_OK,
+        "fused resolve: auto on CUDA is a CUDA variant", optimized_last_error());
+  expect_error("fused resolve: unknown op",
+               optimized_fused_resolve_variant("softmaxx", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 8, 0, 1, &v), I,
+               "op: expected one of softmax, log_softmax");
+  expect_error("fused resolve: NULL op",
+               optimized_fused_resolve_variant(NULL, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 8, 0, 1, &v), I, "op:");
+  expect_error("fused resolve: NULL result",
+               optimized_fused_resolve_variant("softmax", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 8, 0, 1, NULL), I,
+               "variant: expected a pointer");
+  expect_error("fused resolve: negative width",
+               optimized_fused_resolve_variant("softmax", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, -1, 0, 1, &v), I,
+               "width: expected a row length >= 0");
+  expect_error("fused resolve: int32",
+               optimized_fused_resolve_variant("softmax", OPTIMIZED_DTYPE_I32, OPTIMIZED_DEVICE_CPU, 0, 8, 0, 1, &v), U,
+               "dtype: expected fp32, fp16, bf16");
+  expect_error("fused resolve: fp64 on CUDA",
+               optimized_fused_resolve_variant("softmax", OPTIMIZED_DTYPE_F64, OPTIMIZED_DEVICE_CUDA, 0, 8, 0, 1, &v), U,
+               "fp64 runs on the cpu variant only");
+  expect_error("fused resolve: negative CUDA ordinal",
+               optimized_fused_resolve_variant("softmax", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CUDA, -1, 8, 0, 1, &v), I,
+               "device: expected device_index >= 0");
+  expect_error("fused resolve: backward not 0 or 1",
+               optimized_fused_resolve_variant("softmax", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 8, 2, 1, &v), I,
+               "backward: expected 0 or 1");
+  expect_error("fused max width: NULL result",
+               optimized_fused_registers_max_width("softmax", OPTIMIZED_DTYPE_F32, 0, 1, NULL), I, "max_width:");
+  expect_error("fused max width: unknown op",
+               optimized_fused_registers_max_width("gelu", OPTIMIZED_DTYPE_F32, 0, 1, &fwd), I, "op: expected one of");
+  int ops = 0, has_silu = 0;
+  for (const char* name; (name = optimized_fused_op_name(ops)) != NULL; ++ops) {
+    has_silu |= strcmp(name, "silu_and_mul") == 0;
+    check(optimized_fused_registers_max_width(name, OPTIMIZED_DTYPE_F32, 0, 1, &fwd) == OPTIMIZED_STATUS_OK,
+          "fused op names are what the queries take", name);
+  }
+  check(ops == 8 && has_silu && optimized_fused_op_name(-1) == NULL, "fused op names: 8, NULL past the ends", NULL);
+}
+
+/* ---- the loader ------------------------------------------------------------------------------ */
+
+enum { REC_INTS = 3, N_RECORDS = 50, PER_SHARD = 7 };
+
+/* Record i of the test dataset: int32 (3), distinct per record. */
+static void record_values(uint64_t i, int32_t* out) {
+  out[0] = (int32_t)i, out[1] = (int32_t)(7 * i + 1), out[2] = -(int32_t)i - 5;
+}
+
+static char g_tmp[256];
+
+static void path_in_tmp(char* out, size_t size, const char* name) { snprintf(out, size, "%s/%s", g_tmp, name); }
+
+/* Removes the temporary tree: the root holds dataset directories, which hold files only. */
+static void remove_tree(const char* dir, int depth) {
+  DIR* d = opendir(dir);
+  if (!d) return;
+  struct dirent* e;
+  char path[512];
+  while ((e = readdir(d)) != NULL) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) && depth < 2) remove_tree(path, depth + 1);
+    else unlink(path);
+  }
+  closedir(d);
+  rmdir(dir);
+}
+
+/* Writes records [0, n) in chunks of the given sizes (the last chunk takes the rest). */
+static optimized_status write_dataset(const char* dir, uint64_t n, uint64_t per_shard, uint64_t* shards) {
+  optimized_shard_writer* w = NULL;
+  const int64_t shape[1] = {REC_INTS};
+  optimized_status s = optimized_shard_writer_create(&w, dir, "int32", 1, shape, per_shard, 0);
+  if (s != OPTIMIZED_STATUS_OK) return s;
+  int32_t* records = malloc((size_t)(n + 1) * REC_INTS * sizeof(int32_t));
+  for (uint64_t i = 0; i < n; ++i) record_values(i, records + i * REC_INTS);
+  const uint64_t chunks[3] = {1, 13, 0};
+  uint64_t done = 0;
+  for (int k = 0; k < 3 && s == OPTIMIZED_STATUS_OK; ++k) {
+    uint64_t count = k == 2 ? n - done : (chunks[k] < n - done ? chunks[k] : n - done);
+    s = optimized_shard_writer_append(w, records + done * REC_INTS, count);
+    done += count;
+  }
+  free(records);
+  if (s != OPTIMIZED_STATUS_OK) {
+    optimized_shard_writer_abort(w, "test: append failed");
+    return s;
+  }
+  uint64_t written = 0;
+  s = optimized_shard_writer_close(w, &written, shards);
+  return s == OPTIMIZED_STATUS_OK && written != n ? OPTIMIZED_STATUS_INTERNAL : s;
+}
+
+/* Checks one CPU batch (records hold their values) and counts each record's index in seen[]. */
+static int check_batch_records(const optimized_batch* b, const void* host_data, int* seen, uint64_t num_records) {
+  int ok = b->bytes == (uint64_t)b->records * REC_INTS * sizeof(int32_t);
+  for (int64_t r = 0; r < b->records && ok; ++r) {
+    const uint64_t idx = b->indices[r];
+    int32_t want[REC_INTS];
+    if (idx >= num_records) return 0;
+    record_values(idx, want);
+    ok = memcmp((const char*)host_data + (size_t)r * sizeof want, want, sizeof want) == 0;
+    seen[idx]++;
+  }
+  return ok;
+}
+
+/* Reads the rest of the current epoch: every batch's data checked, indices counted in seen[];
+ * *batches gets the count; order[] (may be NULL) the indices in order. 0 on any failure. */
+static int read_epoch(optimized_loader* l, int* seen, uint64_t* batches, uint64_t* order, char* detail, size_t size) {
+  optimized_batch b;
+  uint64_t n = 0, k = 0;
+  for (;;) {
+    const optimized_status s = optimized_loader_next(l, NULL, &b);
+    if (s != OPTIMIZED_STATUS_OK) {
+      snprintf(detail, size, "next: %s: %s", optimized_status_string(s), optimized_last_error());
+      return 0;
+    }
+    if (b.end_of_epoch) break;
+    if (b.device_type != OPTIMIZED_DEVICE_CPU || b.data == NULL || b.ready_event != NULL) {
+      snprintf(detail, size, "a CPU batch with device %d, data %p, event %p", (int)b.device_type, b.data, b.ready_event);
+      return 0;
+    }
+    if (!check_batch_records(&b, b.data, seen, N_RECORDS)) {
+      snprintf(detail, size, "batch %llu: a record does not hold its values", (unsigned long long)n);
+      return 0;
+    }
+    if (order)
+      for (int64_t r = 0; r < b.records; ++r) order[k++] = b.indices[r];
+    ++n;
+  }
+  *batches = n;
+  return 1;
+}
+
+static int all_once(const int* seen, int n) {
+  for (int i = 0; i < n; ++i)
+    if (seen[i] != 1) return 0;
+  return 1;
+}
+
+static void loader_reads(const char* ds) {
+  const optimized_status I = OPTIMIZED_STATUS_INVALID_ARGUMENT;
+  char detail[600];
+  optimized_loader_options o;
+  check(optimized_loader_options_default(&o) == OPTIMIZED_STATUS_OK && o.batch_size == 1 && o.world_size == 1 &&
+            o.prefetch >= 1 && o.verify == 1 && o.device_type == OPTIMIZED_DEVICE_CPU && o.variant == NULL,
+        "loader options: the C++ defaults", optimized_last_error());
+  o.batch_size = 4, o.shuffle = 1, o.seed = 11, o.threads = 2, o.prefetch = 2;
+  optimized_loader* l = NULL;
+  optimized_status s = optimized_loader_create(&l, ds, &o);
+  check(s == OPTIMIZED_STATUS_OK && l != NULL, "loader: create (batch 4, shuffled)", optimized_last_error());
+  if (s != OPTIMIZED_STATUS_OK) return;
+
+  optimized_loader_info info;
+  s = optimized_loader_get_info(l, &info);
+  snprintf(detail, sizeof detail, "status %s, records %llu, bytes %llu, shards %llu, dtype %s, rank %d, batches %llu, io %s",
+           optimized_status_string(s), (unsigned long long)info.num_records, (unsigned long long)info.record_bytes,
+           (unsigned long long)info.num_shards, s == OPTIMIZED_STATUS_OK ? info.dtype : "?", (int)info.record_rank,
+           (unsigned long long)info.batches_per_epoch, s == OPTIMIZED_STATUS_OK ? info.io_backend : "?");
+  check(s == OPTIMIZED_STATUS_OK && info.num_records == N_RECORDS && info.record_bytes == REC_INTS * 4 &&
+            info.num_shards == (N_RECORDS + PER_SHARD - 1) / PER_SHARD && strcmp(info.dtype, "int32") == 0 &&
+            info.record_rank == 1 && info.record_shape[0] == REC_INTS && info.batches_per_epoch == 13 &&
+            info.records_per_epoch == N_RECORDS && info.io_backend[0] != '\0' && info.fingerprint != 0,
+        "loader: info", detail);
+
+  /* Epochs 0 and 1: every record exactly once, in different shuffled orders. */
+  int seen[N_RECORDS];
+  uint64_t order0[N_RECORDS], order1[N_RECORDS], batches = 0, epoch = 99, batch = 99;
+  memset(seen, 0, sizeof seen);
+  int ok = read_epoch(l, seen, &batches, order0, detail, sizeof detail);
+  check(ok && batches == 13 && all_once(seen, N_RECORDS), "loader: epoch 0 reads every record exactly once", detail);
+  check(optimized_loader_position(l, &epoch, &batch) == OPTIMIZED_STATUS_OK && epoch == 1 && batch == 0,
+        "loader: after the end of epoch 0 the position is (1, 0)", optimized_last_error());
+  memset(seen, 0, sizeof seen);
+  ok = read_epoch(l, seen, &batches, order1, detail, sizeof detail);
+  check(ok && batches == 13 && all_once(seen, N_RECORDS) && memcmp(order0, order1, sizeof order0) != 0,
+        "loader: epoch 1 reads every record exactly once, in another order", detail);
+
+  /* Resume: 5 batches into epoch 2, save the position, read the rest; a new loader started there and
+   * a seek of this one read the same batches. */
+  optimized_batch b;
+  for (int k = 0; k < 5; ++k) optimized_loader_next(l, NULL, &b);
+  check(b.epoch == 2 && b.batch == 4 && b.records == 4, "loader: a batch carries its position", NULL);
+  check(optimized_loader_position(l, &epoch, &batch) == OPTIMIZED_STATUS_OK && epoch == 2 && batch == 5,
+        "loader: position after 5 batches of epoch 2", optimized_last_error());
+  uint64_t rest[N_RECORDS], resumed[N_RECORDS], sought[N_RECORDS], n_rest = 0, n_resumed = 0, n_sought = 0;
+  memset(seen, 0, sizeof seen);
+  ok = read_epoch(l, seen, &n_rest, rest, detail, sizeof detail);
+  check(ok && n_rest == 8, "loader: the rest of epoch 2", detail);
+
+  optimized_loader_options r = o;
+  r.start_epoch = epoch, r.start_batch = batch;
+  optimized_loader* l2 = NULL;
+  s = optimized_loader_create(&l2, ds, &r);
+  memset(seen, 0, sizeof seen);
+  ok = s == OPTIMIZED_STATUS_OK && read_epoch(l2, seen, &n_resumed, resumed, detail, sizeof detail);
+  check(ok && n_resumed == n_rest && memcmp(rest, resumed, (size_t)(N_RECORDS - 20) * sizeof(uint64_t)) == 0,
+        "loader: a loader created at the saved position reads the same batches", s ? optimized_last_error() : detail);
+  optimized_loader_destroy(l2);
+
+  check(optimized_loader_seek(l, epoch, batch) == OPTIMIZED_STATUS_OK, "loader: seek", optimized_last_error());
+  memset(seen, 0, sizeof seen);
+  ok = read_epoch(l, seen, &n_sought, sought, detail, sizeof detail);
+  check(ok && n_sought == n_rest && memcmp(rest, sought, (size_t)(N_RECORDS - 20) * sizeof(uint64_t)) == 0,
+        "loader: seek to the saved position reads the same batches", detail);
+
+  optimized_loader_stats st;
+  check(optimized_loader_get_stats(l, &st) == OPTIMIZED_STATUS_OK && st.batches == 13 + 13 + 5 + 8 + 8 &&
+            st.record_bytes > 0 && st.read_bytes >= st.record_bytes,
+        "loader: stats count the batches handed out", optimized_last_error());
+
+  expect_error("loader: seek past the epoch", optimized_loader_seek(l, 0, 999), I, "position: batch 999 is past");
+  check(optimized_loader_stop(l) == OPTIMIZED_STATUS_OK, "loader: stop", optimized_last_error());
+  expect_error("loader: next after stop", optimized_loader_next(l, NULL, &b), I, "stopped");
+  check(b.data == NULL && b.records == 0 && b.end_of_epoch == 0, "loader: a failed next clears the batch", NULL);
+  optimized_loader_destroy(l);
+  optimized_loader_destroy(NULL);
+
+  /* Two ranks: together every record once; drop_last: full batches only, as many on each rank. */
+  for (int drop = 0; drop < 2; ++drop) {
+    memset(seen, 0, sizeof seen);
+    uint64_t nb[2] = {0, 0};
+    int all_full = 1;
+    ok = 1;
+    for (int rank = 0; rank < 2 && ok; ++rank) {
+      optimized_loader_options rk = o;
+      rk.world_size = 2, rk.rank = rank, rk.drop_last = drop, rk.seed = 3;
+      optimized_loader* lr = NULL;
+      ok = optimized_loader_create(&lr, ds, &rk) == OPTIMIZED_STATUS_OK;
+      for (;;) {
+        if (!ok || optimized_loader_next(lr, NULL, &b) != OPTIMIZED_STATUS_OK) {
+          ok = 0;
+          break;
+        }
+        if (b.end_of_epoch) break;
+        ok = check_batch_records(&b, b.data, seen, N_RECORDS);
+        all_full &= b.records == 4;
+        ++nb[rank];
+      }
+      optimized_loader_destroy(lr);
+    }
+    int twice = 0, total = 0;
+    for (int i = 0; i < N_RECORDS; ++i) twice |= seen[i] > 1, total += seen[i];
+    snprintf(detail, sizeof detail, "batches %llu + %llu, records %d, %s", (unsigned long long)nb[0],
+             (unsigned long long)nb[1], total, optimized_last_error());
+    if (!drop)
+      check(ok && all_once(seen, N_RECORDS), "loader: two ranks together read every record exactly once", detail);
+    else
+      check(ok && !twice && all_full && nb[0] == 6 && nb[1] == 6 && total == 48,
+            "loader: drop_last gives each rank 6 full batches", detail);
+  }
+
+  /* Each reading path: the synchronous rung with pread, mmap, the page cache; a limit of one epoch. */
+  const char* const variants[] = {"synchronous", "pipelined", "pipelined"};
+  const char* const ios[] = {"pread", "mmap", "auto"};
+  const char* const directs[] = {"auto", "auto", "off"};
+  for (int k = 0; k < 3; ++k) {
+    optimized_loader_options io = o;
+    io.variant = variants[k], io.io = ios[k], io.direct_io = directs[k], io.epochs = 1, io.batch_size = 9;
+    optimized_loader* li = NULL;
+    char what[160];
+    snprintf(what, sizeof what, "loader: %s, io %s, direct_io %s: one epoch, every record once, then the end", variants[k],
+             ios[k], directs[k]);
+    memset(seen, 0, sizeof seen);
+    s = optimized_loader_create(&li, ds, &io);
+    ok = s == OPTIMIZED_STATUS_OK && read_epoch(li, seen, &batches, NULL, detail, sizeof detail);
+    if (s != OPTIMIZED_STATUS_OK) snprintf(detail, sizeof detail, "create: %s", optimized_last_error());
+    /* epochs = 1: after the last epoch every call says end_of_epoch */
+    int ended = ok && optimized_loader_next(li, NULL, &b) == OPTIMIZED_STATUS_OK && b.end_of_epoch &&
+                optimized_loader_next(li, NULL, &b) == OPTIMIZED_STATUS_OK && b.end_of_epoch;
+    check(ok && ended && batches == 6 && all_once(seen, N_RECORDS), what, detail);
+    optimized_loader_destroy(li);
+  }
+
+  /* The handle's arguments. */
+  optimized_loader* none = (optimized_loader*)&o; /* must be overwritten with NULL on failure */
+  optimized_loader_options bad = o;
+  bad.batch_size = 0;
+  expect_error("loader: batch_size 0", optimized_loader_create(&none, ds, &bad), I, "batch_size: expected >= 1");
+  check(none == NULL, "loader: a failed create sets *loader to NULL", NULL);
+  bad = o, bad.device_type = 5;
+  expect_error("loader: bad device type", optimized_loader_create(&none, ds, &bad), I, "device: expected device_type");
+  bad = o, bad.io = "floppy";
+  expect_error("loader: bad io engine", optimized_loader_create(&none, ds, &bad), I, "io: expected");
+  bad = o, bad.variant = "fast";
+  expect_error("loader: bad variant", optimized_loader_create(&none, ds, &bad), I, "variant: expected");
+  bad = o, bad.direct_io = "maybe";
+  expect_error("loader: bad direct_io", optimized_loader_create(&none, ds, &bad), I, "direct_io");
+  bad = o, bad.shuffle = 2;
+  expect_error("loader: shuffle not 0 or 1", optimized_loader_create(&none, ds, &bad), I, "shuffle: expected 0 or 1");
+  bad = o, bad.world_size = 2, bad.rank = 2;
+  expect_error("loader: rank out of range", optimized_loader_create(&none, ds, &bad), I, "rank: expected in [0, 2)");
+  bad = o, bad.start_batch = 14;
+  expect_error("loader: start past the epoch", optimized_loader_create(&none, ds, &bad), I, "start: batch 14");
+  expect_error("loader: NULL dir", optimized_loader_create(&none, NULL, &o), I, "dir:");
+  expect_error("loader: NULL handle pointer", optimized_loader_create(NULL, ds, &o), I, "loader:");
+  expect_error("loader: next on NULL", optimized_loader_next(NULL, NULL, &b), I, "loader: expected a handle");
+  expect_error("loader: position on NULL", optimized_loader_position(NULL, &epoch, &batch), I, "loader:");
+  expect_error("loader: info on NULL", optimized_loader_get_info(NULL, &info), I, "loader:");
+  expect_error("loader: options default NULL", optimized_loader_options_default(NULL), I, "options:");
+  if (optimized_cuda_device_count() == 0) {
+    bad = o, bad.device_type = OPTIMIZED_DEVICE_CUDA;
+    s = optimized_loader_create(&none, ds, &bad);
+    check(s != OPTIMIZED_STATUS_OK && strstr(optimized_last_error(), "device:") != NULL,
+          "loader: a CUDA loader without a usable device names device", optimized_last_error());
+  }
+  /* NULL options: the defaults (batch 1) */
+  s = optimized_loader_create(&l, ds, NULL);
+  check(s == OPTIMIZED_STATUS_OK && optimized_loader_get_info(l, &info) == OPTIMIZED_STATUS_OK &&
+            info.batches_per_epoch == N_RECORDS,
+        "loader: NULL options are the defaults", optimized_last_error());
+  if (s == OPTIMIZED_STATUS_OK) {
+    expect_error("loader: next with a NULL batch", optimized_loader_next(l, NULL, NULL), I, "batch:");
+    optimized_loader_destroy(l); /* with batches read ahead, none handed out */
+  }
+}
+
+static void loader_tests(void) {
+  const optimized_status I = OPTIMIZED_STATUS_INVALID_ARGUMENT;
+  const char* base = getenv("TMPDIR");
+  snprintf(g_tmp, sizeof g_tmp, "%s/optimized_c_api_XXXXXX", base && base[0] ? base : "/tmp");
+  if (!mkdtemp(g_tmp)) {
+    check(0, "loader: a temporary directory", g_tmp);
+    return;
+  }
+  char ds[300], other[300], file[400];
+  path_in_tmp(ds, sizeof ds, "ds");
+  uint64_t shards = 0;
+  optimized_status s = write_dataset(ds, N_RECORDS, PER_SHARD, &shards);
+  check(s == OPTIMIZED_STATUS_OK && shards == (N_RECORDS + PER_SHARD - 1) / PER_SHARD,
+        "shard writer: 50 records in 8 shards", optimized_last_error());
+  check(optimized_dataset_verify(ds) == OPTIMIZED_STATUS_OK, "dataset verify: the written dataset", optimized_last_error());
+
+  /* Writer arguments and states. */
+  optimized_shard_writer* w = (optimized_shard_writer*)&shards;
+  const int64_t shape[1] = {REC_INTS}, neg[1] = {-2};
+  path_in_tmp(other, sizeof other, "other");
+  expect_error("shard writer: unknown dtype", optimized_shard_writer_create(&w, other, "float128", 1, shape, 4, 0), I,
+               "dtype: expected one of");
+  check(w == NULL, "shard writer: a failed create sets *writer to NULL", NULL);
+  expect_error("shard writer: records_per_shard 0", optimized_shard_writer_create(&w, other, "int32", 1, shape, 0, 0), I,
+               "records_per_shard: expected >= 1");
+  expect_error("shard writer: record_rank 9", optimized_shard_writer_create(&w, other, "int32", 9, shape, 4, 0), I,
+               "record_rank: expected 0..8");
+  expect_error("shard writer: NULL record_shape", optimized_shard_writer_create(&w, other, "int32", 1, NULL, 4, 0), I,
+               "record_shape:");
+  expect_error("shard writer: negative size", optimized_shard_writer_create(&w, other, "int32", 1, neg, 4, 0), I,
+               "record_shape");
+  expect_error("shard writer: NULL dir", optimized_shard_writer_create(&w, NULL, "int32", 1, shape, 4, 0), I, "dir:");
+  expect_error("shard writer: NULL dtype", optimized_shard_writer_create(&w, other, NULL, 1, shape, 4, 0), I, "dtype:");
+  expect_error("shard writer: NULL handle pointer", optimized_shard_writer_create(NULL, other, "int32", 1, shape, 4, 0), I,
+               "writer:");
+  expect_error("shard writer: a directory with a dataset, without overwrite",
+               optimized_shard_writer_create(&w, ds, "int32", 1, shape, 4, 0), I, "already holds");
+  expect_error("shard writer: append on NULL", optimized_shard_writer_append(NULL, shape, 1), I, "writer:");
+  expect_error("shard writer: close NULL", optimized_shard_writer_close(NULL, NULL, NULL), I, "writer:");
+
+  /* An aborted dataset is refused, saying so. */
+  s = optimized_shard_writer_create(&w, other, "int32", 1, shape, 4, 0);
+  int32_t recs[5 * REC_INTS];
+  for (int i = 0; i < 5; ++i) record_values((uint64_t)i, recs + i * REC_INTS);
+  uint64_t rb = 0, written = 0;
+  check(s == OPTIMIZED_STATUS_OK && optimized_shard_writer_append(w, recs, 5) == OPTIMIZED_STATUS_OK &&
+            optimized_shard_writer_info(w, &rb, &written) == OPTIMIZED_STATUS_OK && rb == 12 && written == 5,
+        "shard writer: info", optimized_last_error());
+  expect_error("shard writer: append NULL records", optimized_shard_writer_append(w, NULL, 3), I,
+               "records: expected 3 records");
+  check(optimized_shard_writer_append(w, NULL, 0) == OPTIMIZED_STATUS_OK, "shard writer: appending 0 records", NULL);
+  check(optimized_shard_writer_abort(w, "the C test aborts") == OPTIMIZED_STATUS_OK, "shard writer: abort",
+        optimized_last_error());
+  optimized_loader* l = (optimized_loader*)&shards;
+  expect_error("loader: an aborted dataset", optimized_loader_create(&l, other, NULL), I,
+               "aborted after 5 records: the C test aborts");
+  check(l == NULL, "loader: a failed create sets *loader to NULL", NULL);
+
+  /* overwrite = 1 replaces it; 0 records is a valid (empty) dataset. */
+  uint64_t nrec = 9, nsh = 0;
+  s = optimized_shard_writer_create(&w, other, "float32", 0, NULL, 4, 1);
+  check(s == OPTIMIZED_STATUS_OK && optimized_shard_writer_close(w, &nrec, &nsh) == OPTIMIZED_STATUS_OK && nrec == 0 &&
+            nsh == 1,
+        "shard writer: overwrite, scalar records, none written", optimized_last_error());
+
+  /* A missing directory. */
+  path_in_tmp(other, sizeof other, "no_such_dataset");
+  s = optimized_loader_create(&l, other, NULL);
+  check(s != OPTIMIZED_STATUS_OK && strstr(optimized_last_error(), "no_such_dataset") &&
+            strstr(optimized_last_error(), "does not exist"),
+        "loader: a missing directory is named", optimized_last_error());
+
+  /* A truncated shard: refused at create, naming the file; verify says the same. */
+  path_in_tmp(other, sizeof other, "truncated");
+  s = write_dataset(other, 10, 4, &shards);
+  snprintf(file, sizeof file, "%s/shard-00001.osh", other);
+  struct stat st;
+  const int cut = s == OPTIMIZED_STATUS_OK && stat(file, &st) == 0 && truncate(file, st.st_size - 100) == 0;
+  check(cut, "loader: truncate a shard of a second dataset", optimized_last_error());
+  s = optimized_loader_create(&l, other, NULL);
+  check(s != OPTIMIZED_STATUS_OK && strstr(optimized_last_error(), "shard-00001.osh") != NULL,
+        "loader: a truncated shard is named", optimized_last_error());
+  s = optimized_dataset_verify(other);
+  check(s != OPTIMIZED_STATUS_OK && strstr(optimized_last_error(), "shard-00001.osh") != NULL,
+        "dataset verify: a truncated shard is named", optimized_last_error());
+  expect_error("dataset verify: NULL dir", optimized_dataset_verify(NULL), I, "dir:");
+
+  /* A corrupt record: opening succeeds (headers are fine), reading it fails naming the file. */
+  path_in_tmp(other, sizeof other, "corrupt");
+  s = write_dataset(other, 10, 4, &shards);
+  snprintf(file, sizeof file, "%s/shard-00000.osh", other);
+  int fd = open(file, O_WRONLY);
+  const unsigned char junk = 0xA5;
+  const int flipped = s == OPTIMIZED_STATUS_OK && fd >= 0 && pwrite(fd, &junk, 1, 4096 + 2 * 12 + 1) == 1;
+  if (fd >= 0) close(fd);
+  optimized_loader_options o;
+  optimized_loader_options_default(&o);
+  o.batch_size = 10, o.direct_io = "off";
+  s = flipped ? optimized_loader_create(&l, other, &o) : OPTIMIZED_STATUS_INTERNAL;
+  check(s == OPTIMIZED_STATUS_OK, "loader: a dataset with a corrupt record opens", optimized_last_error());
+  if (s == OPTIMIZED_STATUS_OK) {
+    optimized_batch b;
+    s = optimized_loader_next(l, NULL, &b);
+    check(s != OPTIMIZED_STATUS_OK && strstr(optimized_last_error(), "shard-00000.osh") != NULL,
+          "loader: a corrupt record fails next, naming the file", optimized_last_error());
+    optimized_loader_destroy(l);
+  }
+
+  loader_reads(ds);
+
+#ifdef OPTIMIZED_TEST_CUDA
+  if (optimized_cuda_device_count() > 0) {
+    optimized_loader_options_default(&o);
+    o.batch_size = 8, o.shuffle = 1, o.device_type = OPTIMIZED_DEVICE_CUDA, o.device_index = 0;
+    cudaStream_t stream = NULL;
+    cudaStreamCreate(&stream);
+    int seen[N_RECORDS];
+    memset(seen, 0, sizeof seen);
+    s = optimized_loader_create(&l, ds, &o);
+    int ok = s == OPTIMIZED_STATUS_OK, batches = 0;
+    char detail[400] = "";
+    if (!ok) snprintf(detail, sizeof detail, "create: %s", optimized_last_error());
+    int32_t host[8 * REC_INTS];
+    while (ok) {
+      optimized_batch b;
+      if (optimized_loader_next(l, stream, &b) != OPTIMIZED_STATUS_OK) {
+        snprintf(detail, sizeof detail, "next: %s", optimized_last_error());
+        ok = 0;
+        break;
+      }
+      if (b.end_of_epoch) break;
+      ok = b.device_type == OPTIMIZED_DEVICE_CUDA && b.ready_event != NULL && b.records <= 8 &&
+           cudaMemcpyAsync(host, b.data, b.bytes, cudaMemcpyDeviceToHost, stream) == cudaSuccess &&
+           cudaStreamSynchronize(stream) == cudaSuccess && check_batch_records(&b, host, seen, N_RECORDS);
+      ++batches;
+    }
+    check(ok && batches == 7 && all_once(seen, N_RECORDS), "loader cuda: an epoch into device memory, every record once",
+          detail);
+    optimized_loader_destroy(l);
+    cudaStreamDestroy(stream);
+  } else {
+    printf("skip  loader CUDA cases: no CUDA device\n");
+  }
+#endif
+
+  remove_tree(g_tmp, 0);
+}
+
 /* ---- main ------------------------------------------------------------------------------------ */
 
 int main(void) {
@@ -393,6 +1675,10 @@ int main(void) {
 
   error_paths();
   thread_local_error();
+  variant_queries();
+  fused_error_paths();
+  fused_results();
+  loader_tests();
 
   /* Odd shapes (1, primes), strided A, broadcast B, both dtypes, every CPU variant. */
   const gemm_case cases[] = {
