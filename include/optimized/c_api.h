@@ -2,8 +2,10 @@
  * languages that cannot take C++ types or exceptions.
  *
  * Rules:
- *   - Every function returns an optimized_status (or a value that cannot fail). No C++ exception
- *     crosses this boundary: each entry catches everything and turns it into a status.
+ *   - Every function returns an optimized_status (or a value that cannot fail; the name queries
+ *     return NULL past the end, and optimized_variant_name also for an unknown family, saying so in
+ *     optimized_last_error()). No C++ exception crosses this boundary: each entry catches
+ *     everything and turns it into a status.
  *   - On failure, optimized_last_error() returns a message that names the argument, what was
  *     expected and what was given ("b: expected 17 rows to match a's columns (K); ..."). The
  *     message is thread-local and describes the most recent call made on this thread; a call
@@ -120,9 +122,10 @@ OPTIMIZED_C_EXPORT optimized_status optimized_gemm_variant_check(const char* var
 
 /* ---- every family: one variant query ------------------------------------------------------
  * The families with named variants: "gemm", "fused", "loader". Each query reads the family's C++
- * variant table (all_gemm_variants(), all_fused_variants(), ...), so a variant added in C++ is
- * listed here without a C edit. A family name that is not one of these: INVALID_ARGUMENT, with a
- * message naming the families. */
+ * variant table (all_gemm_variants(), all_fused_variants(); the loader's two variants, which
+ * tests/c_api/test_c_api_tables.cpp checks against loader.h), so a variant added in C++ is listed
+ * here without a C edit. A family name that is not one of these: INVALID_ARGUMENT, with a message
+ * naming the families. */
 
 /* Name of family `index` (0-based: "gemm", "fused", "loader"), or NULL past the end. */
 OPTIMIZED_C_EXPORT const char* optimized_family_name(int32_t index);
@@ -340,7 +343,7 @@ typedef struct optimized_batch {
  * is copied asynchronously; cuda_stream (a cudaStream_t, NULL: the legacy default stream) is made
  * to wait for the copy, so work queued on it after this call sees the batch (synchronize it before
  * reading from the host); the memory is reused only after the work queued on that stream before the
- * call that releases the batch. A read or checksum failure names the shard file and the record;
+ * call that releases the batch, so the stream must live until then. A read or checksum failure names the shard file and the record;
  * the loader then keeps failing until optimized_loader_seek(). */
 OPTIMIZED_C_EXPORT optimized_status optimized_loader_next(optimized_loader* loader, void* cuda_stream,
                                                           optimized_batch* batch);
