@@ -11,10 +11,20 @@ True
 
 The ops are also reachable as ``torch.ops.optimized.<op>``; without this package,
 ``torch.ops.load_library(optimized_ops.library_path())`` registers them (forward only).
+
+Every op family shows its ladder of variants, naive to best: ``optimized_ops.variants(family)``
+(``"gemm"``, the default; ``"fused"``; ``"loader"``).
+
+The package, one folder per op family with autograd and fake kernels (``gemm/``, ``fused/``: the
+functions in ``__init__.py``, the fake kernels in ``_fakes.py``, the autograd rules in
+``_autograd.py``), the loader (``data.py``), the ``nn`` modules (``nn.py``), and what they share:
+``_library.py`` (loading the library), ``_autograd.py`` (the autograd mechanism) and
+``_variants.py`` (``variants(family)``).
 """
 
 from ._library import library_path
-from .gemm import built_with_cuda, matmul, variant_supports, variants
+from ._variants import variants
+from .gemm import built_with_cuda, matmul, variant_supports
 from .fused import (add_layer_norm, add_rms_norm, bias_gelu, fused_registers_max_width, fused_variants, gelu,
                     layer_norm, log_softmax, resolve_fused_variant, rms_norm, silu_and_mul, softmax)
 from . import nn

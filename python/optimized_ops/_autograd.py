@@ -33,7 +33,7 @@ over the backward ops).
 
 Wiring an op takes its backward, its setup_context and a jvp rule
 ``jvp(inputs, keyword_only_inputs, output, tangents) -> output tangents``: see ``_jvp`` and the
-``register_autograd`` call at the end of gemm.py (matmul), and the rules in fused.py.
+``register_autograd`` call at the end of gemm/_autograd.py (matmul), and the rules in fused/_autograd.py.
 """
 
 from __future__ import annotations

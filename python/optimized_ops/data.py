@@ -34,8 +34,11 @@ import torch
 import torch.utils.data
 
 from ._library import load
+from ._variants import register_family
 
 _lib = load()  # registers torch.classes.optimized.* and torch.ops.optimized.*
+# StreamingLoader(variant=...): "synchronous", "pipelined" (the C++ LoaderVariant's names).
+register_family("loader", lambda: list(torch.ops.optimized.loader_variants()))
 _lib.optimized_loader_wait.restype = ctypes.c_int
 _lib.optimized_loader_wait.argtypes = [ctypes.c_void_p]
 
@@ -274,7 +277,8 @@ class StreamingLoader(torch.utils.data.IterableDataset):
     verify : bool
         Check each record's CRC32C as it arrives.
     variant : str
-        ``"pipelined"``, or ``"synchronous"`` (read on demand, no overlap: for comparison).
+        ``"pipelined"``, or ``"synchronous"`` (read on demand, no overlap: for comparison);
+        ``optimized_ops.variants("loader")`` lists them.
     return_indices : bool
         Yield ``(batch, indices)``: the dataset index of each record, an int64 CPU tensor.
     staging_bytes : int

@@ -1,27 +1,29 @@
-// The torch glue: the only code in optimized-ops that includes torch.
+// The torch glue of GEMM (include/optimized/gemm.h):
 //
-//   TORCH_LIBRARY(optimized, m)            the schemas of torch.ops.optimized.*
-//   TORCH_LIBRARY_IMPL(optimized, CPU|CUDA) kernels that check their inputs (messages name the
-//                                           argument), allocate the output with torch (so CUDA
-//                                           memory comes from the caching allocator and graph
-//                                           capture works), and call the torch-free C++ API on
-//                                           TensorViews, on the current stream of the device.
+//   TORCH_LIBRARY(optimized, m)             the schemas of torch.ops.optimized.matmul and
+//                                           gemm_variants (the first glue file: it opens the library;
+//                                           the other families add TORCH_LIBRARY_FRAGMENTs)
+//   TORCH_LIBRARY_IMPL(optimized, CPU|CUDA) the kernel: torch.matmul's N-D shape rules on top of the
+//                                           C++ API's batched matrices; outputs from torch (the caching
+//                                           allocator, so CUDA graphs capture them); the current stream
+//                                           of the device, under a device guard.
 //
-// Autograd and the fake (meta) kernels are registered from Python (python/optimized_ops), through
-// torch.library.register_autograd and torch.library.register_fake.
+// Checks (see common.h for who checks what): the glue checks the tensors' torch facts and
+// torch.matmul's N-D rules (at least one dimension, K of 1-D and N-D operands, broadcastable batch
+// dimensions); dtypes, devices and variants are the C++ API's to check, and its messages arrive
+// prefixed "optimized::matmul: ".
 //
-// The current CUDA stream is read through c10's device-generic stream API (which, in a CUDA build
-// of torch, is at::cuda::getCurrentCUDAStream), so this file needs neither the CUDA headers nor
-// libtorch_cuda, and one build serves CPU-only and CUDA builds of torch alike.
+// Autograd and the fake (meta) kernel are registered from Python (python/optimized_ops/gemm.py),
+// through the package's register_autograd and torch.library.register_fake.
 #include <ATen/ATen.h>
-#include <c10/core/DeviceGuard.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <string>
 #include <vector>
 
+#include "common.h"
 #include "optimized/core.h"
 #include "optimized/gemm.h"
 
@@ -29,34 +31,7 @@ namespace optimized::torch_glue {
 
 namespace {
 
-DType to_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return DType::kF32;
-    case at::kHalf: return DType::kF16;
-    case at::kBFloat16: return DType::kBF16;
-    case at::kDouble: return DType::kF64;
-    default: break;
-  }
-  TORCH_CHECK_TYPE(false, std::string("unreachable: dtype ") + c10::toString(t) + " was not checked");
-}
-
-// "float32", "bfloat16": the names Python users know (torch.float32), not c10's "Float".
-std::string dtype_str(at::ScalarType t) { return c10::getDtypeNames(t).first; }
-
-// Messages are built as one std::string here (numbers through std::to_string) rather than by
-// streaming integers through c10::str: on the GPU machine's toolchain, a TORCH_CHECK message that
-// streamed an int64 or a size list segfaulted while the error was raised.
-std::string str(int64_t v) { return std::to_string(v); }
-std::string str(at::IntArrayRef sizes) {
-  std::string s = "[";
-  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
-  return s + "]";
-}
-
-Device to_device(const at::Device& d) {
-  if (d.is_cuda()) return Device::cuda(d.index() < 0 ? 0 : d.index());
-  return Device::cpu();
-}
+constexpr const char* kOp = "matmul";
 
 // ---- N-D operands as batches of matrices ---------------------------------------------------------
 //
@@ -156,12 +131,14 @@ std::vector<BatchGroup> fold_batch(const std::vector<int64_t>& batch, const Matr
 
 // The rank-2 (no group) or rank-3 (batch, rows, cols) view of one operand's matrices at `offset`
 // elements from its data, with `group` as the batch.
-TensorView view_of(const Matrices& m, int64_t offset, const BatchGroup* group, int which) {
+TensorView matrix_view(const Matrices& m, int64_t offset, const BatchGroup* group, int which) {
+  static constexpr const char* kArgs[3] = {"a", "b", "out"};
   const at::Tensor& t = m.tensor;
+  const std::string prefix = arg_prefix(kOp, kArgs[which]);
   TensorView v;
   v.data = static_cast<char*>(t.data_ptr()) + offset * static_cast<int64_t>(t.element_size());
-  v.dtype = to_dtype(t.scalar_type());
-  v.device = to_device(t.device());
+  v.dtype = to_dtype(t.scalar_type(), prefix);
+  v.device = to_device(t.device(), prefix);
   v.rank = group ? 3 : 2;
   const int r = v.rank;
   v.shape[r - 2] = m.rows;
@@ -175,28 +152,11 @@ TensorView view_of(const Matrices& m, int64_t offset, const BatchGroup* group, i
   return v;
 }
 
-// Raises the torch error that matches the C++ status: ValueError for invalid arguments,
-// NotImplementedError for valid inputs this variant or build cannot take, RuntimeError otherwise.
-[[noreturn]] void rethrow(const Error& e) {
-  switch (e.status()) {
-    case Status::kInvalidArgument: TORCH_CHECK_VALUE(false, std::string("optimized::matmul: ") + e.what());
-    case Status::kUnsupported: TORCH_CHECK_NOT_IMPLEMENTED(false, std::string("optimized::matmul: ") + e.what());
-    default: break;
-  }
-  TORCH_CHECK(false, "optimized::matmul (" + std::string(status_name(e.status())) + "): " + e.what());
-}
-
+// A tensor torch.matmul takes: at least one dimension (a 0-D operand has no K).
 void check_operand(const at::Tensor& t, const char* name, const char* shapes) {
-  TORCH_CHECK_VALUE(t.defined(), std::string("optimized::matmul: ") + name + ": expected a tensor; given an undefined tensor");
-  TORCH_CHECK_VALUE(t.layout() == at::kStrided, std::string("optimized::matmul: ") + name +
-                                                    ": expected a strided (dense) tensor; given a non-strided layout");
-  TORCH_CHECK_VALUE(t.dim() >= 1, std::string("optimized::matmul: ") + name + ": expected a tensor of at least 1 dimension, " +
-                                      shapes + "; given 0-D (a scalar)");
-  const auto st = t.scalar_type();
-  // float64 runs on the plain CPU rungs only (the C++ API says so for other variants and CUDA).
-  TORCH_CHECK_TYPE(st == at::kFloat || st == at::kHalf || st == at::kBFloat16 || st == at::kDouble,
-                   std::string("optimized::matmul: ") + name +
-                       ": expected dtype float32, float16, bfloat16 or float64; given " + dtype_str(st));
+  check_tensor(t, kOp, name);
+  TORCH_CHECK_VALUE(t.dim() >= 1, arg_prefix(kOp, name) + "expected a tensor of at least 1 dimension, " + shapes +
+                                      "; given 0-D (a scalar)");
 }
 
 }  // namespace
@@ -207,14 +167,12 @@ void check_operand(const at::Tensor& t, const char* name, const char* shapes) {
 at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view variant_name) {
   check_operand(a, "a", "(K,) or (..., M, K)");
   check_operand(b, "b", "(K,) or (..., K, N)");
-  TORCH_CHECK_TYPE(b.scalar_type() == a.scalar_type(), "optimized::matmul: b: expected dtype " +
-                                                           dtype_str(a.scalar_type()) + " (same as a); given " +
-                                                           dtype_str(b.scalar_type()));
-  TORCH_CHECK_VALUE(b.device() == a.device(), "optimized::matmul: b: expected device " + a.device().str() +
-                                                   " (same as a); given " + b.device().str());
+  // dtypes and devices: the C++ API's (one dtype and device for a, b and the output).
   Matrices ma = as_matrices(a, true), mb = as_matrices(b, false);
   const int64_t m = ma.rows, k = ma.cols, n = mb.cols;
-  TORCH_CHECK_VALUE(mb.rows == k, "optimized::matmul: b: expected " +
+  // K here, not only in the C++ API: in the words of 1-D operands, and before the zero-size
+  // shortcuts below, which never reach the C++ API.
+  TORCH_CHECK_VALUE(mb.rows == k, arg_prefix(kOp, "b") + "expected " +
                                       (b.dim() == 1 ? "length " + str(k) : str(k) + " rows") + " to match a's " +
                                       (a.dim() == 1 ? "length" : "columns") + " (K); given shape " + str(b.sizes()) +
                                       " with a of shape " + str(a.sizes()));
@@ -225,24 +183,22 @@ at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view var
     const size_t da = rank - ma.batch_sizes.size(), db = rank - mb.batch_sizes.size();
     const int64_t sa = d < da ? 1 : ma.batch_sizes[d - da], sb = d < db ? 1 : mb.batch_sizes[d - db];
     TORCH_CHECK_VALUE(sa == sb || sa == 1 || sb == 1,
-                      "optimized::matmul: b: expected batch dimensions broadcastable with a's " +
+                      arg_prefix(kOp, "b") + "expected batch dimensions broadcastable with a's " +
                           str(ma.batch_sizes) + " (each equal, or 1 in either); given " + str(mb.batch_sizes) +
                           " (b of shape " + str(b.sizes()) + ", a of shape " + str(a.sizes()) + ")");
     batch[d] = sa == 1 ? sb : sa;  // a size of 1 stretches (also to 0)
   }
-  GemmVariant variant = GemmVariant::kAuto;
-  try {
-    variant = parse_gemm_variant(std::string_view(variant_name.data(), variant_name.size()));
-  } catch (const Error& e) {
-    rethrow(e);
-  }
+  const std::string where = op_name(kOp);
+  const GemmVariant variant = call_api(
+      where, [&] { return parse_gemm_variant(std::string_view(variant_name.data(), variant_name.size())); });
 
   std::vector<int64_t> out_shape = batch;
   if (a.dim() > 1) out_shape.push_back(m);
   if (b.dim() > 1) out_shape.push_back(n);
   at::Tensor out = at::empty(out_shape, a.options());
   if (out.numel() == 0) return out;
-  if (k == 0) return out.zero_();  // an empty sum; the C++ API takes dimensions >= 1 only
+  // The C++ API takes dimensions >= 1 only: an empty result, or an empty sum (K = 0), is the glue's.
+  if (k == 0) return out.zero_();
 
   // Matrices that do not qualify (transposed, expanded rows) are copied, un-broadcast.
   if (!qualifies(ma)) ma = as_matrices(a.contiguous(), true);
@@ -262,20 +218,16 @@ at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view var
   const std::vector<BatchGroup> groups = fold_batch(batch, ma, mb, out_strides);
   const BatchGroup* inner = groups.empty() ? nullptr : &groups.front();
 
-  ExecutionContext ctx;
-  c10::OptionalDeviceGuard guard;
-  if (a.is_cuda()) {
-    guard.reset_device(a.device());
-    const c10::Stream stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(a.device());
-    ctx.cuda_stream = stream.native_handle();
-  }
+  const Launch launch(a.device());
   // One call per index of the outer groups (an odometer over groups[1..]), with offset pointers.
   std::vector<int64_t> index(groups.size(), 0);
   int64_t offset[3] = {0, 0, 0};
-  try {
+  call_api(where, [&] {
     while (true) {
-      optimized::matmul(view_of(ma, offset[0], inner, 0), view_of(mb, offset[1], inner, 1),
-                        view_of(mc, offset[2], inner, 2), 1.0f, 0.0f, variant, ctx);
+      // In order (std::array{...} evaluates left to right): a dtype without a C++ type is a's first.
+      const auto [av, bv, cv] = std::array{matrix_view(ma, offset[0], inner, 0), matrix_view(mb, offset[1], inner, 1),
+                                           matrix_view(mc, offset[2], inner, 2)};
+      optimized::matmul(av, bv, cv, 1.0f, 0.0f, variant, launch.ctx);
       size_t g = 1;
       for (; g < groups.size(); ++g) {
         for (int i = 0; i < 3; ++i) offset[i] += groups[g].stride[i];
@@ -285,11 +237,12 @@ at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view var
       }
       if (g >= groups.size()) break;
     }
-  } catch (const Error& e) {
-    rethrow(e);
-  }
+  });
   return out;
 }
+
+// The ladder (naive to best, "auto" excluded), from the C++ API's table.
+std::vector<std::string> gemm_variants() { return variant_names(all_gemm_variants(), gemm_variant_name); }
 
 }  // namespace optimized::torch_glue
 
@@ -297,6 +250,7 @@ TORCH_LIBRARY(optimized, m) {
   m.def(
       "matmul(Tensor a, Tensor b, *, str variant='auto') -> Tensor",
       {at::Tag::pt2_compliant_tag});
+  m.def("gemm_variants() -> str[]", &optimized::torch_glue::gemm_variants);
 }
 
 TORCH_LIBRARY_IMPL(optimized, CPU, m) { m.impl("matmul", &optimized::torch_glue::matmul); }

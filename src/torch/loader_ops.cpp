@@ -12,8 +12,13 @@
 // that stream. When torch frees the tensor, its deleter asks that the memory be reused only after
 // the work queued on the then-current stream, the caching allocator's rule for tensors freed on
 // their stream. The Python API (optimized_ops.data) wraps these classes.
+//
+// Checks (common.h says who checks what): the glue converts torch's int64 arguments to the C++
+// types (unsigned counts, 32-bit ints), refusing what does not fit and naming the argument; checks
+// the records a writer appends against its dtype and record shape (the C++ writer takes bytes);
+// and leaves every other check (batch_size, rank, chunk_bytes, ...) to the C++ API, whose messages
+// arrive as they are, and whose errors become ValueError, NotImplementedError or RuntimeError.
 #include <ATen/ATen.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
@@ -24,6 +29,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common.h"
 #include "optimized/core.h"
 #include "optimized/loader.h"
 
@@ -52,21 +58,24 @@ const char* dtype_name_of(at::ScalarType t) {
   return nullptr;
 }
 
-// The torch error that matches the C++ status (ValueError, NotImplementedError, RuntimeError).
-[[noreturn]] void rethrow(const Error& e) {
-  switch (e.status()) {
-    case Status::kInvalidArgument: TORCH_CHECK_VALUE(false, e.what());
-    case Status::kUnsupported: TORCH_CHECK_NOT_IMPLEMENTED(false, e.what());
-    default: break;
-  }
-  TORCH_CHECK(false, std::string(e.what()) + " (" + std::string(status_name(e.status())) + ")");
+// The loader's messages name their argument (and the file) themselves: no op prefix.
+[[noreturn]] void rethrow(const Error& e) { torch_glue::rethrow("", e); }
+
+// An int64 argument as the C++ API's unsigned count: >= 0.
+uint64_t as_unsigned(const char* where, const char* name, int64_t v) {
+  TORCH_CHECK_VALUE(v >= 0, std::string(where) + ": " + name + ": expected >= 0; given " + std::to_string(v));
+  return static_cast<uint64_t>(v);
 }
 
-// The current stream of a CUDA device as a cudaStream_t, through c10's device-generic API (so this
-// file needs neither the CUDA headers nor libtorch_cuda).
-void* current_stream(const at::Device& device) {
-  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).native_handle();
+// An int64 argument as the C++ API's int.
+int as_int(const char* where, const char* name, int64_t v) {
+  TORCH_CHECK_VALUE(v >= INT32_MIN && v <= INT32_MAX,
+                    std::string(where) + ": " + name + ": expected a 32-bit integer; given " + std::to_string(v));
+  return static_cast<int>(v);
 }
+
+// The loader's variants, in the order of LoaderVariant (naive to best).
+constexpr LoaderVariant kLoaderVariants[] = {LoaderVariant::kSynchronous, LoaderVariant::kPipelined};
 
 class StreamingLoader : public torch::CustomClassHolder {
  public:
@@ -76,39 +85,27 @@ class StreamingLoader : public torch::CustomClassHolder {
                   std::string gds, bool verify, int64_t chunk_bytes, int64_t queue_depth, int64_t staging_bytes,
                   int64_t worker, int64_t num_workers)
       : device_(device) {
+    constexpr const char* kWhere = "StreamingLoader";
     if (device_.is_cuda() && !device_.has_index())
       device_ = at::Device(at::kCUDA, c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index());
-    TORCH_CHECK_VALUE(device_.is_cpu() || device_.is_cuda(),
-                      "StreamingLoader: device: expected \"cpu\" or \"cuda[:N]\"; given \"" + device + "\"");
-    TORCH_CHECK_VALUE(seed >= 0, "StreamingLoader: seed: expected >= 0; given " + std::to_string(seed));
-    TORCH_CHECK_VALUE(epochs >= 0 && start_epoch >= 0 && start_batch >= 0 && chunk_bytes > 0,
-                      "StreamingLoader: epochs, start position and chunk_bytes must be >= 0");
-    TORCH_CHECK_VALUE(staging_bytes >= 1,
-                      "StreamingLoader: staging_bytes: expected >= 1; given " + std::to_string(staging_bytes));
-    auto as_int = [](const char* name, int64_t v) {
-      TORCH_CHECK_VALUE(v >= INT32_MIN && v <= INT32_MAX,
-                        std::string("StreamingLoader: ") + name + ": expected a 32-bit integer; given " +
-                            std::to_string(v));
-      return static_cast<int>(v);
-    };
     LoaderOptions o;
+    o.device = to_device(device_, "StreamingLoader: device: ");  // cpu or cuda
     o.batch_size = batch_size;
-    o.device = device_.is_cuda() ? Device::cuda(device_.index()) : Device::cpu();
     o.shuffle = shuffle;
-    o.seed = static_cast<uint64_t>(seed);
-    o.rank = as_int("rank", rank);
-    o.world_size = as_int("world_size", world_size);
+    o.seed = as_unsigned(kWhere, "seed", seed);
+    o.rank = as_int(kWhere, "rank", rank);
+    o.world_size = as_int(kWhere, "world_size", world_size);
     o.drop_last = drop_last;
-    o.epochs = static_cast<uint64_t>(epochs);
-    o.start = {static_cast<uint64_t>(start_epoch), static_cast<uint64_t>(start_batch)};
-    o.prefetch = as_int("prefetch", prefetch);
-    o.threads = as_int("threads", threads);
-    o.chunk_bytes = static_cast<uint64_t>(chunk_bytes);
-    o.queue_depth = as_int("queue_depth", queue_depth);
+    o.epochs = as_unsigned(kWhere, "epochs", epochs);
+    o.start = {as_unsigned(kWhere, "start_epoch", start_epoch), as_unsigned(kWhere, "start_batch", start_batch)};
+    o.prefetch = as_int(kWhere, "prefetch", prefetch);
+    o.threads = as_int(kWhere, "threads", threads);
+    o.chunk_bytes = as_unsigned(kWhere, "chunk_bytes", chunk_bytes);
+    o.queue_depth = as_int(kWhere, "queue_depth", queue_depth);
     o.verify = verify;
-    o.staging_bytes = static_cast<uint64_t>(staging_bytes);
-    o.worker = as_int("worker", worker);
-    o.num_workers = as_int("num_workers", num_workers);
+    o.staging_bytes = as_unsigned(kWhere, "staging_bytes", staging_bytes);
+    o.worker = as_int(kWhere, "worker", worker);
+    o.num_workers = as_int(kWhere, "num_workers", num_workers);
     try {
       o.variant = parse_loader_variant(variant);
       o.io = parse_io_backend(io);
@@ -137,7 +134,7 @@ class StreamingLoader : public torch::CustomClassHolder {
     const at::Device device = device_;
     if (device.is_cuda()) {
       try {
-        batch->wait(current_stream(device));
+        batch->wait(current_cuda_stream(device));
       } catch (const Error& e) {
         rethrow(e);
       }
@@ -146,7 +143,7 @@ class StreamingLoader : public torch::CustomClassHolder {
     auto deleter = [memory, device](void*) {
       if (!device.is_cuda()) return;
       try {
-        memory->release_after(current_stream(device));
+        memory->release_after(current_cuda_stream(device));
       } catch (...) {  // at interpreter exit CUDA may be gone; the memory is freed all the same
       }
     };
@@ -171,9 +168,10 @@ class StreamingLoader : public torch::CustomClassHolder {
     }
   }
   void seek(int64_t epoch, int64_t batch) {
-    TORCH_CHECK_VALUE(epoch >= 0 && batch >= 0, "StreamingLoader.seek: expected epoch, batch >= 0");
+    const LoaderPosition to{as_unsigned("StreamingLoader.seek", "epoch", epoch),
+                            as_unsigned("StreamingLoader.seek", "batch", batch)};
     try {
-      loader_->seek({static_cast<uint64_t>(epoch), static_cast<uint64_t>(batch)});
+      loader_->seek(to);
     } catch (const Error& e) {
       rethrow(e);
     }
@@ -225,11 +223,9 @@ class ShardWriterHolder : public torch::CustomClassHolder {
   ShardWriterHolder(std::string path, std::string dtype, std::vector<int64_t> record_shape, int64_t records_per_shard,
                     bool overwrite)
       : dtype_(dtype), shape_(record_shape) {
-    TORCH_CHECK_VALUE(records_per_shard >= 1,
-                      "ShardWriter: records_per_shard: expected >= 1; given " + std::to_string(records_per_shard));
+    const uint64_t per_shard = as_unsigned("ShardWriter", "records_per_shard", records_per_shard);
     try {
-      writer_ = std::make_unique<ShardWriter>(path, dtype, record_shape, static_cast<uint64_t>(records_per_shard),
-                                              overwrite);
+      writer_ = std::make_unique<ShardWriter>(path, dtype, record_shape, per_shard, overwrite);
     } catch (const Error& e) {
       rethrow(e);
     }
@@ -242,7 +238,7 @@ class ShardWriterHolder : public torch::CustomClassHolder {
                                                      records.device().str());
     const char* name = dtype_name_of(records.scalar_type());
     TORCH_CHECK_TYPE(name && dtype_ == name, "ShardWriter.append: records: expected dtype " + dtype_ + "; given " +
-                                                 std::string(c10::toString(records.scalar_type())));
+                                                 dtype_str(records.scalar_type()));
     bool shape_ok = records.dim() == static_cast<int64_t>(shape_.size()) + 1;
     for (size_t i = 0; shape_ok && i < shape_.size(); ++i) shape_ok = records.size(static_cast<int64_t>(i) + 1) == shape_[i];
     if (!shape_ok) {
@@ -316,6 +312,11 @@ std::vector<double> loader_read_bandwidth(const std::string& path, const std::st
   }
 }
 
+// The loader's variants (naive to best).
+std::vector<std::string> loader_variants() {
+  return variant_names(std::span<const LoaderVariant>(kLoaderVariants), loader_variant_name);
+}
+
 void verify_shards(const std::string& path) {
   try {
     verify_dataset(path);
@@ -363,6 +364,7 @@ TORCH_LIBRARY_FRAGMENT(optimized, m) {
       .def("records_written", &ShardWriterHolder::records_written);
   m.def("shard_dataset_info(str path) -> (str, int[], int, int, int)", &optimized::torch_glue::shard_dataset_info);
   m.def("verify_shards(str path) -> ()", &optimized::torch_glue::verify_shards);
+  m.def("loader_variants() -> str[]", &optimized::torch_glue::loader_variants);
   m.def("loader_read_bandwidth(str path, str io, int queue_depth, int chunk_bytes, int max_bytes, bool direct) -> float[]",
         &optimized::torch_glue::loader_read_bandwidth);
 }

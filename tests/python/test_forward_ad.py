@@ -6,7 +6,7 @@ clear error where a derivative is not supported (third order through the double 
 
 A bug report started this file: torch.func.jvp(optimized_ops.gelu, (x,), (t,)) gave a zero tangent
 and forward_ad's unpack_dual a None one (torch.library.register_autograd has no forward-mode rule);
-see python/optimized_ops/_autograd.py for the mechanism and fused.py for the rules.
+see python/optimized_ops/_autograd.py for the mechanism and fused/_autograd.py for the rules.
 
 Tolerance: as test_fused.py (design.md's rule), with the magnitude of the terms of each jvp."""
 

@@ -574,7 +574,7 @@ def test_gradcheck_float64(name, rng):
 @pytest.mark.parametrize("name", [n for n, v in GRAD_FNS.items() if not v[3]])
 def test_gradgradcheck_float64(name, rng):
     """gradgradcheck: the double backward (the autograd of the *_bwd ops, torch's autograd on a
-    composite formula, see fused.py) against finite differences of the first backward (the
+    composite formula, see fused/_autograd.py) against finite differences of the first backward (the
     kernels). Not for the norms: their first backward reads float32 statistics, whose rounding
     steps make its finite differences noise (test_double_backward_against_torch covers them)."""
     fn, _, names, _ = GRAD_FNS[name]
@@ -655,8 +655,7 @@ def test_weight_of_another_dtype_is_cast(device, rng):
     assert optimized_ops.rms_norm(x, 64, w).dtype == torch.bfloat16
     assert optimized_ops.bias_gelu(x, b).dtype == torch.bfloat16
     # the torch op itself does not cast: it says what it expected
-    with pytest.raises(TypeError, match=r"optimized::rms_norm_fwd: weight: expected dtype bfloat16 \(same as x\); "
-                                        r"given float32"):
+    with pytest.raises(ValueError, match=r"optimized::rms_norm_fwd: weight: expected dtype bf16; given fp32"):
         ops.rms_norm_fwd(x.detach(), None, [64], w.detach(), 1e-6)
 
 
@@ -727,15 +726,27 @@ def test_fake_kernels_on_meta_tensors():
     dx, dw, db = ops.layer_norm_bwd(x, x, [5], None, rstd.new_empty(2, 3, 4), rstd.new_empty(2, 3, 4), None, False,
                                     True)
     assert dx.shape == x.shape and dw is None and db.shape == (5,)
+    # What the output shapes are computed from raises in the fake, with the glue's words ...
     with pytest.raises(ValueError,
                        match=r"x: expected a shape ending in \[6\] \(normalized_shape\); given \[2, 3, 4, 5\]"):
         optimized_ops.layer_norm(x, 6)
     with pytest.raises(ValueError, match=r"x: expected an even last dimension"):
         optimized_ops.silu_and_mul(x)
-    with pytest.raises(TypeError, match=r"x: expected dtype float32, float16, bfloat16 or float64; given int32"):
-        optimized_ops.gelu(torch.empty(3, dtype=torch.int32, **meta))
-    with pytest.raises(ValueError, match=r"variant: expected one of auto, cpu, unfused"):
-        optimized_ops.softmax(x, -1, variant="fastest")
+    with pytest.raises(ValueError, match=r"optimized::softmax_fwd: dim: expected a dimension in \[-4, 3\]; given 4"):
+        optimized_ops.softmax(x, 4)
+    with pytest.raises(ValueError, match=r"optimized::layer_norm_fwd: weight: expected device meta \(same as x\); "
+                                         r"given cpu"):
+        ops.layer_norm_fwd(x, None, [5], torch.ones(5), None, 1e-5)
+    # ... the rest is the C++ library's, checked when a kernel runs (under torch.compile: when the
+    # compiled graph runs): a fake gives the outputs of any dtype, variant name, dy, weight or eps.
+    assert optimized_ops.gelu(torch.empty(3, dtype=torch.int32, **meta)).dtype == torch.int32
+    assert optimized_ops.softmax(x, -1, variant="fastest").shape == x.shape
+    assert ops.softmax_bwd(x, x[..., :2], -1, 1.0).shape == x.shape
+    assert optimized_ops.layer_norm(x, 5, torch.empty(7, **meta), eps=-1.0).shape == x.shape
+    with pytest.raises(NotImplementedError, match=r"optimized::bias_gelu_fwd: x: expected dtype fp32, fp16, bf16"):
+        optimized_ops.gelu(torch.ones(3, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"optimized::softmax_fwd: variant: expected one of auto, cpu, unfused"):
+        optimized_ops.softmax(torch.ones(2, 3), -1, variant="fastest")
 
 
 def _model(x, r, w, b, bias):
@@ -960,8 +971,10 @@ def test_bad_inputs_name_the_argument(device):
     cases = [
         (ValueError, r"optimized::softmax_fwd: dim: expected a dimension in \[-2, 1\]; given 2",
          lambda: optimized_ops.softmax(x, 2)),
-        (TypeError, r"optimized::softmax_fwd: x: expected dtype float32, float16, bfloat16 or float64; given int64",
-         lambda: optimized_ops.softmax(x.long(), -1)),
+        (NotImplementedError, r"optimized::softmax_fwd: x: expected dtype fp32, fp16, bf16 \(or fp64 on the cpu "
+                              r"variant\); given int64", lambda: optimized_ops.softmax(x.long(), -1)),
+        (NotImplementedError, r"optimized::softmax_fwd: x: expected a dtype of the library \(float32, .*\); given "
+                              r"bool", lambda: optimized_ops.softmax(x.bool(), -1)),
         (ValueError, r"optimized::softmax_bwd: dy: expected shape \[3, 8\] \(same as y\); given \[3, 7\]",
          lambda: ops.softmax_bwd(x, x[:, :7], -1, 1.0)),
         (ValueError, r"optimized::layer_norm_fwd: x: expected a shape ending in \[4\] \(normalized_shape\); "
@@ -972,17 +985,24 @@ def test_bad_inputs_name_the_argument(device):
          lambda: optimized_ops.layer_norm(x, 8, w[:7])),
         (ValueError, r"optimized::layer_norm_fwd: bias: expected shape \[8\] \(normalized_shape\); given \[3, 8\]",
          lambda: optimized_ops.layer_norm(x, 8, w, x)),
-        (ValueError, r"optimized::layer_norm_fwd: eps: expected a finite value >= 0; given -1",
+        (ValueError, r"optimized::layer_norm_fwd: eps: expected >= 0; given -1",
          lambda: optimized_ops.layer_norm(x, 8, eps=-1.0)),
+        (ValueError, r"optimized::rms_norm_fwd: eps: expected >= 0; given nan",
+         lambda: optimized_ops.rms_norm(x, 8, eps=math.nan)),
+        (ValueError, r"optimized::layer_norm_fwd: eps: expected >= 0; given -1",  # zero rows: checked all the same
+         lambda: optimized_ops.layer_norm(x[:0], 8, eps=-1.0)),
         (ValueError, r"optimized::rms_norm_fwd: residual: expected shape \[3, 8\] \(same as x\); given \[3, 4\]",
          lambda: optimized_ops.add_rms_norm(x, x[:, :4], 8)),
-        (TypeError, r"optimized::rms_norm_fwd: residual: expected dtype float32 \(same as x\); given float16",
+        (ValueError, r"optimized::rms_norm_fwd: residual: expected dtype fp32; given fp16",
          lambda: optimized_ops.add_rms_norm(x, x.half(), 8)),
-        (TypeError, r"optimized::layer_norm_bwd: rstd: expected dtype float32 \(the statistics saved by the "
-                    r"forward\); given float64",
+        (ValueError, r"optimized::layer_norm_bwd: rstd: expected dtype fp32; given fp64",
          lambda: ops.layer_norm_bwd(x, x, [8], None, x[:, 0], x[:, 0].double(), None, False, False)),
-        (ValueError, r"optimized::rms_norm_bwd: rstd: expected shape \[3\] \(the leading dimensions\); given \[4\]",
+        (ValueError, r"optimized::rms_norm_bwd: rstd: expected shape \(3\) \(one per row\); given \(4\)",
          lambda: ops.rms_norm_bwd(x, x, [8], None, torch.ones(4, **f32), None, False)),
+        (ValueError, r"optimized::rms_norm_bwd: dweight: asked for without weight",
+         lambda: ops.rms_norm_bwd(x, x, [8], None, torch.ones(3, **f32), None, True)),
+        (ValueError, r"optimized::softmax_bwd: dy: expected dtype fp32; given fp16",
+         lambda: ops.softmax_bwd(x, x.half(), -1, 1.0)),
         (ValueError, r"optimized::bias_gelu_fwd: approximate: expected 'none' or 'tanh'; given 'fast'",
          lambda: optimized_ops.gelu(x, "fast")),
         (ValueError, r"optimized::bias_gelu_fwd: bias: expected shape \[8\] \(x's last dimension\); given \[3\]",
@@ -1004,8 +1024,8 @@ def test_bad_inputs_name_the_argument(device):
              lambda: optimized_ops.rms_norm(x, 8, variant="cpu")),
             (NotImplementedError, r"fp64 runs on the cpu variant only",
              lambda: optimized_ops.layer_norm(x.double(), 8)),
-            (ValueError, r"optimized::layer_norm_fwd: weight: expected device cuda:0 \(same as x\); given cpu",
-             lambda: optimized_ops.layer_norm(x, 8, w.cpu())),
+            (ValueError, r"optimized::layer_norm_fwd: weight: expected device cuda:0 \(same as the first operand\); "
+                         r"given cpu", lambda: optimized_ops.layer_norm(x, 8, w.cpu())),
         ]
     for exc, pattern, call in cases:
         with pytest.raises(exc, match=pattern):
@@ -1015,8 +1035,13 @@ def test_bad_inputs_name_the_argument(device):
 def test_query_errors():
     with pytest.raises(ValueError, match=r"op: expected one of softmax, log_softmax, .*; given 'matmul'"):
         optimized_ops.fused_registers_max_width("matmul", torch.float32)
-    with pytest.raises(TypeError, match=r"dtype: expected float32, float16, bfloat16 or float64; given int8"):
+    with pytest.raises(NotImplementedError, match=r"optimized::resolve_fused_variant: dtype: expected fp32, fp16, bf16 "
+                                                  r"\(or fp64 on the cpu variant\); given int32"):
+        optimized_ops.resolve_fused_variant("softmax", torch.int32, "cuda", 100)
+    with pytest.raises(NotImplementedError, match=r"optimized::resolve_fused_variant: dtype: expected a dtype of the "
+                                                  r"library \(.*\); given int8"):
         optimized_ops.resolve_fused_variant("softmax", torch.int8, "cuda", 100)
+    assert optimized_ops.fused_registers_max_width("softmax", torch.int32) == 0  # no CUDA rung holds int32
     assert optimized_ops.resolve_fused_variant("layer_norm", torch.float32, "cpu", 100) == "cpu"
     assert optimized_ops.fused_variants() == ["cpu", "unfused", "fused_streaming", "fused_registers"]
 

@@ -393,15 +393,22 @@ def test_fake_kernel_shapes_and_errors():
     assert optimized_ops.matmul(torch.empty(2, 3, 4, **meta), torch.empty(4, 5, **meta)).shape == (2, 3, 5)
     assert optimized_ops.matmul(torch.empty(3, 4, **meta), torch.empty(6, 4, 5, **meta)).shape == (6, 3, 5)
     assert optimized_ops.matmul(torch.empty(1, 3, 4, **meta), torch.empty(6, 4, 5, **meta)).shape == (6, 3, 5)
-    with pytest.raises(ValueError, match=r"b: expected 4 rows to match a's columns \(K\)"):
-        optimized_ops.matmul(torch.empty(3, 4, **meta), torch.empty(5, 6, **meta))
     for sa, sb in ND_SHAPES + ND_EMPTY_SHAPES:
         got = optimized_ops.matmul(torch.empty(sa, **meta), torch.empty(sb, **meta)).shape
         assert got == torch.matmul(torch.empty(sa, **meta), torch.empty(sb, **meta)).shape, (sa, sb, got)
+    # What the shape is computed from: the operands' ranks, the batch dimensions, one device.
     with pytest.raises(ValueError, match=r"a: expected a tensor of at least 1 dimension, \(K,\) or \(\.\.\., M, K\); given 0-D"):
         optimized_ops.matmul(torch.empty((), **meta), torch.empty(4, 5, **meta))
-    with pytest.raises(TypeError, match="a: expected dtype float32, float16, bfloat16 or float64"):
-        optimized_ops.matmul(torch.empty(3, 4, dtype=torch.int32, **meta), torch.empty(4, 5, **meta))
+    with pytest.raises(ValueError, match=r"optimized::matmul: b: expected device meta \(same as a\); given cpu"):
+        optimized_ops.matmul(torch.empty(3, 4, **meta), torch.empty(4, 5))
+    # The rest is the C++ library's, checked where a kernel runs (under torch.compile: when the compiled
+    # graph runs): the fake gives the shape whatever K and the dtypes are; the kernel raises.
+    assert optimized_ops.matmul(torch.empty(3, 4, **meta), torch.empty(5, 6, **meta)).shape == (3, 6)
+    assert optimized_ops.matmul(torch.empty(3, 4, dtype=torch.int32, **meta), torch.empty(4, 5, **meta)).shape == (3, 5)
+    with pytest.raises(ValueError, match=r"optimized::matmul: b: expected 4 rows to match a's columns \(K\)"):
+        optimized_ops.matmul(torch.empty(3, 4), torch.empty(5, 6))
+    with pytest.raises(NotImplementedError, match="optimized::matmul: a: expected dtype fp32, fp16, bf16 or fp64"):
+        optimized_ops.matmul(torch.ones(3, 4, dtype=torch.int32), torch.ones(4, 5, dtype=torch.int32))
 
 
 def _model(a, b, c):
@@ -582,10 +589,12 @@ def test_bad_inputs_name_the_argument(device):
         (ValueError, r"b: expected batch dimensions broadcastable with a's \[3\] \(each equal, or 1 in "
                      r"either\); given \[2\] \(b of shape \[2, 4, 5\], a of shape \[3, 3, 4\]\)",
          lambda: optimized_ops.matmul(torch.ones(3, 3, 4, **f32), torch.ones(2, 4, 5, **f32))),
-        (TypeError, r"a: expected dtype float32, float16, bfloat16 or float64; given int32",
+        (NotImplementedError, r"optimized::matmul: a: expected dtype fp32, fp16, bf16 or fp64; given int32",
          lambda: optimized_ops.matmul(a.int(), b.int())),
-        (TypeError, r"b: expected dtype float32 \(same as a\); given float16",
+        (ValueError, r"optimized::matmul: b: expected dtype fp32 \(same as a\); given fp16",
          lambda: optimized_ops.matmul(a, b.half())),
+        (NotImplementedError, r"optimized::matmul: a: expected a dtype of the library \(.*\); given bool",
+         lambda: optimized_ops.matmul(a.bool(), b.bool())),
         (ValueError, r"variant: expected one of auto, cpu_naive, .*; given 'fastest'",
          lambda: optimized_ops.matmul(a, b, variant="fastest")),
     ]
@@ -606,16 +615,23 @@ def test_bad_inputs_name_the_argument(device):
 
 @pytest.mark.parametrize("device", ["meta"] + DEVICES)
 def test_nd_bad_inputs_name_the_argument(device):
-    """The rank, K and batch errors of torch.matmul's N-D rules, from the kernel and from the fake
-    kernel (meta) alike."""
+    """The rank, K and batch errors of torch.matmul's N-D rules, from the kernel; the rank and batch
+    errors, which leave the output without a shape, from the fake kernel (meta) too. K and the dtypes
+    are checked by the kernel only (the fake gives the shape the operands' other dimensions make)."""
     f32 = dict(device=device, dtype=torch.float32)
     ones = lambda *shape: torch.ones(shape, **f32)  # noqa: E731
-    cases = [
+    shape_cases = [
         (r"a: expected a tensor of at least 1 dimension, \(K,\) or \(\.\.\., M, K\); given 0-D \(a scalar\)",
          ones(), ones(4, 5)),
         (r"b: expected a tensor of at least 1 dimension, \(K,\) or \(\.\.\., K, N\); given 0-D \(a scalar\)",
          ones(3, 4), ones()),
         (r"a: expected a tensor of at least 1 dimension", ones(), ones()),
+        (r"b: expected batch dimensions broadcastable with a's \[2, 3\] \(each equal, or 1 in either\); "
+         r"given \[4\] \(b of shape \[4, 5, 6\], a of shape \[2, 3, 4, 5\]\)", ones(2, 3, 4, 5), ones(4, 5, 6)),
+        (r"b: expected batch dimensions broadcastable with a's \[3, 1\] .*; given \[2, 7\]",
+         ones(3, 1, 4, 5), ones(2, 7, 5, 6)),
+    ]
+    k_cases = [
         (r"b: expected length 4 to match a's columns \(K\); given shape \[5\] with a of shape \[3, 4\]",
          ones(3, 4), ones(5)),
         (r"b: expected 4 rows to match a's length \(K\); given shape \[2, 5, 3\] with a of shape \[4\]",
@@ -624,15 +640,17 @@ def test_nd_bad_inputs_name_the_argument(device):
          ones(4), ones(5)),
         (r"b: expected 5 rows to match a's columns \(K\); given shape \[3, 5, 6, 2\] with a of shape "
          r"\[3, 5, 4, 5\]", ones(3, 5, 4, 5), ones(3, 5, 6, 2)),
-        (r"b: expected batch dimensions broadcastable with a's \[2, 3\] \(each equal, or 1 in either\); "
-         r"given \[4\] \(b of shape \[4, 5, 6\], a of shape \[2, 3, 4, 5\]\)", ones(2, 3, 4, 5), ones(4, 5, 6)),
-        (r"b: expected batch dimensions broadcastable with a's \[3, 1\] .*; given \[2, 7\]",
-         ones(3, 1, 4, 5), ones(2, 7, 5, 6)),
+        (r"b: expected 4 rows to match a's columns \(K\); given shape \[5, 0\] with a of shape \[0, 4\]",
+         ones(0, 4), ones(5, 0)),  # an empty result: still K's mismatch
     ]
-    for pattern, a, b in cases:
+    for pattern, a, b in shape_cases + (k_cases if device != "meta" else []):
         with pytest.raises(ValueError, match="optimized::matmul: " + pattern):
             optimized_ops.matmul(a, b)
-    with pytest.raises(TypeError, match=r"b: expected dtype float32 \(same as a\); given float64"):
+    if device == "meta":
+        for _, a, b in k_cases:
+            assert optimized_ops.matmul(a, b).is_meta  # a shape all the same
+        return
+    with pytest.raises(ValueError, match=r"optimized::matmul: b: expected dtype fp32 \(same as a\); given fp64"):
         optimized_ops.matmul(ones(2, 3, 4), ones(4).double())
 
 

@@ -1,0 +1,55 @@
+"""``optimized_ops.variants(family)``: the ladder of every op family, from the library's tables.
+
+Each family's module registers how to list its variants (:func:`register_family`) when it is imported:
+``gemm`` and ``fused`` from the ``torch.ops.optimized.<family>_variants()`` query of their glue, which
+reads the C++ variant table; ``loader`` likewise (``optimized_ops.data``). The families are listed in
+the order the package imports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+__all__ = ["register_family", "variants"]
+
+_FAMILIES: dict[str, Callable[[], list[str]]] = {}
+
+
+def register_family(family: str, listing: Callable[[], list[str]]) -> None:
+    """Makes ``variants(family)`` call ``listing()``: the family's variant names, naive to best."""
+    _FAMILIES[family] = listing
+
+
+def variants(family: str = "gemm") -> list[str]:
+    """Names of the variants of an op family, naive to best (``"auto"`` excluded).
+
+    Parameters
+    ----------
+    family : str
+        ``"gemm"`` (the default, so that ``variants()`` still lists GEMM's rungs as it always did),
+        ``"fused"`` or ``"loader"``.
+
+    Returns
+    -------
+    list of str
+        The names ``variant=`` takes, from the library's table for the family, in the order of its
+        ladder: ``variants("gemm")`` is the CPU rungs then the CUDA rungs (``["cpu_naive",
+        "cpu_blocked", "cpu_packed", "naive", ..., "mma_pipeline"]``), ``variants("fused")``
+        ``["cpu", "unfused", "fused_streaming", "fused_registers"]``, ``variants("loader")``
+        ``["synchronous", "pipelined"]`` (``StreamingLoader(variant=...)``). Every variant is listed,
+        whatever this build and machine can run.
+
+    Raises
+    ------
+    ValueError
+        An unknown family; the message names the families.
+
+    Examples
+    --------
+    >>> optimized_ops.variants("fused")
+    ['cpu', 'unfused', 'fused_streaming', 'fused_registers']
+    """
+    listing = _FAMILIES.get(family) if isinstance(family, str) else None
+    if listing is None:
+        raise ValueError(f"optimized_ops.variants: family: expected one of {', '.join(_FAMILIES)}; given {family!r}")
+    return list(listing())
