@@ -40,7 +40,7 @@
 
 #include "data.h"
 #include "fused/fused_params.h"
-#include "fused/fused_reference.h"
+#include "testing/fused_reference.h"
 #include "gpu_timer.h"
 #include "optimized/buffer.h"
 
@@ -598,7 +598,7 @@ FusedParams host_params(const Layout& L, const HostInputs& h, int64_t r0, int64_
 
 // ---- the reference on the checked rows ------------------------------------------------------
 
-const std::vector<double>& ref_field(const optimized::FusedReference& r, Slot s) {
+const std::vector<double>& ref_field(const optimized::testing::FusedReference& r, Slot s) {
   static const std::vector<double> empty;
   switch (s) {
     case kY: return r.y;
@@ -670,7 +670,7 @@ Expected compute_expected(const Layout& L, const HostInputs& h, const FusedBench
   for (int64_t c = 0; c < static_cast<int64_t>(chunks.size()); ++c) {
     try {
       const auto [r0, n] = chunks[static_cast<size_t>(c)];
-      const optimized::FusedReference ref = optimized::fused_reference_f64(host_params(L, h, r0, n, cfg));
+      const optimized::testing::FusedReference ref = optimized::testing::fused_reference_f64(host_params(L, h, r0, n, cfg));
       for (const auto& u : L.uses) {
         if (!u.output) continue;
         const std::vector<double>& f = ref_field(ref, u.slot);

@@ -14,7 +14,7 @@
 #include "baselines/cublas_gemm.h"
 #include "baselines/openblas_gemm.h"
 #include "data.h"
-#include "gemm/gemm_check.h"
+#include "testing/gemm_check.h"
 #include "gpu_timer.h"
 #include "optimized/buffer.h"
 
@@ -159,11 +159,11 @@ Result base_row(const Group& g, GemmVariant v, float beta) {
   return r;
 }
 
-Validation to_validation(const optimized::GemmCheckResult& c) {
+Validation to_validation(const optimized::testing::CheckResult& c) {
   return Validation{c.passed, c.max_rel_error, c.worst_ratio, c.checked};
 }
 
-std::string failure_reason(const optimized::GemmCheckResult& c) {
+std::string failure_reason(const optimized::testing::CheckResult& c) {
   char buf[160];
   std::snprintf(buf, sizeof buf, "validation: %lld of %lld checked elements over their bound (worst ratio %.3g)",
                 static_cast<long long>(c.failures), static_cast<long long>(c.checked), c.worst_ratio);
@@ -238,7 +238,7 @@ struct Operands {
 
 // Run once on set 0 (after reset_c), wait, copy C to the host and check it against float64.
 template <typename RunOnce, typename Wait>
-optimized::GemmCheckResult run_and_check(Operands& ops, const GemmShape& s, float alpha, float beta,
+optimized::testing::CheckResult run_and_check(Operands& ops, const GemmShape& s, float alpha, float beta,
                                          const RunOnce& run_once, const Wait& wait, double* seconds) {
   ops.reset_c(beta);
   wait();
@@ -247,7 +247,7 @@ optimized::GemmCheckResult run_and_check(Operands& ops, const GemmShape& s, floa
   wait();
   *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ops.sets[0].c.copy_to_host(ops.host_out.data());
-  return optimized::check_gemm(ops.ha, ops.hb, beta != 0 ? &ops.hc0 : nullptr, ops.hout, alpha, beta,
+  return optimized::testing::check_gemm(ops.ha, ops.hb, beta != 0 ? &ops.hc0 : nullptr, ops.hout, alpha, beta,
                                check_samples(s));
 }
 

@@ -121,7 +121,7 @@ TEST_P(CpuGemm, BetaZeroDoesNotReadNanC) {
     int64_t non_finite = 0;
     for (int64_t i = 0; i < cs.m; ++i)
       for (int64_t j = 0; j < cs.n; ++j)
-        non_finite += !std::isfinite(load_as_double(run.c.data(), cs.dtype, ops.lc.index(0, i, j)));
+        non_finite += !std::isfinite(load_as_double(run.c.data(), cs.dtype, ops.lc.at(0, i, j)));
     EXPECT_EQ(non_finite, 0) << cs.describe() << ": beta == 0 must not propagate NaN from the old C";
   }
 }
@@ -202,7 +202,7 @@ TEST_P(CpuGemm, AliasedInputsAreFine) {
   c.fill_bytes(0xFF);
   const TensorView a = ops.host_a();
   matmul(a, a, ops.host_c(c), 1.0f, 0.0f, cs0.variant);
-  const GemmCheckResult r = check_gemm(a, a, nullptr, ops.host_c(c), 1.0f, 0.0f);
+  const CheckResult r = check_gemm(a, a, nullptr, ops.host_c(c), 1.0f, 0.0f);
   EXPECT_TRUE(r.passed) << r.first_failure;
 }
 
@@ -291,7 +291,7 @@ TEST(CpuGemmAuto, ResolvesToACpuVariant) {
 // ---- the checker itself ---------------------------------------------------------------------
 
 // A 1x1x1 product a*b, checked with C given as `c` (fp16).
-GemmCheckResult check_scalar_f16(uint16_t a, uint16_t b, uint16_t c) {
+CheckResult check_scalar_f16(uint16_t a, uint16_t b, uint16_t c) {
   uint16_t av = a, bv = b, cv = c;
   const TensorView A(&av, DType::kF16, Device::cpu(), {1, 1}), B(&bv, DType::kF16, Device::cpu(), {1, 1}),
       C(&cv, DType::kF16, Device::cpu(), {1, 1});
@@ -319,7 +319,7 @@ TEST(CheckGemm, AcceptsCorrectlyRoundedSubnormalOutputs) {
     const double err = std::fabs(half_to_float(rounded) - ref);
     if (err <= std::ldexp(1.0, -11) * ref * 1.01) continue;  // within the relative bound anyway
     ++tried;
-    const GemmCheckResult r = check_scalar_f16(ah, bh, rounded);
+    const CheckResult r = check_scalar_f16(ah, bh, rounded);
     ASSERT_TRUE(r.passed) << "a = " << half_to_float(ah) << ", b = " << half_to_float(bh) << ": fp16 output "
                           << half_to_float(rounded) << " is a*b = " << ref
                           << " correctly rounded (subnormal, error " << err << " <= 2^-25), but check_gemm says: "

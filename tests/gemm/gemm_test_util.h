@@ -1,7 +1,7 @@
 // Shared machinery of the GEMM tests: one GemmCase describes a problem (sizes, leading dimensions,
 // batch layout, alpha/beta, variant, where it runs); run_gemm_case() builds poisoned operands with
 // fresh random values, runs optimized::matmul, and checks
-//   1. every element of C against the float64 reference (optimized::check_gemm), and
+//   1. every element of C against the float64 reference (optimized::testing::check_gemm), and
 //   2. that no byte of C's storage outside the view (row padding, gaps between batches, a guard
 //      zone after the end) was written.
 // A and B are poisoned with NaN outside their views, so a kernel that reads row padding or past
@@ -11,7 +11,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -21,35 +20,15 @@
 #include <thread>
 #include <vector>
 
-#include "gemm/gemm_check.h"
+#include "common/test_util.h"
+#include "testing/gemm_check.h"
+#include "testing/gemm_reference.h"
+#include "testing/tolerance.h"
 #include "optimized/buffer.h"
 #include "optimized/core.h"
 #include "optimized/gemm.h"
 
-#if OPTIMIZED_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
-
 namespace optimized::testing {
-
-// ---- random inputs ----------------------------------------------------------------------------
-
-// A generator seeded from the running test's full name and a per-call counter: every test gets
-// its own fresh inputs, and a failure reproduces exactly.
-inline std::mt19937_64 test_rng() {
-  static std::string last_test;
-  static uint64_t counter = 0;
-  const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "none";
-  if (name != last_test) {
-    last_test = name;
-    counter = 0;
-  }
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char ch : name) h = (h ^ ch) * 1099511628211ull;
-  h ^= 0x9e3779b97f4a7c15ull * ++counter;
-  return std::mt19937_64(h);
-}
 
 // ---- operands ---------------------------------------------------------------------------------
 
@@ -68,26 +47,7 @@ inline const char* broadcast_name(Broadcast b) {
   return "?";
 }
 
-// Storage layout of one operand: `batches` matrices of rows x cols, rows `ld` apart, batches
-// `batch_stride` apart, starting `offset` elements into a buffer that ends with a guard zone.
-struct Layout {
-  int64_t batches = 1;  // matrices stored (1 when broadcast)
-  int64_t rows = 0, cols = 0, ld = 0;
-  int64_t batch_stride = 0;
-  int64_t offset = 0;
-  static constexpr int64_t kGuard = 67;  // elements after the last one the view covers
-
-  int64_t storage() const { return offset + (batches - 1) * batch_stride + rows * ld + kGuard; }
-  // Index in the buffer of element (z, i, j) (z < batches).
-  int64_t index(int64_t z, int64_t i, int64_t j) const { return offset + z * batch_stride + i * ld + j; }
-  // Marks the elements the view covers.
-  std::vector<char> mask() const {
-    std::vector<char> m(static_cast<size_t>(storage()), 0);
-    for (int64_t z = 0; z < batches; ++z)
-      for (int64_t i = 0; i < rows; ++i) std::memset(&m[static_cast<size_t>(index(z, i, 0))], 1, cols);
-    return m;
-  }
-};
+using Layout = GuardedLayout;
 
 // The view of `data` with layout `l` as the operand of a GEMM with `batch` (0: rank-2 problem).
 inline TensorView make_view(void* base, DType dtype, Device device, const Layout& l, int64_t batch,
@@ -110,7 +70,7 @@ inline void fill_random(void* host, DType dtype, const Layout& l, std::mt19937_6
     for (int64_t r = first; r < last; ++r) {
       std::mt19937_64 row_rng(seed ^ (0x9e3779b97f4a7c15ull * static_cast<uint64_t>(r + 1)));
       const int64_t z = r / l.rows, i = r % l.rows;
-      for (int64_t j = 0; j < l.cols; ++j) store_from_double(host, dtype, l.index(z, i, j), dist(row_rng));
+      for (int64_t j = 0; j < l.cols; ++j) store_from_double(host, dtype, l.at(z, i, j), dist(row_rng));
     }
   };
   const int64_t elements = rows * l.cols;
@@ -196,69 +156,16 @@ struct GemmOperands {
   TensorView host_c(const Buffer& c) const {
     return make_view(c.data(), cs.dtype, Device::cpu(), lc, cs.batch, Broadcast::kNone);
   }
-  void set_a(int64_t z, int64_t i, int64_t j, double v) { store_from_double(a.data(), cs.dtype, la.index(z, i, j), v); }
-  void set_b(int64_t z, int64_t i, int64_t j, double v) { store_from_double(b.data(), cs.dtype, lb.index(z, i, j), v); }
+  void set_a(int64_t z, int64_t i, int64_t j, double v) { store_from_double(a.data(), cs.dtype, la.at(z, i, j), v); }
+  void set_b(int64_t z, int64_t i, int64_t j, double v) { store_from_double(b.data(), cs.dtype, lb.at(z, i, j), v); }
 };
-
-// check_gemm over row blocks in parallel threads (every element, as check_gemm with samples = 0
-// would, just sooner); sampled checks and small problems go straight to check_gemm.
-inline TensorView row_block(const TensorView& t, int64_t first, int64_t rows) {
-  TensorView v = t;
-  const int r = t.rank;
-  v.data = static_cast<char*>(t.data) + first * t.strides[r - 2] * static_cast<int64_t>(dtype_size(t.dtype));
-  v.shape[r - 2] = rows;
-  return v;
-}
-
-inline GemmCheckResult check_gemm_parallel(const TensorView& a, const TensorView& b, const TensorView* c0,
-                                           const TensorView& c, float alpha, float beta, int64_t samples) {
-  const int64_t m = a.shape[a.rank - 2], k = a.shape[a.rank - 1], n = b.shape[b.rank - 1];
-  const int64_t batch = c.rank == 3 ? c.shape[0] : 1;
-  const int64_t threads = std::min<int64_t>({std::max(1u, std::thread::hardware_concurrency()), 16, m});
-  if (samples != 0 || threads < 2 || batch * m * n * k < (int64_t{1} << 22))
-    return check_gemm(a, b, c0, c, alpha, beta, samples);
-  std::vector<GemmCheckResult> parts(static_cast<size_t>(threads));
-  std::vector<int64_t> first(static_cast<size_t>(threads) + 1);
-  for (int64_t t = 0; t <= threads; ++t) first[static_cast<size_t>(t)] = m * t / threads;
-  std::vector<std::thread> pool;
-  for (int64_t t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] {
-      const int64_t i0 = first[static_cast<size_t>(t)], rows = first[static_cast<size_t>(t) + 1] - i0;
-      const TensorView c0_block = c0 ? row_block(*c0, i0, rows) : TensorView();
-      parts[static_cast<size_t>(t)] =
-          check_gemm(row_block(a, i0, rows), b, c0 ? &c0_block : nullptr, row_block(c, i0, rows), alpha, beta, 0);
-    });
-  for (std::thread& th : pool) th.join();
-  GemmCheckResult r;
-  r.passed = true;
-  for (int64_t t = 0; t < threads; ++t) {
-    const GemmCheckResult& p = parts[static_cast<size_t>(t)];
-    r.passed = r.passed && p.passed;
-    r.checked += p.checked;
-    r.failures += p.failures;
-    r.worst_ratio = std::max(r.worst_ratio, p.worst_ratio);
-    r.max_rel_error = std::max(r.max_rel_error, p.max_rel_error);
-    if (r.first_failure.empty() && !p.first_failure.empty())
-      r.first_failure = "(rows from " + std::to_string(first[static_cast<size_t>(t)]) + ") " + p.first_failure;
-  }
-  return r;
-}
 
 struct GemmRun {
   Buffer c;  // host copy of C's whole storage after the run
-  GemmCheckResult check;
+  CheckResult check;
   int64_t bytes_written_outside = 0;  // elements outside the view whose bytes changed
   std::string first_outside;
 };
-
-inline std::string cuda_status(const char* what) {
-#if OPTIMIZED_WITH_CUDA
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return std::string(what) + ": " + cudaGetErrorString(e);
-#endif
-  (void)what;
-  return "";
-}
 
 // Runs the case on `ops`; throws what matmul throws. Fails the test (ADD_FAILURE) on CUDA errors.
 inline GemmRun run_gemm(GemmOperands& ops) {
@@ -271,64 +178,31 @@ inline GemmRun run_gemm(GemmOperands& ops) {
     ctx.cpu_threads = cs.cpu_threads;
     matmul(ops.host_a(), ops.host_b(), ops.host_c(run.c), cs.alpha, cs.beta, cs.variant, ctx);
   } else {
-#if OPTIMIZED_WITH_CUDA
-    Buffer da(cs.dtype, ops.la.storage(), cs.device), db(cs.dtype, ops.lb.storage(), cs.device),
-        dc(cs.dtype, ops.lc.storage(), cs.device);
     ExecutionContext ctx;
     ctx.cuda_stream = cs.stream;
-    const auto launch = [&] {
-      matmul(make_view(da.data(), cs.dtype, cs.device, ops.la, cs.batch, cs.a_bcast),
-             make_view(db.data(), cs.dtype, cs.device, ops.lb, cs.batch, cs.b_bcast),
-             make_view(dc.data(), cs.dtype, cs.device, ops.lc, cs.batch, Broadcast::kNone), cs.alpha, cs.beta,
-             cs.variant, ctx);
-    };
-    cudaError_t e = cudaSuccess;
-    if (!cs.stream) {
-      da.copy_from_host(ops.a.data());
-      db.copy_from_host(ops.b.data());
-      dc.copy_from_host(ops.c0.data());
-      launch();
-      e = cudaDeviceSynchronize();
-      if (e == cudaSuccess) dc.copy_to_host(run.c.data());
-    } else {
-      // Everything on the caller's (non-blocking) stream, behind a 50 ms host callback, with the
-      // device operands NaN until the stream's copies land: a kernel launched on any other stream
-      // runs early on NaN inputs (or is copied back before it finishes) and fails the check.
-      auto stream = static_cast<cudaStream_t>(cs.stream);
-      da.fill_bytes(0xFF);
-      db.fill_bytes(0xFF);
-      dc.fill_bytes(0xFF);
-      e = cudaLaunchHostFunc(
-          stream, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }, nullptr);
-      for (auto [dst, src] : {std::pair{&da, &ops.a}, std::pair{&db, &ops.b}, std::pair{&dc, &ops.c0}})
-        if (e == cudaSuccess) e = cudaMemcpyAsync(dst->data(), src->data(), src->bytes(), cudaMemcpyHostToDevice, stream);
-      if (e == cudaSuccess) launch();
-      if (e == cudaSuccess)
-        e = cudaMemcpyAsync(run.c.data(), dc.data(), dc.bytes(), cudaMemcpyDeviceToHost, stream);
-      if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
-      if (e == cudaSuccess) e = cudaDeviceSynchronize();
-    }
-    if (e != cudaSuccess) {
-      ADD_FAILURE() << cs.describe() << ": CUDA error around matmul: " << cudaGetErrorString(e);
+    std::vector<Buffer> after;
+    const std::string error = run_on_cuda(
+        {&ops.a, &ops.b, &ops.c0}, cs.device, cs.stream,
+        [&](const std::vector<void*>& d) {
+          matmul(make_view(d[0], cs.dtype, cs.device, ops.la, cs.batch, cs.a_bcast),
+                 make_view(d[1], cs.dtype, cs.device, ops.lb, cs.batch, cs.b_bcast),
+                 make_view(d[2], cs.dtype, cs.device, ops.lc, cs.batch, Broadcast::kNone), cs.alpha, cs.beta,
+                 cs.variant, ctx);
+        },
+        after);
+    if (!error.empty()) {
+      ADD_FAILURE() << cs.describe() << ": " << error;
       run.check.first_failure = "CUDA error";
       return run;
     }
-#else
-    ADD_FAILURE() << "CUDA case in a build without CUDA";
-    return run;
-#endif
+    run.c = std::move(after[2]);
   }
   const TensorView a = ops.host_a(), b = ops.host_b(), c0 = ops.host_c(ops.c0), c = ops.host_c(run.c);
-  run.check = check_gemm_parallel(a, b, cs.beta != 0.0f ? &c0 : nullptr, c, cs.alpha, cs.beta, cs.samples);
+  run.check = check_gemm(a, b, cs.beta != 0.0f ? &c0 : nullptr, c, cs.alpha, cs.beta, cs.samples);
 
-  const std::vector<char> inside = ops.lc.mask();
-  const size_t es = dtype_size(cs.dtype);
-  const auto* before = static_cast<const unsigned char*>(ops.c0.data());
-  const auto* after = static_cast<const unsigned char*>(run.c.data());
-  for (size_t i = 0; i < inside.size(); ++i)
-    if (!inside[i] && std::memcmp(before + i * es, after + i * es, es) != 0) {
-      if (run.bytes_written_outside++ == 0) run.first_outside = "element " + std::to_string(i) + " of C's storage";
-    }
+  int64_t first = -1;
+  run.bytes_written_outside = changed_elements(ops.lc, dtype_size(cs.dtype), ops.c0.data(), run.c.data(), true, &first);
+  if (run.bytes_written_outside) run.first_outside = "element " + std::to_string(first) + " of C's storage";
   return run;
 }
 
@@ -379,9 +253,9 @@ inline void expect_nan_inf_propagation(GemmCase cs) {
   int64_t not_nan = 0, infs = 0;
   for (int64_t z = 0; z < c_batches; ++z) {
     for (int64_t j = 0; j < cs.n; ++j)
-      if (!std::isnan(load_as_double(run.c.data(), cs.dtype, ops.lc.index(z, nan_row, j)))) ++not_nan;
+      if (!std::isnan(load_as_double(run.c.data(), cs.dtype, ops.lc.at(z, nan_row, j)))) ++not_nan;
     for (int64_t i = 0; i < cs.m; ++i)
-      if (std::isinf(load_as_double(run.c.data(), cs.dtype, ops.lc.index(z, i, inf_col)))) ++infs;
+      if (std::isinf(load_as_double(run.c.data(), cs.dtype, ops.lc.at(z, i, inf_col)))) ++infs;
   }
   EXPECT_EQ(not_nan, 0) << cs.describe() << ": a NaN in A row " << nan_row
                         << " must make every element of C row " << nan_row << " NaN";
@@ -436,23 +310,19 @@ inline Reference reference_with_bounds(const GemmOperands& ops) {
     for (int64_t z = 0; z < l.batches; ++z)
       for (int64_t i = 0; i < l.rows; ++i)
         for (int64_t j = 0; j < l.cols; ++j)
-          store_from_double(buf->data(), cs.dtype, l.index(z, i, j),
-                            std::fabs(load_as_double(buf->data(), cs.dtype, l.index(z, i, j))));
+          store_from_double(buf->data(), cs.dtype, l.at(z, i, j),
+                            std::fabs(load_as_double(buf->data(), cs.dtype, l.at(z, i, j))));
   matmul_reference_f64(make_view(abs_a.data(), cs.dtype, Device::cpu(), ops.la, cs.batch, cs.a_bcast),
                        make_view(abs_b.data(), cs.dtype, Device::cpu(), ops.lb, cs.batch, cs.b_bcast), nullptr,
                        1.0, 0.0, scale.data());
-  const double out_eps = cs.dtype == DType::kF32 ? std::ldexp(1.0, -24)
-                         : cs.dtype == DType::kF16 ? std::ldexp(1.0, -11)
-                                                   : std::ldexp(1.0, -8);
-  const double acc_eps = 8.0 * std::sqrt(static_cast<double>(cs.k)) * std::ldexp(1.0, -24);
   r.allowed.resize(r.ref.size());
   for (int64_t z = 0; z < nb; ++z)
     for (int64_t i = 0; i < cs.m; ++i)
       for (int64_t j = 0; j < cs.n; ++j) {
         const size_t o = static_cast<size_t>((z * cs.m + i) * cs.n + j);
         double s = std::fabs(cs.alpha) * scale[o];
-        if (cs.beta != 0.0f) s += std::fabs(cs.beta * load_as_double(ops.c0.data(), cs.dtype, ops.lc.index(z, i, j)));
-        r.allowed[o] = out_eps * std::fabs(r.ref[o]) + acc_eps * s;
+        if (cs.beta != 0.0f) s += std::fabs(cs.beta * load_as_double(ops.c0.data(), cs.dtype, ops.lc.at(z, i, j)));
+        r.allowed[o] = gemm_allowed_error(cs.dtype, cs.k, r.ref[o], s);
       }
   return r;
 }
@@ -480,7 +350,7 @@ inline void expect_variants_agree(GemmCase cs, const std::vector<GemmVariant>& v
     for (int64_t z = 0; z < ops.lc.batches; ++z)
       for (int64_t i = 0; i < cs.m; ++i)
         for (int64_t j = 0; j < cs.n; ++j) {
-          double x = load_as_double(run.c.data(), cs.dtype, ops.lc.index(z, i, j));
+          double x = load_as_double(run.c.data(), cs.dtype, ops.lc.at(z, i, j));
           non_finite += !std::isfinite(x);
           out[static_cast<size_t>((z * cs.m + i) * cs.n + j)] = x;
         }

@@ -11,121 +11,46 @@
 // changed and that no input changed at all.
 //
 // ---- The tolerance rule -----------------------------------------------------------------------
-// Every element of every output must satisfy
+// The fused family's one rule, from optimized_ops_testing (src/testing/tolerance.h, applied by
+// src/testing/fused_check.h), per row of a row output and per statistic / parameter gradient:
 //
-//     |out - ref| <= c1 * u_out * |ref|  +  c2 * u_c * (sqrt(n) * S + E)  +  floor
+//     max |out - ref| <= 2 * max |same - ref| + (2 * u_out + 16 * sqrt(n) * u_acc) * scale + floor
 //
-//   u_out   unit roundoff of the output's dtype (fp32 2^-24, fp16 2^-11, bf16 2^-8, fp64 2^-53;
-//           mean / rstd are fp32): the one rounding of the result. c1 = 2.
-//   u_c     unit roundoff of the math (2^-24: fp32 math for fp32/fp16/bf16; 2^-53 for fp64, except
-//           the norms' backward, which reads the fp32 mean / rstd the forward saved: 2^-24). c2 = 8.
-//   n, S    a sum of n terms computed in floating point is off by about u_c * sqrt(n) times the
-//           size of its partial sums (random-walk rounding, any summation order), and partial
-//           sums are bounded by S = sum |terms|. For a mean divided by n this is the row's typical
-//           term magnitude: sqrt(n) * mean|t| -- e.g. sqrt(width) * mean|h| for layer_norm's mean.
-//           Per op, S is that bound carried through to the element (below). Sums over rows
-//           (dweight, dbias) use n = rows.
-//   E       the element's own non-summed rounding: a handful of fp32 operations, each off by u_c
-//           relative to the values it touches (|s_j| and |max| feed softmax's exp, |z| GELU's).
-//   floor   the output's smallest meaningful magnitude (fp16 2^-24, its subnormal spacing; fp32 and
-//           bf16 2^-126, FLT_MIN, as GPUs may flush fp32 subnormals; fp64 2^-1022).
-// Per op (per row; w = weight or 1, b = bias or 0, xhat = (h - mean) * rstd, g = dy * w):
-//   softmax       S = |y_j| (sum of e normalized by the sum), E = |y_j| (1 + |s_j| + |max|)
-//   log_softmax   S = 1, E = 1 + |s_j| + |max| + |lse|
-//   softmax bwd   S = |scale y_j| sum|dy y|, E = |scale y_j| (|dy_j| + |sum dy y|)
-//   log_sm bwd    S = |scale| e^y_j sum|dy|, E = |scale| (|dy_j| + e^y_j |sum dy| (1 + |y_j|))
-//   layer_norm    S = (|xhat_j| + mean|h| rstd) |w_j|,  E = |xhat_j w_j| + |b_j|
-//   rms_norm      S = E = |xhat_j w_j|
-//   norm bwd      S = rstd (mean|g| + |xhat_j| mean(|g| K)), E = rstd (|g_j| + |mean g| + K_j |mean(g xhat)|)
-//                 + |dres_j|, with K = |xhat| + |mean| rstd + 1 (the saved fp32 mean / rstd and
-//                 h - mean carry u_c relative error into xhat)
-//   mean          S = mean|h|, E = |mean|;   rstd: S = rstd, E = rstd
-//   dweight       n = rows, S = sum_r |dy xhat|, E = sum_r |dy| K;  dbias (norms) S = sum_r |dy|
-//   bias_gelu     S = 0, E = |z| (1 + 1.13 + |z| + 0.05 |z|^3)  (z = x + bias rounded to fp32, times
-//                 max |gelu'| = 1.13; the erf / tanh evaluation; the tanh form's cubic argument)
-//   gelu bwd      E = |dy| (1 + |z|)^3;  dbias: n = rows, S = sum_r |dx|, E = sum_r of dx's E
-//   silu_and_mul  E = |y| (2 + |a|);  bwd: E_da = |dy b| sigmoid(a) (1 + |a|) (2 + |a|), E_db = |db| (2 + |a|)
-// The add forms round h = x + residual to the dtype before normalizing (fused.h) while the
-// reference does not: that one rounding, u_out |h_j|, carried through the normalization, is added
-// (layer_norm: u_out rstd |w_j| (|h_j| + mean|h| + |xhat_j| mean(|xhat| |h|)); rms_norm: 2 u_out |y_j|;
-// residual_out: c1 u_out |h_j| + u_c |h_j|, the fp32 add and its rounding; the statistics: the same
-// carried into mean and rstd).
-// NaN must be output where the reference is NaN, and an infinite reference matched exactly.
+// ref the float64 reference, same the same-dtype reference (the op computed the plain way in the
+// dtype's working precision, as torch in that dtype does), n the reduction length, scale the
+// largest of |ref| and the magnitude of the terms summed. The C++ benchmark validates with the same
+// check and pytest with the same rule (torch in the same dtype as `same`).
 //
-// The bound is a statistical one (far from the worst case n * u_c) and tight enough to catch real
-// bugs: test_fused_cpu's ToleranceCatches* tests feed it outputs with a missing eps, a mean over
-// n - 1, an rms_norm mean square over n - 1, a softmax sum short of one term, a layer_norm backward
-// without its mean(g) term, the wrong GELU form and a dweight short of one row, and expect a
-// failure for each dtype where the bug is larger than the dtype's rounding.
+// The rule is tight enough to catch real bugs: test_fused_cpu's ToleranceCatches* tests feed it
+// outputs with a missing eps, a mean over n - 1, an rms_norm mean square over n - 1, a softmax sum
+// short of one term, a layer_norm backward without its mean(g) term, the wrong GELU form and a
+// dweight short of one row, and expect a failure for each dtype where the bug is larger than the
+// dtype's rounding.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <iomanip>
 #include <random>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "common/test_util.h"
 #include "fused/fused_params.h"
-#include "fused/fused_reference.h"
 #include "optimized/buffer.h"
 #include "optimized/core.h"
 #include "optimized/fused.h"
-
-#if OPTIMIZED_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
+#include "testing/fused_check.h"
+#include "testing/fused_reference.h"
+#include "testing/tolerance.h"
 
 namespace optimized::testing {
-
-// ---- random inputs ----------------------------------------------------------------------------
-
-// A generator seeded from the running test's full name and a per-call counter: every test gets
-// its own fresh inputs, and a failure reproduces exactly.
-inline std::mt19937_64 fused_rng() {
-  static std::string last_test;
-  static uint64_t counter = 0;
-  const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "none";
-  if (name != last_test) {
-    last_test = name;
-    counter = 0;
-  }
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char ch : name) h = (h ^ ch) * 1099511628211ull;
-  h ^= 0x9e3779b97f4a7c15ull * ++counter;
-  return std::mt19937_64(h);
-}
-
-// ---- dtypes -----------------------------------------------------------------------------------
-
-inline double out_roundoff(DType d) {
-  switch (d) {
-    case DType::kF16: return std::ldexp(1.0, -11);
-    case DType::kBF16: return std::ldexp(1.0, -8);
-    case DType::kF64: return std::ldexp(1.0, -53);
-    default: return std::ldexp(1.0, -24);
-  }
-}
-inline double math_roundoff(DType d) { return d == DType::kF64 ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24); }
-inline double out_floor(DType d) {
-  switch (d) {
-    case DType::kF16: return std::ldexp(1.0, -24);
-    case DType::kF64: return std::ldexp(1.0, -1022);
-    default: return std::ldexp(1.0, -126);
-  }
-}
-constexpr double kC1 = 2.0;  // roundings of the result
-constexpr double kC2 = 8.0;  // fp32 math
 
 // ---- the case ---------------------------------------------------------------------------------
 
@@ -225,21 +150,7 @@ struct FusedCase {
   }
 };
 
-// Storage of one operand: (rows, cols) with rows `ld` apart, `offset` elements into a buffer that
-// ends with a guard zone.
-struct Layout {
-  int64_t rows = 0, cols = 0, ld = 0, offset = 0;
-  static constexpr int64_t kGuard = 67;
-  int64_t storage() const { return offset + rows * ld + kGuard; }
-  int64_t index(int64_t i, int64_t j) const { return offset + i * ld + j; }
-  int64_t count() const { return rows * cols; }
-  std::vector<char> mask() const {
-    std::vector<char> m(static_cast<size_t>(storage()), 0);
-    for (int64_t i = 0; i < rows; ++i)
-      if (cols > 0) std::memset(&m[static_cast<size_t>(index(i, 0))], 1, static_cast<size_t>(cols));
-    return m;
-  }
-};
+using Layout = GuardedLayout;
 
 struct Operand {
   bool present = false;
@@ -304,7 +215,7 @@ class FusedOperands {
         ops[kDx].owner = kDy;
       }
     }
-    std::mt19937_64 rng = fused_rng();
+    std::mt19937_64 rng = test_rng();
     for (int r = 0; r < kRoles; ++r) {
       Operand& o = ops[r];
       if (!o.present || o.owner != r) continue;
@@ -352,6 +263,10 @@ class FusedOperands {
     p.ld_dy = ld(kDy);
     p.dresidual_out = ptr(kDres);
     p.ld_dresidual_out = ld(kDres);
+    if (cs.backward) {  // the saved statistics (the same-dtype reference reads them, as the library does)
+      p.mean = static_cast<float*>(ptr(kMean));
+      p.rstd = static_cast<float*>(ptr(kRstd));
+    }
     // A backward add form is the plain norm's backward plus dresidual_out: same reference.
     return p;
   }
@@ -447,253 +362,35 @@ class FusedOperands {
   }
 };
 
-// ---- expected outputs: the reference and the allowed error per element ----------------------
+// ---- expected outputs ---------------------------------------------------------------------------
 
-struct Expected {
-  std::array<std::vector<double>, kRoles> ref, allowed;  // per output role, in (rows, cols) order
-};
-
-inline Expected expected_outputs(const FusedOperands& o) {
-  const FusedCase& cs = o.cs;
-  const FusedReference f = fused_reference_f64(o.reference_params());
-  Expected e;
-  const int64_t R = cs.rows, W = cs.width;
-  const double ud = out_roundoff(cs.dtype), uc = math_roundoff(cs.dtype), fl = out_floor(cs.dtype);
-  const double u32 = out_roundoff(DType::kF32), fl32 = out_floor(DType::kF32);
-  const double sn = std::sqrt(static_cast<double>(W)), sr = std::sqrt(static_cast<double>(R));
-  auto fin = [](double v) { return std::isfinite(v) ? std::fabs(v) : 0.0; };
-  // The norms' backward reads fp32 statistics whatever the dtype: fp32 accuracy at best.
-  const double um = cs.backward && is_norm(cs.op) ? std::max(uc, u32) : uc;
-  auto bound = [&](double ref, double s_sum, double e_own, double u_out, double floor, double extra = 0) {
-    return kC1 * u_out * fin(ref) + kC2 * um * (s_sum + e_own) + extra + floor;
-  };
-  auto w_at = [&](int64_t j) { return o.has(kWeight) ? o.get(kWeight, 0, j) : 1.0; };
-  auto b_at = [&](int64_t j) { return o.has(kBias) ? o.get(kBias, 0, j) : 0.0; };
-  auto sized = [&](Role r, size_t n) {
-    e.ref[r].assign(n, 0.0);
-    e.allowed[r].assign(n, 0.0);
-  };
-  const FusedOp op = cs.op;
-  const size_t RW = static_cast<size_t>(R * W);
-
-  if (is_softmax(op) && !cs.backward) {
-    sized(kY, RW);
-    e.ref[kY] = f.y;
-    for (int64_t i = 0; i < R; ++i) {
-      double m = -INFINITY, total = 0;
-      for (int64_t j = 0; j < W; ++j) m = std::max(m, cs.scale * o.get(kX, i, j));
-      for (int64_t j = 0; j < W; ++j) total += std::exp(cs.scale * o.get(kX, i, j) - m);
-      const double lse = std::log(total);
-      for (int64_t j = 0; j < W; ++j) {
-        const size_t k = static_cast<size_t>(i * W + j);
-        const double y = f.y[k], s = fin(cs.scale * o.get(kX, i, j));
-        const double own = 1 + s + fin(m);
-        e.allowed[kY][k] = op == FusedOp::kSoftmax ? bound(y, sn * fin(y), fin(y) * own, ud, fl)
-                                                   : bound(y, sn, own + fin(lse), ud, fl);
-      }
-    }
-  } else if (is_softmax(op)) {
-    sized(kDx, RW);
-    e.ref[kDx] = f.dx;
-    const double sc = std::fabs(cs.scale);
-    for (int64_t i = 0; i < R; ++i) {
-      double dot = 0, adot = 0, sdy = 0, asdy = 0;
-      for (int64_t j = 0; j < W; ++j) {
-        const double y = o.get(kX, i, j), dy = o.get(kDy, i, j);
-        dot += dy * y;
-        adot += std::fabs(dy * y);
-        sdy += dy;
-        asdy += std::fabs(dy);
-      }
-      for (int64_t j = 0; j < W; ++j) {
-        const size_t k = static_cast<size_t>(i * W + j);
-        const double y = o.get(kX, i, j), dy = std::fabs(o.get(kDy, i, j));
-        if (op == FusedOp::kSoftmax) {
-          e.allowed[kDx][k] = bound(f.dx[k], sc * fin(y) * sn * adot, sc * fin(y) * (dy + std::fabs(dot)), ud, fl);
-        } else {
-          const double ey = std::exp(y);
-          e.allowed[kDx][k] = bound(f.dx[k], sc * ey * sn * asdy, sc * (dy + ey * std::fabs(sdy) * (1 + fin(y))), ud, fl);
-        }
-      }
-    }
-  } else if (is_norm(op) && !cs.backward) {
-    const bool layer = is_layer(op), add = is_add(op);
-    sized(kY, RW);
-    e.ref[kY] = f.y;
-    if (add) {
-      sized(kResidualOut, RW);
-      e.ref[kResidualOut] = f.residual_out;
-    }
-    if (o.has(kMean)) {
-      sized(kMean, static_cast<size_t>(R));
-      e.ref[kMean] = f.mean;
-    }
-    if (o.has(kRstd)) {
-      sized(kRstd, static_cast<size_t>(R));
-      e.ref[kRstd] = f.rstd;
-    }
-    for (int64_t i = 0; i < R; ++i) {
-      const double mean = layer ? f.mean[static_cast<size_t>(i)] : 0.0, rstd = f.rstd[static_cast<size_t>(i)];
-      double m1 = 0, mxh = 0;  // mean|h|, mean(|xhat| |h|)
-      for (int64_t j = 0; j < W; ++j) {
-        const double h = add ? f.residual_out[static_cast<size_t>(i * W + j)] : o.get(kX, i, j);
-        m1 += std::fabs(h) / W;
-        mxh += std::fabs((h - mean) * rstd * h) / W;
-      }
-      for (int64_t j = 0; j < W; ++j) {
-        const size_t k = static_cast<size_t>(i * W + j);
-        const double h = add ? f.residual_out[k] : o.get(kX, i, j);
-        const double xhat = (h - mean) * rstd, w = std::fabs(w_at(j));
-        if (layer) {
-          const double h_round = add ? ud * rstd * w * (std::fabs(h) + m1 + std::fabs(xhat) * mxh) : 0.0;
-          e.allowed[kY][k] = bound(f.y[k], sn * (std::fabs(xhat) + m1 * rstd) * w,
-                                   std::fabs(xhat) * w + std::fabs(b_at(j)), ud, fl, h_round);
-        } else {
-          const double h_round = add ? 2 * ud * fin(f.y[k]) : 0.0;
-          e.allowed[kY][k] = bound(f.y[k], sn * std::fabs(xhat) * w, std::fabs(xhat) * w, ud, fl, h_round);
-        }
-        if (add) e.allowed[kResidualOut][k] = kC1 * ud * std::fabs(h) + uc * std::fabs(h) + fl;
-      }
-      const size_t r = static_cast<size_t>(i);
-      if (o.has(kMean))
-        e.allowed[kMean][r] = bound(mean, sn * m1, std::fabs(mean), u32, fl32, add ? kC1 * ud * m1 : 0.0);
-      if (o.has(kRstd)) {
-        const double h_round = add ? kC1 * ud * rstd * (layer ? rstd * mxh : 1.0) : 0.0;
-        e.allowed[kRstd][r] = bound(rstd, sn * rstd, rstd, u32, fl32, h_round);
-      }
-    }
-  } else if (is_norm(op)) {
-    const bool layer = is_layer(op);
-    sized(kDx, RW);
-    e.ref[kDx] = f.dx;
-    if (o.has(kDweight)) {
-      sized(kDweight, static_cast<size_t>(W));
-      e.ref[kDweight] = f.dweight;
-    }
-    if (o.has(kDbias)) {
-      sized(kDbias, static_cast<size_t>(W));
-      e.ref[kDbias] = f.dbias;
-    }
-    std::vector<double> dw_s(static_cast<size_t>(W), 0.0), dw_e(static_cast<size_t>(W), 0.0),
-        db_s(static_cast<size_t>(W), 0.0);
-    for (int64_t i = 0; i < R; ++i) {
-      const double mean = layer ? f.mean[static_cast<size_t>(i)] : 0.0, rstd = f.rstd[static_cast<size_t>(i)];
-      double mg = 0, mgx = 0, g1 = 0, gk = 0;
-      for (int64_t j = 0; j < W; ++j) {
-        const double xhat = (o.get(kX, i, j) - mean) * rstd, g = o.get(kDy, i, j) * w_at(j);
-        const double kk = std::fabs(xhat) + std::fabs(mean) * rstd + 1;
-        mg += g / W;
-        mgx += g * xhat / W;
-        g1 += std::fabs(g) / W;
-        gk += std::fabs(g) * kk / W;
-      }
-      if (!layer) mg = 0;
-      for (int64_t j = 0; j < W; ++j) {
-        const size_t k = static_cast<size_t>(i * W + j);
-        const double dy = o.get(kDy, i, j), xhat = (o.get(kX, i, j) - mean) * rstd;
-        const double kk = std::fabs(xhat) + std::fabs(mean) * rstd + 1, g = std::fabs(dy * w_at(j));
-        const double dres = o.has(kDres) ? std::fabs(o.get(kDres, i, j)) : 0.0;
-        e.allowed[kDx][k] = bound(f.dx[k], sn * rstd * (g1 + std::fabs(xhat) * gk),
-                                  rstd * (g + std::fabs(mg) + kk * std::fabs(mgx)) + dres, ud, fl);
-        dw_s[static_cast<size_t>(j)] += std::fabs(dy * xhat);
-        dw_e[static_cast<size_t>(j)] += std::fabs(dy) * kk;
-        db_s[static_cast<size_t>(j)] += std::fabs(dy);
-      }
-    }
-    for (int64_t j = 0; j < W; ++j) {
-      const size_t k = static_cast<size_t>(j);
-      if (o.has(kDweight)) e.allowed[kDweight][k] = bound(f.dweight[k], sr * dw_s[k], dw_e[k], ud, fl);
-      if (o.has(kDbias)) e.allowed[kDbias][k] = bound(f.dbias[k], sr * db_s[k], 0.0, ud, fl);
-    }
-  } else if (op == FusedOp::kBiasGelu) {
-    const Role out = cs.backward ? kDx : kY;
-    sized(out, RW);
-    e.ref[out] = cs.backward ? f.dx : f.y;
-    if (o.has(kDbias)) {
-      sized(kDbias, static_cast<size_t>(W));
-      e.ref[kDbias] = f.dbias;
-    }
-    std::vector<double> db_s(static_cast<size_t>(W), 0.0), db_e(static_cast<size_t>(W), 0.0);
-    for (int64_t i = 0; i < R; ++i)
-      for (int64_t j = 0; j < W; ++j) {
-        const size_t k = static_cast<size_t>(i * W + j);
-        const double z = std::fabs(o.get(kX, i, j) + b_at(j));
-        if (!cs.backward) {
-          // |gelu'(z)| <= 1.13: a constant bound keeps the derivative out of this file.
-          e.allowed[kY][k] = bound(f.y[k], 0.0, fin(z) * (1 + 1.13 + fin(z) + 0.05 * fin(z * z * z)), ud, fl);
-        } else {
-          const double own = std::fabs(o.get(kDy, i, j)) * fin((1 + z) * (1 + z) * (1 + z));
-          e.allowed[kDx][k] = bound(f.dx[k], 0.0, own, ud, fl);
-          db_s[static_cast<size_t>(j)] += fin(f.dx[k]);
-          db_e[static_cast<size_t>(j)] += own;
-        }
-      }
-    if (o.has(kDbias))
-      for (int64_t j = 0; j < W; ++j) {
-        const size_t k = static_cast<size_t>(j);
-        e.allowed[kDbias][k] = bound(f.dbias[k], sr * db_s[k], db_e[k], ud, fl);
-      }
-  } else {  // silu_and_mul
-    if (!cs.backward) {
-      sized(kY, RW);
-      e.ref[kY] = f.y;
-      for (int64_t i = 0; i < R; ++i)
-        for (int64_t j = 0; j < W; ++j) {
-          const size_t k = static_cast<size_t>(i * W + j);
-          e.allowed[kY][k] = bound(f.y[k], 0.0, fin(f.y[k]) * (2 + fin(o.get(kX, i, j))), ud, fl);
-        }
-    } else {
-      sized(kDx, static_cast<size_t>(R * 2 * W));
-      e.ref[kDx] = f.dx;
-      for (int64_t i = 0; i < R; ++i)
-        for (int64_t j = 0; j < W; ++j) {
-          const double a = o.get(kX, i, j), b = o.get(kX, i, W + j), dy = o.get(kDy, i, j);
-          const double sig = 1.0 / (1.0 + std::exp(-a)), aa = fin(a);
-          const size_t ka = static_cast<size_t>(i * 2 * W + j), kb = ka + static_cast<size_t>(W);
-          e.allowed[kDx][ka] = bound(f.dx[ka], 0.0, fin(dy * b) * sig * (1 + aa) * (2 + aa), ud, fl);
-          e.allowed[kDx][kb] = bound(f.dx[kb], 0.0, fin(f.dx[kb]) * (2 + aa), ud, fl);
-        }
-    }
+// The output of the check that role r is (roles that are no output: none).
+inline bool output_of(Role r, FusedOutput* out) {
+  switch (r) {
+    case kY: *out = FusedOutput::kY; return true;
+    case kResidualOut: *out = FusedOutput::kResidualOut; return true;
+    case kMean: *out = FusedOutput::kMean; return true;
+    case kRstd: *out = FusedOutput::kRstd; return true;
+    case kDx: *out = FusedOutput::kDx; return true;
+    case kDweight: *out = FusedOutput::kDweight; return true;
+    case kDbias: *out = FusedOutput::kDbias; return true;
+    default: return false;
   }
-  return e;
 }
 
-// ---- comparing ----------------------------------------------------------------------------------
+// The references and terms of the case's call (src/testing/fused_check.h).
+inline FusedExpected expected_outputs(const FusedOperands& o) { return fused_expected(o.reference_params()); }
 
-struct OutputCheck {
-  int64_t checked = 0, failures = 0;
-  double worst_ratio = 0;  // max error / allowed over finite elements (<= 1 passes)
-  std::string first_failure;
-};
-
-// values[k] against ref[k] within allowed[k]: NaN where the reference is NaN, an infinite
-// reference matched exactly, otherwise within the bound (a NaN output fails).
-inline OutputCheck compare(const std::string& name, int64_t cols, const std::vector<double>& values,
-                           const std::vector<double>& ref, const std::vector<double>& allowed) {
-  OutputCheck c;
-  for (size_t k = 0; k < ref.size(); ++k) {
-    const double v = values[k], r = ref[k];
-    ++c.checked;
-    bool ok;
-    double err = 0;
-    if (std::isnan(r)) {
-      ok = std::isnan(v);
-    } else if (std::isinf(r)) {
-      ok = v == r;
-    } else {
-      err = std::fabs(v - r);
-      ok = err <= allowed[k];  // false for NaN
-      if (std::isfinite(v) && allowed[k] > 0) c.worst_ratio = std::max(c.worst_ratio, err / allowed[k]);
-    }
-    if (!ok && c.failures++ == 0) {
-      std::ostringstream s;
-      s.precision(9);
-      s << name << "[" << static_cast<int64_t>(k) / cols << ", " << static_cast<int64_t>(k) % cols << "] = " << v
-        << ", expected " << r << " (error " << err << ", allowed " << allowed[k] << ")";
-      c.first_failure = s.str();
-    }
+// The values of output role r checked against the rule.
+inline CheckResult check_output(const FusedOperands& o, const FusedExpected& ex, Role r, const std::vector<double>& values) {
+  FusedOutput out{};
+  if (!output_of(r, &out)) {
+    CheckResult c;
+    c.failures = 1;
+    c.first_failure = std::string(role_name(r)) + " is no output";
+    return c;
   }
-  return c;
+  return check_fused_output(o.reference_params(), ex, out, values);
 }
 
 // The values of output role r of a run, read from its storage, in (rows, cols) order.
@@ -811,49 +508,23 @@ inline FusedRun run_fused(const FusedOperands& o) {
     run.ok = true;
     return run;
   }
-#if OPTIMIZED_WITH_CUDA
-  std::array<Buffer, kRoles> dev;
-  std::array<void*, kRoles> dbases{};
-  cudaError_t e = cudaSuccess;
-  auto stream = static_cast<cudaStream_t>(cs.stream);
-  for (int r = 0; r < kRoles; ++r) {
-    if (!o.ops[r].present || o.ops[r].owner != r) continue;
-    dev[r] = Buffer(o.ops[r].dtype, o.ops[r].layout.storage(), cs.device);
-    dbases[static_cast<size_t>(r)] = dev[r].data();
-  }
+  std::vector<const Buffer*> host(kRoles, nullptr);
+  for (int r = 0; r < kRoles; ++r)
+    if (o.ops[r].present && o.ops[r].owner == r) host[static_cast<size_t>(r)] = &o.ops[r].host;
   ExecutionContext ctx;
   ctx.cuda_stream = cs.stream;
-  if (!stream) {
-    for (int r = 0; r < kRoles; ++r)
-      if (dbases[static_cast<size_t>(r)]) dev[r].copy_from_host(o.ops[r].host.data());
-    call_fused(o, dbases, cs.device, ctx);
-    e = cudaDeviceSynchronize();
-    for (int r = 0; r < kRoles && e == cudaSuccess; ++r)
-      if (dbases[static_cast<size_t>(r)]) dev[r].copy_to_host(run.after[r].data());
-  } else {
-    // Everything on the caller's (non-blocking) stream behind a 50 ms host callback, the device
-    // storage NaN until the stream's copies land: a kernel on any other stream reads NaN.
-    for (int r = 0; r < kRoles; ++r)
-      if (dbases[static_cast<size_t>(r)]) dev[r].fill_bytes(0xFF);
-    e = cudaLaunchHostFunc(stream, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }, nullptr);
-    for (int r = 0; r < kRoles && e == cudaSuccess; ++r)
-      if (dbases[static_cast<size_t>(r)])
-        e = cudaMemcpyAsync(dev[r].data(), o.ops[r].host.data(), dev[r].bytes(), cudaMemcpyHostToDevice, stream);
-    if (e == cudaSuccess) call_fused(o, dbases, cs.device, ctx);
-    for (int r = 0; r < kRoles && e == cudaSuccess; ++r)
-      if (dbases[static_cast<size_t>(r)])
-        e = cudaMemcpyAsync(run.after[r].data(), dev[r].data(), dev[r].bytes(), cudaMemcpyDeviceToHost, stream);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
-    if (e == cudaSuccess) e = cudaDeviceSynchronize();
-  }
-  if (e != cudaSuccess) {
-    run.error = std::string("CUDA error around the call: ") + cudaGetErrorString(e);
-    return run;
-  }
+  std::vector<Buffer> after;
+  run.error = run_on_cuda(host, cs.device, cs.stream,
+                          [&](const std::vector<void*>& d) {
+                            std::array<void*, kRoles> dbases{};
+                            std::copy(d.begin(), d.end(), dbases.begin());
+                            call_fused(o, dbases, cs.device, ctx);
+                          },
+                          after);
+  if (!run.error.empty()) return run;
+  for (int r = 0; r < kRoles; ++r)
+    if (host[static_cast<size_t>(r)]) run.after[r] = std::move(after[static_cast<size_t>(r)]);
   run.ok = true;
-#else
-  run.error = "CUDA case in a build without CUDA";
-#endif
   return run;
 }
 
@@ -866,7 +537,7 @@ struct FusedCheck {
   std::array<std::vector<double>, kRoles> values;  // outputs as read back
 };
 
-inline FusedCheck check_fused(const FusedOperands& o, const FusedRun& run, const Expected& ex) {
+inline FusedCheck check_fused(const FusedOperands& o, const FusedRun& run, const FusedExpected& ex) {
   FusedCheck c;
   const bool sm_bwd = is_softmax(o.cs.op) && o.cs.backward;
   for (int r = 0; r < kRoles; ++r) {
@@ -876,8 +547,7 @@ inline FusedCheck check_fused(const FusedOperands& o, const FusedRun& run, const
     const Buffer& after = run.after[static_cast<size_t>(op.owner)];
     if (op.output) {
       c.values[r] = read_output(o, role, after);
-      const OutputCheck oc = compare(role_name(role), std::max<int64_t>(op.layout.cols, 1), c.values[r],
-                                     ex.ref[r], ex.allowed[r]);
+      const CheckResult oc = check_output(o, ex, role, c.values[r]);
       c.worst_ratio = std::max(c.worst_ratio, oc.worst_ratio);
       if (oc.failures) {
         c.passed = false;
@@ -891,15 +561,9 @@ inline FusedCheck check_fused(const FusedOperands& o, const FusedRun& run, const
     bool overwritten = op.output;
     for (int q = 0; q < kRoles; ++q)
       if (q != r && o.ops[q].present && o.ops[q].owner == r) overwritten = true;
-    const std::vector<char> inside = op.layout.mask();
-    const size_t es = dtype_size(op.dtype);
-    const auto* before = static_cast<const unsigned char*>(op.host.data());
-    const auto* now = static_cast<const unsigned char*>(after.data());
-    int64_t changed = 0, first = -1;
-    for (size_t i = 0; i < inside.size(); ++i)
-      if ((!overwritten || !inside[i]) && std::memcmp(before + i * es, now + i * es, es) != 0) {
-        if (changed++ == 0) first = static_cast<int64_t>(i);
-      }
+    int64_t first = -1;
+    const int64_t changed =
+        changed_elements(op.layout, dtype_size(op.dtype), op.host.data(), after.data(), overwritten, &first);
     if (changed) {
       c.passed = false;
       c.problems.push_back(std::string(role_name(role, sm_bwd)) + ": " + std::to_string(changed) + " elements of " +
@@ -920,7 +584,7 @@ inline std::string join(const std::vector<std::string>& lines) {
 // written outside the outputs' views, no input changed. Returns the check for further asserts.
 inline FusedCheck expect_operands_ok(const FusedOperands& o) {
   SCOPED_TRACE(o.cs.describe());
-  const Expected ex = expected_outputs(o);
+  const FusedExpected ex = expected_outputs(o);
   FusedRun run;
   try {
     run = run_fused(o);

@@ -8,17 +8,8 @@
 
 #include "gemm_test_util.h"
 
-#if OPTIMIZED_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
-
 namespace optimized::testing {
 namespace {
-
-#define SKIP_WITHOUT_CUDA()                                                                   \
-  do {                                                                                        \
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason(); \
-  } while (0)
 
 using VariantParam = std::tuple<GemmVariant, DType>;
 
@@ -35,31 +26,6 @@ std::vector<VariantParam> cuda_variants() {
 std::string param_name(const ::testing::TestParamInfo<VariantParam>& info) {
   return std::string(gemm_variant_name(std::get<0>(info.param))) + "_" + dtype_label(std::get<1>(info.param));
 }
-
-// A CUDA stream of our own, non-blocking with respect to the legacy default stream, so that a
-// launcher that ignores ctx.cuda_stream (and runs on stream 0) races with the synchronization
-// the test does and is caught.
-class OwnStream {
- public:
-  OwnStream() {
-#if OPTIMIZED_WITH_CUDA
-    EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
-#endif
-  }
-  ~OwnStream() {
-#if OPTIMIZED_WITH_CUDA
-    if (stream_) cudaStreamDestroy(stream_);
-#endif
-  }
-  void* get() const { return stream_; }
-
- private:
-#if OPTIMIZED_WITH_CUDA
-  cudaStream_t stream_ = nullptr;
-#else
-  void* stream_ = nullptr;
-#endif
-};
 
 class CudaGemm : public ::testing::TestWithParam<VariantParam> {
  protected:
@@ -166,7 +132,7 @@ TEST_P(CudaGemm, BetaZeroDoesNotReadNanC) {
     int64_t non_finite = 0;
     for (int64_t i = 0; i < cs.m; ++i)
       for (int64_t j = 0; j < cs.n; ++j)
-        non_finite += !std::isfinite(load_as_double(run.c.data(), cs.dtype, ops.lc.index(0, i, j)));
+        non_finite += !std::isfinite(load_as_double(run.c.data(), cs.dtype, ops.lc.at(0, i, j)));
     EXPECT_EQ(non_finite, 0) << cs.describe() << ": beta == 0 must not propagate NaN from the old C";
   }
 }

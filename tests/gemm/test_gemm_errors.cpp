@@ -3,11 +3,11 @@
 // and that a rejected call did not write C.
 #include <gtest/gtest.h>
 
-#include <cctype>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "common/test_util.h"
 #include "optimized/buffer.h"
 #include "optimized/core.h"
 #include "optimized/gemm.h"
@@ -15,65 +15,7 @@
 namespace optimized {
 namespace {
 
-struct Caught {
-  bool thrown = false;
-  Status status = Status::kOk;
-  std::string message;
-};
-
-template <typename F>
-Caught call(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return {true, e.status(), e.what()};
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw something other than optimized::Error: " << e.what();
-    return {true, Status::kInternal, e.what()};
-  }
-  return {};
-}
-
-bool is_ident(char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_'; }
-
-// `word` appears in `msg` as a whole word (not inside an identifier): "a" in "a: expected ...".
-bool mentions(const std::string& msg, const std::string& word) {
-  for (size_t pos = msg.find(word); pos != std::string::npos; pos = msg.find(word, pos + 1)) {
-    const bool left = pos == 0 || !is_ident(msg[pos - 1]);
-    const bool right = pos + word.size() >= msg.size() || !is_ident(msg[pos + word.size()]);
-    if (left && right) return true;
-  }
-  return false;
-}
-bool contains(const std::string& msg, const std::string& s) { return msg.find(s) != std::string::npos; }
-
-#define EXPECT_ERROR(caught, expected_status)                                                       \
-  do {                                                                                              \
-    ASSERT_TRUE((caught).thrown) << "expected an Error (" << status_name(expected_status) << ")";   \
-    EXPECT_EQ((caught).status, expected_status)                                                     \
-        << "got " << status_name((caught).status) << ": " << (caught).message;                      \
-    EXPECT_FALSE((caught).message.empty());                                                         \
-  } while (0)
-
-#define EXPECT_MENTIONS(caught, word) \
-  EXPECT_TRUE(mentions((caught).message, word)) << "message should name '" << (word) << "': " << (caught).message
-#define EXPECT_CONTAINS(caught, text) \
-  EXPECT_TRUE(contains((caught).message, text)) << "message should contain '" << (text) << "': " << (caught).message
-
-// A view built field by field, so that shapes and strides reach matmul exactly as given (no
-// constructor in between).
-TensorView raw(void* data, DType dtype, Device device, std::vector<int64_t> shape, std::vector<int64_t> strides) {
-  TensorView t;
-  t.data = data;
-  t.dtype = dtype;
-  t.device = device;
-  t.rank = static_cast<int>(shape.size());
-  for (size_t i = 0; i < shape.size(); ++i) {
-    t.shape[i] = shape[i];
-    t.strides[i] = strides[i];
-  }
-  return t;
-}
+using namespace optimized::testing;
 
 // Valid operands A (7, 11), B (11, 13), C (7, 13) in host buffers with room to spare; C is filled
 // with a pattern that must survive every rejected call.

@@ -225,7 +225,7 @@ struct Problem {
 };
 
 TEST(FusedReferenceGradients, MatchFiniteDifferences) {
-  std::mt19937_64 rng = fused_rng();
+  std::mt19937_64 rng = test_rng();
   std::uniform_real_distribution<double> u(-1.0, 1.0);
   for (const OpSpec& spec : all_op_specs()) {
     SCOPED_TRACE(op_label(spec));
@@ -275,17 +275,11 @@ TEST(FusedReferenceGradients, MatchFiniteDifferences) {
 
 // ---- the tolerance catches real bugs ------------------------------------------------------------
 
-double rounded(DType d, double v) {
-  Buffer b(d, 1, Device::cpu());
-  store_from_double(b.data(), d, 0, v);
-  return load_as_double(b.data(), d, 0);
-}
-
 // Rounds `values` to the output's dtype (as a kernel would store them) and checks them.
-OutputCheck check_as_output(const FusedOperands& o, const Expected& ex, Role r, std::vector<double> values) {
+CheckResult check_as_output(const FusedOperands& o, const FusedExpected& ex, Role r, std::vector<double> values) {
   const DType d = o.op(r).dtype;
-  for (double& v : values) v = rounded(d, v);
-  return compare(role_name(r), o.op(r).layout.cols, values, ex.ref[r], ex.allowed[r]);
+  for (double& v : values) v = round_to(d, v);
+  return check_output(o, ex, r, values);
 }
 
 class ToleranceCatches : public ::testing::TestWithParam<DType> {
@@ -293,12 +287,16 @@ class ToleranceCatches : public ::testing::TestWithParam<DType> {
   FusedCase base(FusedOp op, bool backward, Size s) const {
     return make_case({op, GeluApproximation::kNone}, backward, GetParam(), FusedVariant::kCpu, Device::cpu(), s);
   }
-  // The correct result, rounded, passes; the mutant fails.
+  // The correct result, rounded, passes; so does the same-dtype reference; the mutant fails.
   void expect_caught(const FusedOperands& o, Role r, const std::vector<double>& mutant) {
-    const Expected ex = expected_outputs(o);
-    const OutputCheck good = check_as_output(o, ex, r, ex.ref[r]);
+    const FusedExpected ex = expected_outputs(o);
+    FusedOutput out{};
+    ASSERT_TRUE(output_of(r, &out));
+    const CheckResult good = check_as_output(o, ex, r, field(ex.ref, out));
     EXPECT_EQ(good.failures, 0) << "the rounded reference itself fails: " << good.first_failure;
-    const OutputCheck bad = check_as_output(o, ex, r, mutant);
+    const CheckResult same = check_as_output(o, ex, r, field(ex.same, out));
+    EXPECT_EQ(same.failures, 0) << "the same-dtype reference fails: " << same.first_failure;
+    const CheckResult bad = check_as_output(o, ex, r, mutant);
     EXPECT_GT(bad.failures, 0) << o.cs.describe() << ": the mutant passed (worst error/allowed "
                                << bad.worst_ratio << ")";
   }
@@ -307,7 +305,7 @@ class ToleranceCatches : public ::testing::TestWithParam<DType> {
 TEST_P(ToleranceCatches, LayerNormWithoutEps) {
   FusedCase cs = base(FusedOp::kLayerNorm, false, {8, 64});
   FusedOperands o(cs);
-  std::mt19937_64 rng = fused_rng();
+  std::mt19937_64 rng = test_rng();
   std::uniform_real_distribution<double> u(-1.0, 1.0);
   for (int64_t i = 0; i < cs.rows; ++i)
     for (int64_t j = 0; j < cs.width; ++j) o.set(kX, i, j, 0.5 + 1e-3 * u(rng));  // variance ~ eps
@@ -320,7 +318,7 @@ TEST_P(ToleranceCatches, LayerNormMeanOverNMinusOne) {
   FusedCase cs = base(FusedOp::kLayerNorm, false, {8, 64});
   cs.with_weight = false;
   FusedOperands o(cs);
-  std::mt19937_64 rng = fused_rng();
+  std::mt19937_64 rng = test_rng();
   std::uniform_real_distribution<double> u(-1.0, 1.0);
   for (int64_t i = 0; i < cs.rows; ++i)
     for (int64_t j = 0; j < cs.width; ++j) o.set(kX, i, j, 2.0 + 0.5 * u(rng));
@@ -336,7 +334,7 @@ TEST_P(ToleranceCatches, LayerNormMeanOverNMinusOne) {
 TEST_P(ToleranceCatches, RmsNormMeanSquareOverNMinusOne) {
   FusedCase cs = base(FusedOp::kRmsNorm, false, {8, 31});
   FusedOperands o(cs);
-  std::mt19937_64 rng = fused_rng();
+  std::mt19937_64 rng = test_rng();
   std::uniform_real_distribution<double> u(-1.0, 1.0);
   for (int64_t i = 0; i < cs.rows; ++i)
     for (int64_t j = 0; j < cs.width; ++j) o.set(kX, i, j, 1.0 + 0.5 * u(rng));
@@ -425,7 +423,7 @@ TEST(CpuFusedBehaviour, LayerNormOfLargeOffsetNeedsTwoPasses) {
   // mean 1000, spread 1: E[x^2] - E[x]^2 loses everything in fp32; two passes do not.
   FusedCase cs = make_case({FusedOp::kLayerNorm}, false, DType::kF32, FusedVariant::kCpu, Device::cpu(), {4, 1000});
   FusedOperands o(cs);
-  std::mt19937_64 rng = fused_rng();
+  std::mt19937_64 rng = test_rng();
   std::uniform_real_distribution<double> u(-1.0, 1.0);
   for (int64_t i = 0; i < cs.rows; ++i)
     for (int64_t j = 0; j < cs.width; ++j) o.set(kX, i, j, 1000.0 + u(rng));
@@ -482,7 +480,7 @@ TEST(CpuFusedBehaviour, GradientSumsAreDeterministicForAThreadCount) {
 // The backward reads mean / rstd from the library's own forward, as torch's autograd does.
 double long_row_norm_error(bool layer, bool backward, double mean) {
   constexpr int64_t R = 2, W = int64_t{1} << 20;
-  std::mt19937_64 rng = fused_rng();
+  std::mt19937_64 rng = test_rng();
   std::normal_distribution<double> normal(0.0, 1.0);
   Buffer x(DType::kF32, R * W, Device::cpu()), dy(DType::kF32, R * W, Device::cpu());
   Buffer y(DType::kF32, R * W, Device::cpu()), dx(DType::kF32, R * W, Device::cpu());
@@ -591,7 +589,7 @@ TEST(CpuFusedFp64Scalars, SoftmaxScaleIsNotRoundedToFp32) {
   // double from the double scale (not from FusedParams, whose fields would carry any rounding to the
   // reference too). Forward and backward, softmax and log_softmax.
   constexpr int64_t R = 3, W = 257;
-  std::mt19937_64 rng = fused_rng();
+  std::mt19937_64 rng = test_rng();
   std::uniform_real_distribution<double> u(-4.0, 4.0);
   Buffer x(DType::kF64, R * W, Device::cpu()), dy(DType::kF64, R * W, Device::cpu()), out(DType::kF64, R * W, Device::cpu());
   auto* xp = static_cast<double*>(x.data());

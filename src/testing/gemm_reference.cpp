@@ -1,20 +1,18 @@
-// The float64 GEMM reference every test and benchmark validates against: inputs widened to double,
-// double accumulation, no rounding of the output.
+// The float64 GEMM reference (see gemm_reference.h).
+#include "testing/gemm_reference.h"
+
+#include <algorithm>
 #include <vector>
 
 #include "optimized/buffer.h"
-#include "optimized/gemm.h"
 
-namespace optimized {
+namespace optimized::testing {
 
-namespace {
-// Element (z, i, j) of a rank-2 or rank-3 host view (rank 2 broadcasts over z).
-int64_t offset(const TensorView& t, int64_t z, int64_t i, int64_t j) {
+int64_t element_offset(const TensorView& t, int64_t z, int64_t i, int64_t j) {
   const int r = t.rank;
   const int64_t batch_offset = (r == 3 && t.shape[0] > 1) ? z * t.strides[0] : 0;
   return batch_offset + i * t.strides[r - 2] + j * t.strides[r - 1];
 }
-}  // namespace
 
 void matmul_reference_f64(const TensorView& a, const TensorView& b, const TensorView* c_in,
                           double alpha, double beta, double* c_out) {
@@ -33,16 +31,16 @@ void matmul_reference_f64(const TensorView& a, const TensorView& b, const Tensor
     for (int64_t i = 0; i < m; ++i) {
       std::fill(row.begin(), row.end(), 0.0);
       for (int64_t p = 0; p < k; ++p) {
-        const double aip = load_as_double(a.data, a.dtype, offset(a, z, i, p));
-        for (int64_t j = 0; j < n; ++j) row[j] += aip * load_as_double(b.data, b.dtype, offset(b, z, p, j));
+        const double aip = load_as_double(a.data, a.dtype, element_offset(a, z, i, p));
+        for (int64_t j = 0; j < n; ++j) row[j] += aip * load_as_double(b.data, b.dtype, element_offset(b, z, p, j));
       }
       double* out = c_out + (z * m + i) * n;
       for (int64_t j = 0; j < n; ++j) {
         double v = alpha * row[j];
-        if (beta != 0.0) v += beta * load_as_double(c_in->data, c_in->dtype, offset(*c_in, z, i, j));
+        if (beta != 0.0) v += beta * load_as_double(c_in->data, c_in->dtype, element_offset(*c_in, z, i, j));
         out[j] = v;
       }
     }
 }
 
-}  // namespace optimized
+}  // namespace optimized::testing

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/test_util.h"
 #include "optimized/buffer.h"
 #include "optimized/core.h"
 
@@ -152,14 +153,10 @@ TEST(TensorView, StridedConstructorAndMatrix) {
 // Error helpers: the status is kInvalidArgument and the message starts with the argument's name.
 template <typename F>
 std::string invalid_message(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), Status::kInvalidArgument) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an Error (invalid argument)";
-  return "";
+  const testing::Caught c = testing::call(f);
+  EXPECT_TRUE(c.thrown) << "expected an Error (invalid argument)";
+  if (c.thrown) EXPECT_EQ(c.status, Status::kInvalidArgument) << c.message;
+  return c.message;
 }
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 

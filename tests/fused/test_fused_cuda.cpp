@@ -13,17 +13,8 @@
 
 #include "fused_test_util.h"
 
-#if OPTIMIZED_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
-
 namespace optimized::testing {
 namespace {
-
-#define SKIP_WITHOUT_CUDA()                                                                          \
-  do {                                                                                               \
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason(); \
-  } while (0)
 
 const std::vector<DType> kDtypes = {DType::kF32, DType::kF16, DType::kBF16};
 const std::vector<FusedVariant> kVariants = {FusedVariant::kCudaUnfused, FusedVariant::kCudaFusedStreaming,
@@ -45,30 +36,6 @@ bool case_aligned(const FusedCase& cs) {
   return (cs.offset * es) % 16 == 0 && ((cs.width + cs.pad) * es) % 16 == 0 &&
          ((cs.x_cols() + cs.pad) * es) % 16 == 0 && (cs.width * es) % 16 == 0;
 }
-
-// A CUDA stream of our own, non-blocking with respect to the legacy default stream, so that a
-// launcher that ignores ctx.cuda_stream races with the test's synchronization and is caught.
-class OwnStream {
- public:
-  OwnStream() {
-#if OPTIMIZED_WITH_CUDA
-    EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
-#endif
-  }
-  ~OwnStream() {
-#if OPTIMIZED_WITH_CUDA
-    if (stream_) cudaStreamDestroy(stream_);
-#endif
-  }
-  void* get() const { return stream_; }
-
- private:
-#if OPTIMIZED_WITH_CUDA
-  cudaStream_t stream_ = nullptr;
-#else
-  void* stream_ = nullptr;
-#endif
-};
 
 class CudaFused : public ::testing::TestWithParam<Param> {
  protected:
