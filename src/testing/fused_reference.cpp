@@ -69,11 +69,44 @@ class Reference {
     return m;
   }
 
-  static T sum(const std::vector<T>& v) {
-    T s = 0;
-    for (T e : v) s += e;
-    return s;
+  // Pairwise sums, as torch's reductions are tree-shaped: an error of ~u log2(n), not ~u n.
+  static T pairwise(const T* v, size_t n) {
+    if (n <= 8) {
+      T s = 0;
+      for (size_t i = 0; i < n; ++i) s += v[i];
+      return s;
+    }
+    const size_t half = n / 2;
+    return pairwise(v, half) + pairwise(v + half, n - half);
   }
+  static T sum(const std::vector<T>& v) { return pairwise(v.data(), v.size()); }
+  // sum over j of f(j), j < n.
+  template <typename F>
+  T sum_of(int64_t n, F f) {
+    terms_.resize(static_cast<size_t>(n));
+    for (int64_t j = 0; j < n; ++j) terms_[static_cast<size_t>(j)] = f(j);
+    return sum(terms_);
+  }
+
+  // Sums over rows (the parameter gradients), in blocks of kRowBlock rows: ~u (kRowBlock + rows /
+  // kRowBlock) of error rather than ~u rows.
+  static constexpr int64_t kRowBlock = 64;
+  struct RowSum {
+    std::vector<T> total, block;
+    explicit RowSum(int64_t n) : total(static_cast<size_t>(n), T(0)), block(static_cast<size_t>(n), T(0)) {}
+    void add(int64_t j, T v) { block[static_cast<size_t>(j)] += v; }
+    void end_row(int64_t r) {
+      if ((r + 1) % kRowBlock != 0) return;
+      flush();
+    }
+    std::vector<double> done() {
+      flush();
+      return std::vector<double>(total.begin(), total.end());
+    }
+    void flush() {
+      for (size_t j = 0; j < total.size(); ++j) total[j] += block[j], block[j] = T(0);
+    }
+  };
 
   T gelu(T z) const {
     if (p_.gelu == GeluApproximation::kTanh)
@@ -99,8 +132,7 @@ class Reference {
       load_row(p_.x, p_.ld_x, r, n, s);
       for (T& e : s) e *= scale;
       const T m = nan_max(s);
-      T total = 0;
-      for (T e : s) total += std::exp(e - m);  // a row of only -inf: -inf - -inf = NaN, as torch
+      const T total = sum_of(n, [&](int64_t j) { return std::exp(s[j] - m); });  // only -inf: NaN, as torch
       double* y = &out_.y[static_cast<size_t>(r * n)];
       const T lse = std::log(total);
       for (int64_t j = 0; j < n; ++j) y[j] = log ? (s[j] - m) - lse : std::exp(s[j] - m) / total;
@@ -121,26 +153,23 @@ class Reference {
         const T sdy = sum(dy);
         for (int64_t j = 0; j < n; ++j) dx[j] = scale * (dy[j] - std::exp(y[j]) * sdy);
       } else {
-        T dot = 0;
-        for (int64_t j = 0; j < n; ++j) dot += dy[j] * y[j];
+        const T dot = sum_of(n, [&](int64_t j) { return dy[j] * y[j]; });
         for (int64_t j = 0; j < n; ++j) dx[j] = scale * y[j] * (dy[j] - dot);
       }
     }
   }
 
   // The statistics of one row h: mean (layer_norm forms; 0 for rms_norm) and rstd.
-  void row_stats(const std::vector<T>& h, T& mean, T& rstd) const {
+  void row_stats(const std::vector<T>& h, T& mean, T& rstd) {
     const T n = static_cast<T>(h.size());
     const T eps = static_cast<T>(p_.eps);
     if (p_.is_layer_norm()) {
       mean = sum(h) / n;
-      T var = 0;
-      for (T e : h) var += (e - mean) * (e - mean);
+      const T var = sum_of(static_cast<int64_t>(h.size()), [&](int64_t j) { return (h[j] - mean) * (h[j] - mean); });
       rstd = T(1) / std::sqrt(var / n + eps);  // biased variance, as torch
     } else {
       mean = 0;
-      T ms = 0;
-      for (T e : h) ms += e * e;
+      const T ms = sum_of(static_cast<int64_t>(h.size()), [&](int64_t j) { return h[j] * h[j]; });
       rstd = T(1) / std::sqrt(ms / n + eps);
     }
   }
@@ -178,7 +207,7 @@ class Reference {
     const int64_t n = p_.width;
     const T dn = static_cast<T>(n);
     out_.dx.resize(static_cast<size_t>(p_.rows * n));
-    std::vector<T> dweight(static_cast<size_t>(n), T(0)), dbias(static_cast<size_t>(n), T(0));
+    RowSum dweight(n), dbias(n);
     if (p_.is_layer_norm()) out_.mean.resize(static_cast<size_t>(p_.rows));
     out_.rstd.resize(static_cast<size_t>(p_.rows));
     const std::vector<T> w = load_vector(p_.weight, n, T(1));
@@ -196,15 +225,12 @@ class Reference {
       }
       if (p_.is_layer_norm()) out_.mean[static_cast<size_t>(r)] = mean;
       out_.rstd[static_cast<size_t>(r)] = rstd;
-      T mean_g = 0, mean_gx = 0;
       for (int64_t j = 0; j < n; ++j) {
         xhat[j] = (h[j] - mean) * rstd;
         g[j] = dy[j] * w[j];
-        mean_g += g[j];
-        mean_gx += g[j] * xhat[j];
       }
-      mean_g /= dn;
-      mean_gx /= dn;
+      T mean_g = sum(g) / dn;
+      const T mean_gx = sum_of(n, [&](int64_t j) { return g[j] * xhat[j]; }) / dn;
       if (!p_.is_layer_norm()) mean_g = 0;  // rms_norm subtracts no mean
       if (p_.dresidual_out) load_row(p_.dresidual_out, p_.ld_dresidual_out, r, n, dres);
       double* dx = &out_.dx[static_cast<size_t>(r * n)];
@@ -212,18 +238,21 @@ class Reference {
         T v = rstd * (g[j] - mean_g - xhat[j] * mean_gx);
         if (p_.dresidual_out) v += dres[j];
         dx[j] = v;
-        dweight[j] += dy[j] * xhat[j];
-        dbias[j] += dy[j];
+        dweight.add(j, dy[j] * xhat[j]);
+        dbias.add(j, dy[j]);
       }
+      dweight.end_row(r);
+      dbias.end_row(r);
     }
-    out_.dweight.assign(dweight.begin(), dweight.end());
-    if (p_.is_layer_norm()) out_.dbias.assign(dbias.begin(), dbias.end());
+    out_.dweight = dweight.done();
+    if (p_.is_layer_norm()) out_.dbias = dbias.done();
   }
 
   void bias_gelu() {
     const int64_t n = p_.width;
     const std::vector<T> b = load_vector(p_.bias, n, T(0));
-    std::vector<T> x, dy, dbias(static_cast<size_t>(n), T(0));
+    std::vector<T> x, dy;
+    RowSum dbias(n);
     std::vector<double>& dst = p_.backward ? out_.dx : out_.y;
     dst.resize(static_cast<size_t>(p_.rows * n));
     for (int64_t r = 0; r < p_.rows; ++r) {
@@ -235,13 +264,14 @@ class Reference {
         if (p_.backward) {
           const T d = dy[j] * gelu_grad(z);
           o[j] = d;
-          dbias[j] += d;
+          dbias.add(j, d);
         } else {
           o[j] = gelu(z);
         }
       }
+      dbias.end_row(r);
     }
-    if (p_.backward) out_.dbias.assign(dbias.begin(), dbias.end());
+    if (p_.backward) out_.dbias = dbias.done();
   }
 
   void silu_and_mul() {
@@ -272,6 +302,7 @@ class Reference {
   const FusedParams& p_;
   Mode mode_;
   FusedReference out_;
+  std::vector<T> terms_;  // sum_of's scratch
 };
 
 }  // namespace

@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness.h"
+#include "harness/harness.h"
 
 namespace bench {
 

@@ -1,5 +1,5 @@
 // Statistics, the stopping rule and host-side timing of the benchmark harness (see harness.h).
-#include "harness.h"
+#include "harness/harness.h"
 
 #include <algorithm>
 #include <chrono>
@@ -69,6 +69,8 @@ bool should_stop(const std::vector<double>& samples_ms, double elapsed_s, const 
   const double rse = s.cv / std::sqrt(static_cast<double>(n));
   return rse < opt.target_rse;
 }
+
+int all_threads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
 int64_t host_llc_bytes() {
   static const int64_t bytes = [] {

@@ -1,8 +1,9 @@
-// The fused memory-bound benchmark (softmax, log_softmax, layer_norm, rms_norm, add + norm,
-// bias + GELU, SiLU-and-mul; forward and backward). For each (op, direction, dtype, shape) group:
-// allocate rotating operand sets, run every variant once through the public API on poisoned
-// outputs, validate against the float64 reference (src/fused/fused_reference.h), then time it
-// with the harness; next to the rows, in the same run: the unfused variant (the baseline of the
+// The fused plug-in of optimized-bench (`optimized-bench fused`, and the fused rows of `all`):
+// softmax, log_softmax, layer_norm, rms_norm, add + norm, bias + GELU, SiLU-and-mul; forward and
+// backward. For each (op, direction, dtype, shape) group: rotating operand sets, every variant run
+// once through the public API on poisoned outputs and checked with the fused rule against the
+// float64 and same-dtype references (optimized_ops_testing), then timed by the driver
+// (harness/driver.h); next to the rows, in the same run: the unfused variant (the baseline of the
 // CUDA rows) and a device copy that moves the same bytes (what launch and ramp-up cost at small
 // sizes). GB/s are counted from the MINIMUM bytes the op must move (fused_min_bytes), and the
 // roofline column is the fraction of the measured device copy bandwidth.
@@ -16,10 +17,10 @@
 #include <string_view>
 #include <vector>
 
-#include "harness.h"
+#include "harness/driver.h"
+#include "harness/harness.h"
 #include "optimized/core.h"
 #include "optimized/fused.h"
-#include "report.h"
 
 namespace bench {
 
@@ -89,16 +90,11 @@ struct FusedFilters {
 // std::invalid_argument / optimized::Error naming a bad name.
 std::vector<FusedBenchConfig> fused_configs(const FusedFilters& filters, bool quick, bool gpu);
 
-// Measurements the config will make (rows, baselines, copies), for the progress total.
-int count_fused_tasks(const FusedBenchConfig& config, bool gpu_available);
-
 // Notes every fused report carries: what GB/s, roofline and the same-size copy mean, and the byte
 // formula of each (op, direction) of the configs.
 std::vector<std::string> fused_notes(const std::vector<FusedBenchConfig>& configs);
 
-// Runs the config; appends rows to `results` (and notes). Rows that fail validation have status
-// "failed"; the caller turns that into the exit code.
-void run_fused_bench(const FusedBenchConfig& config, const std::vector<Ceiling>& ceilings,
-                     Progress& progress, std::vector<Result>& results, std::vector<std::string>& notes);
+// The config's groups, planned for a machine with or without a GPU.
+Groups fused_groups(const FusedBenchConfig& config, bool gpu_available);
 
 }  // namespace bench

@@ -10,8 +10,9 @@
 #include <vector>
 
 #include "baselines/cublas_gemm.h"
-#include "harness.h"
-#include "report.h"
+#include "harness/gpu_timer.h"
+#include "harness/harness.h"
+#include "harness/report.h"
 
 namespace bench {
 
@@ -34,5 +35,12 @@ struct CeilingPlan {
 // become a note, not an exception.
 std::vector<Ceiling> measure_ceilings(const CeilingPlan& plan, const MeasureOptions& opt,
                                       Progress& progress, std::vector<std::string>& notes);
+
+#if OPTIMIZED_WITH_CUDA
+// A device copy of `bytes` (half read, half written) on `stream`, rotating through enough buffer
+// pairs to cover 2x the L2, timed like the rows (memory-bound rows' "same-size copy": what launch
+// and ramp-up cost at their size).
+Stats measure_copy_of(double bytes, const MeasureOptions& opt, cudaStream_t stream);
+#endif
 
 }  // namespace bench

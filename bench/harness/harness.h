@@ -74,6 +74,9 @@ Stats measure_gpu(const std::function<void(int)>& run_once, void* stream, const 
 // `max_sets`, and never more than fit in `budget_bytes` (then 1 when even 2 do not fit).
 int rotating_set_count(int64_t set_bytes, int64_t cache_bytes, int64_t budget_bytes, int max_sets = 8);
 
+// All hardware threads (>= 1).
+int all_threads();
+
 // Short human form of a stats record: "1.234 [1.230-1.240]".
 std::string format_ms(const Stats& s);
 

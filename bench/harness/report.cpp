@@ -1,5 +1,5 @@
 // Tables and JSON of optimized-bench (see report.h).
-#include "report.h"
+#include "harness/report.h"
 
 #include <algorithm>
 #include <chrono>
@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "gemm/cpu/cpu_gemm.h"
-#include "gpu_timer.h"
+#include "harness/gpu_timer.h"
 
 namespace bench {
 

@@ -1,17 +1,19 @@
-// The GEMM benchmark: for each (shape, dtype, variant) allocate random operands (uniform [-1, 1],
-// fixed seed per rotating set), run the variant once through optimized::matmul, validate it with
-// optimized::check_gemm against float64, then time it with the harness next to the baseline of the
-// same dtype and shape measured in the same run (cuBLAS on the GPU, OpenBLAS sgemm on the CPU).
+// The GEMM plug-in of optimized-bench (`optimized-bench matmul`, and the GEMM rows of `all`): for
+// each (shape, dtype, device) a group of variants on random operands (uniform [-1, 1], a fixed seed
+// per rotating set), each run once through optimized::matmul and checked with check_gemm against
+// float64 (optimized_ops_testing), then timed by the driver (harness/driver.h) next to the baseline
+// of the same dtype and shape measured in the same run: cuBLAS on the GPU, OpenBLAS sgemm on the CPU.
+// flops = 2 M N K batch; min_bytes = (M K + K N + M N (x2 when beta != 0)) E batch.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "harness.h"
+#include "harness/driver.h"
+#include "harness/harness.h"
 #include "optimized/core.h"
 #include "optimized/gemm.h"
-#include "report.h"
 
 namespace bench {
 
@@ -38,12 +40,7 @@ struct GemmBenchConfig {
   MeasureOptions measure;
 };
 
-// Measurements the config will make (rows + baselines), for the progress total.
-int count_gemm_tasks(const GemmBenchConfig& config, bool gpu_available);
-
-// Runs the config; appends rows to `results` (and notes). Rows that fail validation have status
-// "failed"; the caller turns that into the exit code.
-void run_gemm_bench(const GemmBenchConfig& config, const std::vector<Ceiling>& ceilings,
-                    Progress& progress, std::vector<Result>& results, std::vector<std::string>& notes);
+// The config's groups, planned for a machine with or without a GPU.
+Groups gemm_groups(const GemmBenchConfig& config, bool gpu_available);
 
 }  // namespace bench

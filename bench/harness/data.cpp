@@ -1,8 +1,10 @@
-#include "data.h"
+#include "harness/data.h"
 
 #include <cstring>
 #include <stdexcept>
 #include <string>
+
+#include "harness/gpu_timer.h"
 
 namespace bench {
 
@@ -67,6 +69,40 @@ optimized::Buffer random_buffer(optimized::DType dtype, int64_t count, optimized
   buffer.copy_from_host(host.data());
   if (host_copy) *host_copy = std::move(host);
   return buffer;
+}
+
+std::vector<uint8_t> read_rows(const optimized::Buffer& b, const std::vector<int64_t>& rows, bool contiguous,
+                               int64_t cols, int64_t ld, size_t es) {
+  std::vector<uint8_t> out(rows.size() * static_cast<size_t>(cols) * es);
+  const size_t row_bytes = static_cast<size_t>(cols) * es, pitch = static_cast<size_t>(ld) * es;
+  const auto* base = static_cast<const uint8_t*>(b.data());
+  if (!b.device().is_cuda()) {
+    for (size_t i = 0; i < rows.size(); ++i)
+      std::memcpy(out.data() + i * row_bytes, base + static_cast<size_t>(rows[i]) * pitch, row_bytes);
+    return out;
+  }
+#if OPTIMIZED_WITH_CUDA
+  if (contiguous && !rows.empty()) {
+    check_cuda(cudaMemcpy2D(out.data(), row_bytes, base + static_cast<size_t>(rows.front()) * pitch, pitch, row_bytes,
+                            rows.size(), cudaMemcpyDeviceToHost),
+               "cudaMemcpy2D (reading outputs back)");
+  } else {
+    for (size_t i = 0; i < rows.size(); ++i)
+      check_cuda(cudaMemcpy(out.data() + i * row_bytes, base + static_cast<size_t>(rows[i]) * pitch, row_bytes,
+                            cudaMemcpyDeviceToHost),
+                 "cudaMemcpy (reading outputs back)");
+  }
+#else
+  (void)contiguous;
+  throw std::runtime_error("read_rows: device buffer in a build without CUDA");
+#endif
+  return out;
+}
+
+std::vector<uint8_t> read_all(const optimized::Buffer& b) {
+  std::vector<uint8_t> out(b.bytes());
+  b.copy_to_host(out.data());
+  return out;
 }
 
 }  // namespace bench

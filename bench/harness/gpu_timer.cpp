@@ -1,6 +1,6 @@
 // GPU side of the harness (see gpu_timer.h and harness.h): CUDA-event timing of samples with an
 // L2 flush enqueued before each one, outside the timed region.
-#include "gpu_timer.h"
+#include "harness/gpu_timer.h"
 
 #include <algorithm>
 #include <cctype>
@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "harness.h"
+#include "harness/harness.h"
 #include "optimized/core.h"
 
 namespace bench {

@@ -1,5 +1,5 @@
 // Machine ceilings (see ceilings.h).
-#include "ceilings.h"
+#include "harness/ceilings.h"
 
 #include <algorithm>
 #include <cstring>
@@ -9,8 +9,8 @@
 #include <omp.h>
 
 #include "baselines/openblas_gemm.h"
-#include "data.h"
-#include "gpu_timer.h"
+#include "harness/data.h"
+#include "harness/gpu_timer.h"
 #include "optimized/buffer.h"
 #include "optimized/core.h"
 
@@ -21,8 +21,6 @@ namespace {
 std::string cube_label(int64_t s) {
   return std::to_string(s) + "x" + std::to_string(s) + "x" + std::to_string(s);
 }
-
-int all_threads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
 #if OPTIMIZED_WITH_CUDA
 Ceiling device_copy(int64_t bytes, const MeasureOptions& opt) {
@@ -52,6 +50,34 @@ Ceiling device_copy(int64_t bytes, const MeasureOptions& opt) {
   c.value = 2.0 * bytes / (s.median * 1e-3) / 1e9;
   return c;
 }
+
+}  // namespace
+
+Stats measure_copy_of(double bytes, const MeasureOptions& opt, cudaStream_t st) {
+  const int64_t half = std::max<int64_t>(static_cast<int64_t>(bytes / 2) & ~int64_t{15}, 16);
+  size_t free_b = 0, total_b = 0;
+  check_cuda(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  int l2 = 0;
+  check_cuda(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0), "cudaDeviceGetAttribute");
+  const int npairs = rotating_set_count(2 * half, l2, static_cast<int64_t>(free_b / 2));
+  std::vector<optimized::Buffer> src, dst;
+  for (int i = 0; i < npairs; ++i) {
+    src.emplace_back(optimized::DType::kF32, (half + 3) / 4, optimized::Device::cuda());
+    dst.emplace_back(optimized::DType::kF32, (half + 3) / 4, optimized::Device::cuda());
+    src.back().fill_bytes(0x3C);
+    dst.back().fill_bytes(0);
+  }
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  return measure_gpu(
+      [&](int i) {
+        const size_t k = static_cast<size_t>(i % npairs);
+        check_cuda(cudaMemcpyAsync(dst[k].data(), src[k].data(), static_cast<size_t>(half), cudaMemcpyDeviceToDevice, st),
+                   "cudaMemcpyAsync (same-size copy)");
+      },
+      st, opt);
+}
+
+namespace {
 
 Ceiling cublas_rate(CublasMode mode, int64_t size, const MeasureOptions& opt) {
   const optimized::DType dtype = cublas_mode_dtype(mode);

@@ -1,5 +1,5 @@
-// Benchmark input data: fixed-seed uniform [-1, 1] values (never all zeros) in any float dtype,
-// and device buffers filled with them.
+// Benchmark data: fixed-seed uniform [-1, 1] values (never all zeros) in any float dtype, device
+// buffers filled with them, and results read back to the host.
 #pragma once
 
 #include <cstdint>
@@ -19,5 +19,12 @@ void fill_random(void* host, optimized::DType dtype, int64_t count, uint64_t see
 // data is moved there.
 optimized::Buffer random_buffer(optimized::DType dtype, int64_t count, optimized::Device device,
                                 uint64_t seed, std::vector<uint8_t>* host_copy = nullptr);
+
+// Reading results back to the host: rows `rows` (ascending) of a (.., cols) output whose rows are
+// `ld` elements apart, packed (rows.size(), cols); `contiguous`: the rows are one run (one 2-D copy
+// from a device); and a whole buffer.
+std::vector<uint8_t> read_rows(const optimized::Buffer& b, const std::vector<int64_t>& rows, bool contiguous,
+                               int64_t cols, int64_t ld, size_t elem_size);
+std::vector<uint8_t> read_all(const optimized::Buffer& b);
 
 }  // namespace bench
