@@ -55,33 +55,18 @@ std::string FusedShape::label() const {
 }
 
 FusedShape parse_fused_shape(const std::string& text) {
-  auto fail = [&]() -> FusedShape {
-    throw std::invalid_argument("--shapes: expected ROWSxWIDTH or ROWSxWIDTH:LD (LD >= WIDTH) with positive "
-                                "integers; given '" + text + "'");
-  };
-  auto number = [&](const std::string& part) -> int64_t {
-    size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(part, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (part.empty() || used != part.size() || v < 1) fail();
-    return v;
-  };
-  const size_t x = text.find_first_of("xX");
-  if (x == std::string::npos) return fail();
-  const size_t colon = text.find(':', x);
+  const size_t x = text.find_first_of("xX"), colon = text.find(':');
+  const std::vector<int64_t> parts = parse_sizes(text, "xX:");
+  const bool colon_after_x = colon == std::string::npos || (x != std::string::npos && colon > x);
   FusedShape s;
-  s.rows = number(text.substr(0, x));
-  s.width = number(text.substr(x + 1, colon == std::string::npos ? std::string::npos : colon - x - 1));
-  if (colon != std::string::npos) {
-    s.ld = number(text.substr(colon + 1));
-    if (s.ld < s.width) return fail();
-    if (s.ld == s.width) s.ld = 0;
+  if (colon_after_x && parts.size() == (colon == std::string::npos ? 2u : 3u)) {
+    s.rows = parts[0];
+    s.width = parts[1];
+    s.ld = parts.size() == 3 && parts[2] != s.width ? parts[2] : 0;
+    if (parts.size() < 3 || parts[2] >= s.width) return s;
   }
-  return s;
+  throw std::invalid_argument("--shapes: expected ROWSxWIDTH or ROWSxWIDTH:LD (LD >= WIDTH) with positive integers; "
+                              "given '" + text + "'");
 }
 
 std::string_view fused_direction_name(FusedDirection d) { return d == FusedDirection::kForward ? "fwd" : "bwd"; }

@@ -36,25 +36,7 @@ std::string GemmShape::label() const {
 }
 
 GemmShape parse_gemm_shape(const std::string& text) {
-  std::vector<int64_t> parts;
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    size_t next = text.find_first_of("xX", pos);
-    if (next == std::string::npos) next = text.size();
-    const std::string part = text.substr(pos, next - pos);
-    size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(part, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (part.empty() || used != part.size() || v < 1)
-      throw std::invalid_argument("--size: expected N, MxNxK or BxMxNxK with positive integers; given '" +
-                                  text + "'");
-    parts.push_back(v);
-    pos = next + 1;
-  }
+  const std::vector<int64_t> parts = parse_sizes(text, "xX");
   GemmShape s;
   if (parts.size() == 1) {
     s.m = s.n = s.k = parts[0];
@@ -63,7 +45,7 @@ GemmShape parse_gemm_shape(const std::string& text) {
   } else if (parts.size() == 4) {
     s.batch = parts[0], s.m = parts[1], s.n = parts[2], s.k = parts[3];
   } else {
-    throw std::invalid_argument("--size: expected N, MxNxK or BxMxNxK; given '" + text + "'");
+    throw std::invalid_argument("--size: expected N, MxNxK or BxMxNxK with positive integers; given '" + text + "'");
   }
   return s;
 }

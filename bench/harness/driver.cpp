@@ -63,6 +63,26 @@ std::vector<std::string> split_commas(const std::vector<std::string>& items) {
   return out;
 }
 
+std::vector<int64_t> parse_sizes(const std::string& text, const std::string& separators) {
+  std::vector<int64_t> out;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t next = std::min(text.find_first_of(separators, pos), text.size());
+    const std::string part = text.substr(pos, next - pos);
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(part, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (part.empty() || used != part.size() || v < 1) return {};
+    out.push_back(v);
+    pos = next + 1;
+  }
+  return out;
+}
+
 std::vector<optimized::DType> parse_float_dtypes(const std::vector<std::string>& items, const std::string& what) {
   using optimized::DType;
   std::vector<DType> out;

@@ -108,6 +108,9 @@ std::string failure_reason(const optimized::testing::CheckResult& c);
 Validation to_validation(const optimized::testing::CheckResult& c);
 // Items split at commas, empty ones dropped: {"a,b", "c"} -> {"a", "b", "c"}.
 std::vector<std::string> split_commas(const std::vector<std::string>& items);
+// The positive integers of `text` separated by any of `separators` ("4097x4095x4093" with "xX":
+// {4097, 4095, 4093}); empty when a part is not a positive integer.
+std::vector<int64_t> parse_sizes(const std::string& text, const std::string& separators);
 // Float dtypes of a --dtype(s) list (fp32, fp16, bf16), in order, once each; `what` names the
 // option and the op in the error: "--dtype: matmul takes fp32, fp16 or bf16; given 'fp8'".
 std::vector<optimized::DType> parse_float_dtypes(const std::vector<std::string>& items, const std::string& what);

@@ -95,7 +95,6 @@ FlushBuffer& flush_buffer() {
 }
 }  // namespace
 
-int64_t l2_flush_bytes() { return static_cast<int64_t>(flush_buffer().bytes); }
 
 void flush_l2(cudaStream_t stream) {
   FlushBuffer& f = flush_buffer();

@@ -50,8 +50,6 @@ class CudaStream {
 // Enqueue a write of 2x the L2 size on `stream` (a cudaMemsetAsync with a changing value), so
 // the next kernel finds none of its inputs in L2. The buffer is allocated once per process.
 void flush_l2(cudaStream_t stream);
-// Bytes of the flush buffer (2x L2).
-int64_t l2_flush_bytes();
 
 #endif
 

@@ -408,10 +408,4 @@ void Progress::finish() {
   std::fflush(stderr);
 }
 
-void Progress::message(const std::string& text) {
-  finish();
-  std::fprintf(stderr, "%s\n", text.c_str());
-  std::fflush(stderr);
-}
-
 }  // namespace bench

@@ -141,10 +141,8 @@ class Progress {
  public:
   explicit Progress(int total = 0);
   void set_total(int total) { total_ = total; }
-  void add_total(int more) { total_ += more; }
   void step(const std::string& what);
   void finish();  // ends the in-place line
-  void message(const std::string& text);  // a line of its own (clears an in-place line first)
 
  private:
   int total_ = 0;

@@ -16,7 +16,6 @@
 // while here the same-dtype reference reads the very statistics the library reads).
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -28,9 +27,6 @@
 namespace optimized::testing {
 
 enum class FusedOutput : uint8_t { kY, kResidualOut, kMean, kRstd, kDx, kDweight, kDbias };
-inline constexpr std::array<FusedOutput, 7> kFusedOutputs = {
-    FusedOutput::kY, FusedOutput::kResidualOut, FusedOutput::kMean, FusedOutput::kRstd,
-    FusedOutput::kDx, FusedOutput::kDweight, FusedOutput::kDbias};
 
 std::string_view fused_output_name(FusedOutput o);
 std::vector<double>& field(FusedReference& r, FusedOutput o);

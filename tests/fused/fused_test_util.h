@@ -633,7 +633,6 @@ inline void expect_in_place_ok(FusedCase cs) {
 struct Size {
   int64_t rows, width;
 };
-inline std::string size_label(const Size& s) { return std::to_string(s.rows) + "x" + std::to_string(s.width); }
 
 // Widths 1, 2, 3, primes and non-multiples of every tile; rows 1, 3, 17, 1000, 4097.
 inline std::vector<Size> odd_sizes() {

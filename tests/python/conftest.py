@@ -76,28 +76,6 @@ def gemm_error_ratio(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> flo
     return ratio.max().item() if ratio.numel() else 0.0
 
 
-def assert_parity(ours: torch.Tensor, theirs: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, n: int,
-                  what: str, terms: float = 0.0, acc_unit: float | None = None) -> None:
-    """The reduction rule (the fused family; flash-attention's, src/testing/tolerance.h): ours and
-    theirs (torch in the same dtype) against ref (float64), the whole tensor as one unit:
-        max |ours - ref| <= 2 * max |theirs - ref| + (2 u + 16 sqrt(n) u_acc) * scale + floor
-    scale = max(max |ref|, terms): `terms`, the magnitude of what was summed, where a result cancels
-    far below it; u_acc: float32's unit (float64's for float64) unless `acc_unit` says otherwise."""
-    assert ours.shape == ref.shape, f"{what}: shape {tuple(ours.shape)} != {tuple(ref.shape)}"
-    assert ours.dtype == dtype, f"{what}: dtype {ours.dtype} != {dtype}"
-    if ref.numel() == 0:
-        return
-    ours64, theirs64, ref64 = (t.detach().double().cpu() for t in (ours, theirs, ref))
-    assert torch.isfinite(ours64).all(), f"{what}: non-finite values {ours64[~torch.isfinite(ours64)][:5].tolist()}"
-    scale = max(ref64.abs().max().item(), terms)
-    u_acc = accumulation_unit(dtype) if acc_unit is None else acc_unit
-    err = (ours64 - ref64).abs().max().item()
-    err_torch = (theirs64 - ref64).abs().max().item()
-    allowed = reduction_allowed_error(dtype, n, err_torch, scale, u_acc)
-    assert err <= allowed, (f"{what}: max error {err:.3g} vs torch's {err_torch:.3g} (allowed {allowed:.3g}; "
-                            f"scale {scale:.3g})")
-
-
 def pytest_report_header(config):
     return [f"optimized_ops library: {optimized_ops.library_path()}",
             f"torch {torch.__version__}; CUDA tests: {'run' if not CUDA_REASON else 'skipped: ' + CUDA_REASON}",
