@@ -35,7 +35,7 @@ max|ours - ref| must be <= 2 x max|torch_eager - ref| + (2u + 16 sqrt(n) 2^-24) 
 (u: the dtype's unit roundoff; n: the row width, the rows for weight and bias gradients).
 torch_compile is checked the same way; a baseline that fails is noted, not dropped.
 
-GB/s counts the minimum bytes (the byte model of the C++ benchmark, bench/fused_bench.cpp: each input
+GB/s counts the minimum bytes (the byte model of the C++ benchmark, bench/fused/fused_bench.cpp: each input
 read once, each output written once, statistics fp32; fwd+bwd = fwd + bwd); roofline = the fraction
 of torch's device copy bandwidth measured in this run; copy_same_size = a copy_ of the same bytes,
 timed the same way; vs baseline = torch.compile's time over ours.
@@ -68,7 +68,7 @@ DEFAULT_SHAPES = {
 QUICK_SHAPES = {"cuda": {"bf16": ["4096x4096", "16384x8192"]}, "cpu": {"fp32": ["256x1024"]}}
 
 
-# ---- the byte model (bench/fused_bench.cpp: rows, vector and statistics units) -----------------
+# ---- the byte model (bench/fused/fused_bench.cpp: rows, vector and statistics units) -----------------
 
 BYTE_MODEL = {  # (op, direction): (R*W*E units, W*E units, 4*R units, what)
     ("softmax", "fwd"): (2, 0, 0, "read x; write y"),
