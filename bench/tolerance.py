@@ -6,9 +6,9 @@ family, for pytest (tests/python/conftest.py re-exports them) and the Python ben
         magnitude = |alpha| * sum_k |a_ik b_kj| + |beta * c0_ij|
 
     reductions and element-wise ops (the fused family; design.md: flash-attention's rule), per unit:
-        max |out - ref| <= 2 * max |same - ref| + (2 * u_out + 16 * sqrt(n) * u_acc) * scale + floor_out
+        max |out - ref| <= 2 * max |same - ref| + 2 * u_out * max |ref| + 16 * sqrt(n) * u_acc * scale + floor_out
         same: the same computation in the output's dtype (torch in that dtype, in Python);
-        n: the reduction length; scale: max(max |ref|, the magnitude of the terms summed)
+        n: the reduction length; scale: max(max |ref|, terms), terms the magnitude of what was summed
 
 tests/common/tolerance_vectors.txt holds both rules on fixed numbers with the bounds they give; the
 C++ test (tests/core/test_tolerance.cpp) and pytest (tests/python/test_tolerance.py) each recompute
@@ -49,8 +49,9 @@ def gemm_allowed_error(dtype, k: int, ref, magnitude):
     return UNIT_ROUNDOFF[d] * abs(ref) + HALF_SUBNORMAL_STEP[d] + acc * magnitude
 
 
-def reduction_allowed_error(dtype, n: int, same_error: float, scale: float, u_acc: float) -> float:
-    """The allowed max error of one unit under the reduction rule."""
+def reduction_allowed_error(dtype, n: int, same_error: float, max_ref: float, terms: float, u_acc: float) -> float:
+    """The allowed max error of one unit under the reduction rule (terms 0: none)."""
     d = dtype_name(dtype)
-    noise = 2.0 * UNIT_ROUNDOFF[d] + 16.0 * math.sqrt(n) * u_acc
-    return 2.0 * same_error + noise * scale + REDUCTION_FLOOR[d]
+    scale = max(max_ref, terms)
+    return (2.0 * same_error + 2.0 * UNIT_ROUNDOFF[d] * max_ref + 16.0 * math.sqrt(n) * u_acc * scale
+            + REDUCTION_FLOOR[d])

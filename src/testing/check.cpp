@@ -41,8 +41,9 @@ void check_reduction_unit(const ReductionRule& rule, const double* got, const do
     const double s = round_to(rule.out, same[i]);
     if (std::isfinite(s)) same_error = std::max(same_error, std::fabs(s - ref[i]));
   }
-  const double scale = std::max(max_ref, std::isfinite(terms) ? terms : 0.0);
-  const double allowed = reduction_allowed_error(rule.out, rule.n, same_error, scale, rule.u_acc);
+  const double t = std::isfinite(terms) ? terms : 0.0;
+  const double allowed = reduction_allowed_error(rule.out, rule.n, same_error, max_ref, t, rule.u_acc);
+  const double scale = std::max(max_ref, t);
   CheckResult r;
   for (int64_t i = 0; i < count; ++i) {
     double ratio = 0;

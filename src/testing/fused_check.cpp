@@ -94,11 +94,16 @@ FusedReference terms_of(const FusedParams& p, const FusedReference& ref) {
       return h;
     };
     if (!p.backward && layer) {
+      double max_w = p.weight ? 0.0 : 1.0;
+      for (int64_t j = 0; p.weight && j < W; ++j) max_w = std::max(max_w, fin(load(p.weight, p.dtype, j)));
       t.mean.resize(static_cast<size_t>(R));
+      t.y.resize(static_cast<size_t>(R));
       for (int64_t r = 0; r < R; ++r) {
         double s = 0;
         for (int64_t j = 0; j < W; ++j) s += fin(h_at(r, j));
-        t.mean[static_cast<size_t>(r)] = W > 0 ? s / static_cast<double>(W) : 0.0;
+        const double mean_abs = W > 0 ? s / static_cast<double>(W) : 0.0;
+        t.mean[static_cast<size_t>(r)] = mean_abs;
+        t.y[static_cast<size_t>(r)] = mean_abs * fin(ref.rstd[static_cast<size_t>(r)]) * max_w;
       }
     }
     if (p.backward) {

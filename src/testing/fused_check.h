@@ -8,10 +8,11 @@
 // element-wise ones (bias_gelu, silu_and_mul, residual_out). u_acc: fp32's unit, fp64's for fp64
 // except the norms' backward, which reads fp32 statistics whatever the dtype.
 // The terms (the magnitude of what was summed, where a result can cancel far below its terms):
+//   layer_norm y  mean |h| rstd max |w|  (h - mean cancels when the row's mean is far from 0)
 //   softmax bwd   2 |scale| max y max |dy|;  log_softmax bwd  |scale| (max |dy| + max e^y sum |dy|)
 //   norm bwd dx   3 rstd max |dy w| + max |dresidual_out|
 //   dweight       3 sum_rows |dy xhat|;  mean  mean |h| (per row)
-// (tests/python/test_fused.py's _softmax_terms and _norm_terms; there the norms' terms take
+// (the backward ones as tests/python/test_fused.py's _softmax_terms and _norm_terms; there the norms' terms take
 // |h| rstd for |xhat|, at least 1, as torch's backward reads torch's statistics and ours ours,
 // while here the same-dtype reference reads the very statistics the library reads).
 #pragma once

@@ -47,9 +47,10 @@ double gemm_allowed_error(DType out, int64_t k, double ref, double magnitude) {
   return unit_roundoff(out) * std::fabs(ref) + half_subnormal_step(out) + acc * magnitude;
 }
 
-double reduction_allowed_error(DType out, int64_t n, double same_error, double scale, double u_acc) {
-  const double noise = 2.0 * unit_roundoff(out) + 16.0 * std::sqrt(static_cast<double>(n)) * u_acc;
-  return 2.0 * same_error + noise * scale + reduction_floor(out);
+double reduction_allowed_error(DType out, int64_t n, double same_error, double max_ref, double terms, double u_acc) {
+  const double scale = std::max(max_ref, terms);
+  return 2.0 * same_error + 2.0 * unit_roundoff(out) * max_ref + 16.0 * std::sqrt(static_cast<double>(n)) * u_acc * scale +
+         reduction_floor(out);
 }
 
 }  // namespace optimized::testing

@@ -10,14 +10,15 @@
 //
 // Reductions and element-wise ops (the fused family; design.md: flash-attention's rule), per
 // checked unit -- a row of a row output, the whole of a statistic or a parameter gradient:
-//   max |out - ref| <= 2 * max |same - ref| + (2 * u_out + 16 * sqrt(n) * u_acc) * scale + floor_out
+//   max |out - ref| <= 2 * max |same - ref| + 2 * u_out * max |ref| + 16 * sqrt(n) * u_acc * scale + floor_out
 //   same   the same-dtype reference: the op computed the plain way in the dtype's working
 //          precision (fp32 math for fp32 / fp16 / bf16, fp64 for fp64), rounded to the output
 //          dtype -- what torch in that dtype gets (fused_reference.h)
 //   n      the length of the reduction behind an element (the row width; the rows for a
 //          parameter gradient; 1 for element-wise ops)
 //   scale  max(max |ref|, the magnitude of the terms summed into the unit), so that a result that
-//          cancels to far less than its terms is held to the rounding of those terms
+//          cancels to far less than its terms is held to the fp32 rounding of those terms (the
+//          output's own rounding, 2 u_out, is relative to the output)
 // NaN must be where the reference has NaN, and an infinite reference matched exactly.
 #pragma once
 
@@ -43,9 +44,10 @@ double round_to(DType dtype, double v);
 // GEMM: the allowed error of one element of C (above). out: C's dtype.
 double gemm_allowed_error(DType out, int64_t k, double ref, double magnitude);
 
-// Reductions: the allowed max error of one unit (above). same_error = max |same - ref| over the
-// unit's finite reference values; u_acc: accumulation_unit(), or 2^-24 where the op reads fp32
-// statistics (the norms' backward) whatever the dtype.
-double reduction_allowed_error(DType out, int64_t n, double same_error, double scale, double u_acc);
+// Reductions: the allowed max error of one unit (above). same_error = max |same - ref| and max_ref =
+// max |ref| over the unit's finite reference values; terms: the magnitude of what was summed (0:
+// none); u_acc: accumulation_unit(), or 2^-24 where the op reads fp32 statistics (the norms'
+// backward) whatever the dtype.
+double reduction_allowed_error(DType out, int64_t n, double same_error, double max_ref, double terms, double u_acc);
 
 }  // namespace optimized::testing

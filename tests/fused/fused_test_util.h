@@ -14,7 +14,7 @@
 // The fused family's one rule, from optimized_ops_testing (src/testing/tolerance.h, applied by
 // src/testing/fused_check.h), per row of a row output and per statistic / parameter gradient:
 //
-//     max |out - ref| <= 2 * max |same - ref| + (2 * u_out + 16 * sqrt(n) * u_acc) * scale + floor
+//     max |out - ref| <= 2 * max |same - ref| + 2 * u_out * max |ref| + 16 * sqrt(n) * u_acc * scale + floor
 //
 // ref the float64 reference, same the same-dtype reference (the op computed the plain way in the
 // dtype's working precision, as torch in that dtype does), n the reduction length, scale the
