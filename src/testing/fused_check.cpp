@@ -174,6 +174,11 @@ CheckResult check_fused_output(const FusedParams& p, const FusedExpected& e, Fus
                            },
                            r);
     }
+  } else if (o == FusedOutput::kMean || o == FusedOutput::kRstd) {  // one unit per row's statistic
+    for (size_t i = 0; i < ref.size(); ++i)
+      check_reduction_unit(rule, &got[i], &ref[i], &same[i], 1, terms.empty() ? 0.0 : terms[i],
+                           [&](int64_t) { return name + "[" + std::to_string(first_row + static_cast<int64_t>(i)) + "]"; },
+                           r);
   } else {
     double t = 0;
     for (double v : terms) t = std::max(t, v);

@@ -2,8 +2,8 @@
 // the one oracle of the C++ tests and of the benchmark's validation (pytest applies the same rule
 // with torch in the same dtype as the same-dtype reference: tests/python/conftest.py).
 //
-// Units: a row of a row output (y, residual_out, dx), one rule per row; the whole of a statistic
-// (mean, rstd: fp32, n = width) or of a parameter gradient (dweight, dbias: n = rows).
+// Units: a row of a row output (y, residual_out, dx), one rule per row; each row's statistic (mean,
+// rstd: fp32, n = width); the whole of a parameter gradient (dweight, dbias: n = rows).
 // n: the row width for the row-reducing ops (softmax, log_softmax, the norms), 1 for the
 // element-wise ones (bias_gelu, silu_and_mul, residual_out). u_acc: fp32's unit, fp64's for fp64
 // except the norms' backward, which reads fp32 statistics whatever the dtype.
@@ -51,8 +51,8 @@ FusedExpected fused_expected(const FusedParams& p);
 // reference, same-dtype values and terms are all sums over rows.
 void add_parameter_gradients(FusedExpected& total, const FusedExpected& chunk);
 
-// Output o of the call against `e`: got in the order of field(e.ref, o). Row outputs may hold any
-// run of whole rows of e; first_row names them in the first failure ("y[4096, 17]").
+// Output o of the call against `e`: got in the order of field(e.ref, o). Row outputs and statistics
+// may hold any run of whole rows of e; first_row names them in the first failure ("y[4096, 17]").
 CheckResult check_fused_output(const FusedParams& p, const FusedExpected& e, FusedOutput o,
                                const std::vector<double>& got, int64_t first_row = 0);
 

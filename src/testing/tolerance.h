@@ -9,7 +9,7 @@
 //   statistical bound, far below what a wrong index or a dropped tile produces).
 //
 // Reductions and element-wise ops (the fused family; design.md: flash-attention's rule), per
-// checked unit -- a row of a row output, the whole of a statistic or a parameter gradient:
+// checked unit -- a row of a row output, one row's statistic, the whole of a parameter gradient:
 //   max |out - ref| <= 2 * max |same - ref| + 2 * u_out * max |ref| + 16 * sqrt(n) * u_acc * scale + floor_out
 //   same   the same-dtype reference: the op computed the plain way in the dtype's working
 //          precision (fp32 math for fp32 / fp16 / bf16, fp64 for fp64), rounded to the output
