@@ -6,13 +6,13 @@
 // own host buffer: the view's elements hold fresh random values drawn for the op (seeded from the
 // test's name, so a failure reproduces), everything else (row padding, the offset before the view
 // and a guard zone after it) is NaN. Outputs are NaN everywhere. run_fused() calls the public API
-// (on copies, or on device copies for CUDA) and check_fused() compares every output element with
-// the float64 reference (fused_reference_f64), checks that no byte outside an output's view
-// changed and that no input changed at all.
+// (on copies, or on device copies for CUDA: run_on_cuda of tests/common) and check_fused() holds
+// every output element to the float64 reference with the rule below, checks that no byte outside
+// an output's view changed and that no input changed at all.
 //
 // ---- The tolerance rule -----------------------------------------------------------------------
 // The fused family's one rule, from optimized_ops_testing (src/testing/tolerance.h, applied by
-// src/testing/fused_check.h), per row of a row output and per statistic / parameter gradient:
+// src/testing/fused_check.h), per row of a row output, per row's statistic, per parameter gradient:
 //
 //     max |out - ref| <= 2 * max |same - ref| + 2 * u_out * max |ref| + 16 * sqrt(n) * u_acc * scale + floor
 //
