@@ -6,8 +6,9 @@ torch.compile of the same torch expression, forward, backward and forward+backwa
         [--dtypes bf16,fp16,fp32] [--shapes 16384x8192,4097x4099] [--variants auto|all|NAME,...]
         [--directions fwd,bwd,fwd+bwd] [--gelu none|tanh] [--no-compile] [--quick] [--out bench/results]
 
-is `python bench/benchmark_all.py --ops fused ...` (benchmark_all.py holds the harness: statistics,
-stopping rule, cold-cache timing with CUDA events, rotating inputs, ceilings, output files).
+is `python bench/benchmark_all.py --ops fused ...`: the fused family of the Python runner (bench/runner.py
+holds the harness: statistics, stopping rule, cold-cache timing with CUDA events, rotating inputs,
+ceilings, output files, and the registry this module adds itself to).
 
 What is compared, per (op, dtype, shape ROWSxWIDTH; silu_and_mul's WIDTH is d, its x is R x 2d):
   ours           optimized_ops.<op>(..., variant=V), V = auto (default) or each rung (--variants all)
@@ -27,13 +28,14 @@ Directions (inputs require grad in all three, as in training):
 Every gradient is taken (input, residual, weight, bias); the add forms receive a cotangent for both
 y and residual_out.
 
-Validation (before any timing; design.md's rule): every implementation's outputs and gradients on
-input set 0 against float64 (the torch expression on float64 copies, in row chunks on the device;
-weight/bias gradients summed over the chunks); per tensor, max|ours - ref| must be <= 2 x
-max|torch_eager - ref| + u * max|ref| (u: the dtype's unit roundoff; rounding noise). torch_compile
-is checked the same way; a baseline that fails is noted, not dropped.
+Validation (before any timing; the fused rule of src/testing/tolerance.h, mirrored in bench/tolerance.py):
+every implementation's outputs and gradients on input set 0 against float64 (the torch expression on
+float64 copies, in row chunks on the device; weight/bias gradients summed over the chunks); per tensor,
+max|ours - ref| must be <= 2 x max|torch_eager - ref| + (2u + 16 sqrt(n) 2^-24) max|ref| + floor
+(u: the dtype's unit roundoff; n: the row width, the rows for weight and bias gradients).
+torch_compile is checked the same way; a baseline that fails is noted, not dropped.
 
-GB/s counts the minimum bytes (the byte model of the C++ benchmark, bench/fused_bench.cpp: each input
+GB/s counts the minimum bytes (the byte model of the C++ benchmark, bench/fused/fused_bench.cpp: each input
 read once, each output written once, statistics fp32; fwd+bwd = fwd + bwd); roofline = the fraction
 of torch's device copy bandwidth measured in this run; copy_same_size = a copy_ of the same bytes,
 timed the same way; vs baseline = torch.compile's time over ours.
@@ -48,6 +50,10 @@ import sys
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import runner  # noqa: E402
+from tolerance import reduction_allowed_error  # noqa: E402
+
 FUSED_OPS = ["softmax", "log_softmax", "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "bias_gelu",
              "silu_and_mul"]
 DIRECTIONS = ["fwd", "bwd", "fwd+bwd"]
@@ -60,10 +66,9 @@ DEFAULT_SHAPES = {
     "cpu": {"fp32": ["256x1024", "1024x4096"]},
 }
 QUICK_SHAPES = {"cuda": {"bf16": ["4096x4096", "16384x8192"]}, "cpu": {"fp32": ["256x1024"]}}
-UNIT_ROUNDOFF = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
 
 
-# ---- the byte model (bench/fused_bench.cpp: rows, vector and statistics units) -----------------
+# ---- the byte model (bench/fused/fused_bench.cpp: rows, vector and statistics units) -----------------
 
 BYTE_MODEL = {  # (op, direction): (R*W*E units, W*E units, 4*R units, what)
     ("softmax", "fwd"): (2, 0, 0, "read x; write y"),
@@ -247,7 +252,8 @@ def reference_and_check(spec, s0, impls, dname, device, log):
             if n not in spec.rows_inputs:
                 record(impl, f"d{n}", g, vec_ref[n])
 
-    u = UNIT_ROUNDOFF[dname]
+    width = s0.cotangents[0].shape[-1]
+    vector_keys = {f"d{n}" for n in names if n not in spec.rows_inputs}
     eager = acc["torch_eager"]
     out = {}
     for impl in impls:
@@ -257,7 +263,8 @@ def reference_and_check(spec, s0, impls, dname, device, log):
             worst, max_rel, checked, first = 0.0, 0.0, 0, ""
             for k in keys:
                 err, mag, n = acc[impl][k]
-                allowed = 2 * eager[k][0] + u * mag + 1e-300
+                length = rows if k in vector_keys else width  # the reduction behind an element
+                allowed = reduction_allowed_error(dname, length, eager[k][0], mag, 0.0, 2.0**-24)
                 ratio = err / allowed
                 if ratio > 1 and not first:
                     first = f"{k}: max error {err:.3g}, allowed {allowed:.3g} (torch eager {eager[k][0]:.3g})"
@@ -321,8 +328,7 @@ def shapes_by_dtype(args, device):
 
 
 def fused_rows(args, device, timer, ceilings, log, notes):
-    """Rows of the fused ops (the OPS entry of benchmark_all.py); appends to `notes`."""
-    import benchmark_all as ba
+    """Rows of the fused ops (the family's entry in bench/runner.py); appends to `notes`."""
     import optimized_ops as oo
 
     notes += ["Python fused rows (bench/benchmark_fused.py): ours = optimized_ops.<op>, torch_eager = the torch "
@@ -352,14 +358,14 @@ def fused_rows(args, device, timer, ceilings, log, notes):
     for op in ops:
         spec = specs[op]
         for dname, shapes in plan.items():
-            dtype = ba.DTYPES[dname]
+            dtype = runner.DTYPES[dname]
             elem = torch.tensor([], dtype=dtype).element_size()
             for rows, width in shapes:
                 label = f"{rows}x{width}"
                 # -- operands: enough sets to cover 2x the cache
                 set_bytes = int(min_bytes(op, "fwd", rows, width, elem) + min_bytes(op, "bwd", rows, width, elem))
                 budget = (torch.cuda.mem_get_info()[0] // 4) if device == "cuda" else (1 << 30)
-                nsets = ba.rotating_set_count(set_bytes, timer.cache_bytes, budget)
+                nsets = runner.rotating_set_count(set_bytes, timer.cache_bytes, budget)
                 gen = torch.Generator(device=device).manual_seed(4242)
                 sets = [InputSet(spec, rows, width, dtype, device, gen) for _ in range(nsets)]
                 log(f"fused {op} {dname} {label} ({nsets} input sets)")
@@ -432,7 +438,7 @@ def fused_rows(args, device, timer, ceilings, log, notes):
                             r.update(status="failed", reason="validation: " + v["first_failure"])
                             continue
                         st = time_direction(fns[name], sets, direction, timer)
-                        r["time_ms"] = ba._stats_json(st)
+                        r["time_ms"] = runner.stats_json(st)
                         r["gbps"] = mb / (st["median"] * 1e-3) / 1e9
                         if bw:
                             r["roofline_bandwidth"] = {"name": bw["name"], "value": bw["value"], "unit": "GB/s"}
@@ -446,7 +452,7 @@ def fused_rows(args, device, timer, ceilings, log, notes):
                     for name, r in group_rows.items():
                         if r["status"] != "ok" or r["time_ms"] is None:
                             continue
-                        r["copy_same_size"] = {"time_ms": ba._stats_json(copy),
+                        r["copy_same_size"] = {"time_ms": runner.stats_json(copy),
                                                "gbps": mb / (copy["median"] * 1e-3) / 1e9}
                         r["vs_copy_same_size"] = copy["median"] / r["time_ms"]["median"]
                         if name != base_name and base["status"] == "ok" and base["time_ms"]:
@@ -479,11 +485,10 @@ def time_direction(fn, sets, direction, timer):
 
 
 def same_size_copy(nbytes, timer, device):
-    import benchmark_all as ba
 
     half = max(16, int(nbytes // 2))
     budget = (torch.cuda.mem_get_info()[0] // 4) if device == "cuda" else (1 << 30)
-    pairs = ba.rotating_set_count(2 * half, timer.cache_bytes, budget)
+    pairs = runner.rotating_set_count(2 * half, timer.cache_bytes, budget)
     bufs = [(torch.empty(half, dtype=torch.uint8, device=device).fill_(60),
              torch.empty(half, dtype=torch.uint8, device=device)) for _ in range(pairs)]
     st = timer.measure(lambda i: bufs[i % pairs][1].copy_(bufs[i % pairs][0]))
@@ -551,12 +556,26 @@ def plot_fused(report, path):
     return [path]
 
 
-def main(argv=None):
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-    import benchmark_all
+def prepare(args, device):
+    args.fused_ops = args.fused_ops.split(",") if args.fused_ops else None
+    args.directions = args.directions.split(",") if args.directions else None
 
+
+def add_arguments(p):
+    p.add_argument("--fused-ops", default=None, help=f"fused: comma list of {', '.join(FUSED_OPS)}")
+    p.add_argument("--directions", default=None, help="fused: comma list of fwd, bwd, fwd+bwd (default all)")
+    p.add_argument("--gelu", default="none", choices=["none", "tanh"], help="fused: bias_gelu's form")
+    p.add_argument("--no-compile", action="store_true", help="fused: leave out the torch.compile rows")
+
+
+FAMILY = runner.register(runner.Family(
+    "fused", rows=fused_rows, add_arguments=add_arguments, prepare=prepare, plot=plot_fused,
+    summary="the fused ops vs torch eager and torch.compile (bench/benchmark_fused.py)"))
+
+
+def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    return benchmark_all.main(["--ops", "fused", *argv])
+    return runner.main(["--ops", "fused", *argv])
 
 
 if __name__ == "__main__":

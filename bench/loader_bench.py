@@ -33,7 +33,6 @@ import mmap
 import os
 import pathlib
 import platform
-import re
 import shutil
 import signal
 import statistics
@@ -42,6 +41,9 @@ import threading
 import time
 
 import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import runner  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GiB = 1 << 30
@@ -81,30 +83,13 @@ class Progress:
 
 # ---- the machine -------------------------------------------------------------------------------
 
-def gpu_key(name: str) -> str:
-    """'NVIDIA H100 80GB HBM3' -> 'h100' (the C++ benchmark's rule: letters then digits)."""
-    for tok in re.findall(r"[a-z0-9]+", name.lower()):
-        m = re.match(r"([a-z]{1,3})(\d)", tok)
-        if m and tok != "nvidia":
-            return tok
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
 def machine() -> dict:
-    cpu = platform.processor()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    m = {"gpu": None, "gpu_key": None, "cpu": cpu, "cpu_threads": os.cpu_count(), "cpu_isa": "-",
+    m = {"gpu": None, "gpu_key": None, "cpu": runner.cpu_model_name(), "cpu_threads": os.cpu_count(), "cpu_isa": "-",
          "ram_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "kernel": platform.release(),
          "torch": torch.__version__}
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name()
-        m.update(gpu=name, gpu_key=gpu_key(name), cuda_runtime=torch.version.cuda)
+        m.update(gpu=name, gpu_key=runner.gpu_key_from_name(name), cuda_runtime=torch.version.cuda)
     return m
 
 
@@ -526,7 +511,7 @@ def markdown(doc: dict) -> str:
 
 # ---- main --------------------------------------------------------------------------------------
 
-def main() -> int:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", help="directory for loader.json and loader.md (default bench/results/<gpu>/)")
     p.add_argument("--data-dir", help="where to write the dataset (must take O_DIRECT)")
@@ -537,7 +522,8 @@ def main() -> int:
     p.add_argument("--cap-s", type=float, default=12.0, help="longest single pass")
     p.add_argument("--keep-data", action="store_true")
     p.add_argument("--smoke", action="store_true", help="run everything on the CPU device, tiny (tests the script)")
-    args = p.parse_args()
+    argv = sys.argv[1:] if argv is None else argv
+    args = p.parse_args(argv)
     global DEV
     if args.smoke:
         DEV = "cpu"
@@ -610,7 +596,7 @@ def main() -> int:
                          "'compute TFLOP/s beside it' column is what it kept while the loader ran")
         doc = {"schema": "optimized-ops-bench/1",
                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "command": "bench/loader_bench.py " + " ".join(sys.argv[1:]),
+               "command": "bench/loader_bench.py " + " ".join(argv),
                "machine": mach,
                "options": {"dataset": f"{records} records x {r_bytes} bytes = {size / GiB:.2f} GiB in "
                                       f"{len(shard_files(path))} shards; batch {args.batch}",
@@ -796,6 +782,10 @@ def run_cached_epochs(path, label, batch, cap_bytes, cap_s, compute, kw) -> dict
     return {"bytes": nbytes, "seconds": span, "gbps": (nbytes - first_bytes) / span / 1e9, "batches": len(arrivals),
             "time_ms": stats_ms(intervals), "compute_tflops": getattr(compute, "tflops", None), **info}
 
+
+FAMILY = runner.register(runner.Family(
+    "loader", standalone=main,
+    summary="the streaming loader vs DataLoader and the disk, standalone (bench/loader_bench.py)"))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -46,10 +46,4 @@ void matmul(const TensorView& a, const TensorView& b, const TensorView& c, float
             float beta = 0.0f, GemmVariant variant = GemmVariant::kAuto,
             const ExecutionContext& ctx = {});
 
-// float64 reference on host memory: C = alpha * A @ B + beta * C with double accumulation and
-// double output. a, b: host views of any supported dtype; c_in may be null when beta == 0.
-// c_out: (batch, M, N) contiguous doubles.
-void matmul_reference_f64(const TensorView& a, const TensorView& b, const TensorView* c_in,
-                          double alpha, double beta, double* c_out);
-
 }  // namespace optimized

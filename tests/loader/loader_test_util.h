@@ -22,9 +22,14 @@
 
 #include <gtest/gtest.h>
 
+#include "common/test_util.h"
 #include "optimized/loader.h"
 
 namespace optimized::loader_test {
+
+// From tests/common: contains_all(message, {parts}) and error_of(fn).
+using ::optimized::testing::contains_all;
+using ::optimized::testing::error_of;
 
 // mkdtemp under $TMPDIR (or /tmp), removed with its files on destruction.
 class TempDir {
@@ -121,26 +126,6 @@ inline void corrupt(const std::string& file, uint64_t offset, uint64_t bytes = 1
 }
 
 inline void truncate_file(const std::string& file, uint64_t bytes) { ASSERT_EQ(::truncate(file.c_str(), static_cast<off_t>(bytes)), 0); }
-
-// Whether `what` (an exception message) contains every one of `parts`.
-inline ::testing::AssertionResult mentions(const std::string& what, std::initializer_list<std::string> parts) {
-  for (const std::string& p : parts)
-    if (what.find(p) == std::string::npos)
-      return ::testing::AssertionFailure() << "message \"" << what << "\" does not mention \"" << p << "\"";
-  return ::testing::AssertionSuccess();
-}
-
-// The message of the Error `fn` throws ("" and a failure when it throws nothing).
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected optimized::Error";
-  return "";
-}
 
 // Whether O_DIRECT reads work in `dir` (tmpfs before Linux 6.6 and some overlays refuse them).
 inline std::string direct_io_unavailable(const std::string& dir) {

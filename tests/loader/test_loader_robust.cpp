@@ -192,7 +192,7 @@ TEST(LoaderWorkers, TakingOneBatchFromEachWorkerInTurnGivesTheSingleSequence) {
   LoaderOptions o;
   o.worker = 2;
   o.num_workers = 2;
-  EXPECT_TRUE(mentions(error_of([&] { Loader(tmp.sub("ds"), o); }), {"worker", "[0, 2)", "given 2"}));
+  EXPECT_TRUE(contains_all(error_of([&] { Loader(tmp.sub("ds"), o); }), {"worker", "[0, 2)", "given 2"}));
 }
 
 // ---- 2. io=mmap and a truncated shard -----------------------------------------------------------
@@ -225,8 +225,8 @@ TEST(LoaderMmap, ShardTruncatedWhileOpenIsAnErrorNotACrash) {
         }
         std::fprintf(stderr, "child (%s, verify %d): %s\n", io, verify, error.c_str());
         CHILD_EXPECT(batches == 6, 4);  // records 0..29, then the batch of shard 3
-        CHILD_EXPECT(mentions(error, {shard3, "truncated"}), 5);
-        CHILD_EXPECT(mentions(error, {"record 2 (dataset record 32"}), 6);
+        CHILD_EXPECT(contains_all(error, {shard3, "truncated"}), 5);
+        CHILD_EXPECT(contains_all(error, {"record 2 (dataset record 32"}), 6);
         return 0;
       });
       EXPECT_TRUE(child.ok()) << io << " verify " << verify << ": " << child.describe();
@@ -330,10 +330,10 @@ TEST(LoaderStaging, TheByteBudget) {
     EXPECT_EQ(drain_epoch(loader, data, r), as_signed(loader_epoch_order(64, o, 0)));
   }
   o.staging_bytes = 100 * 1024;  // less than one batch
-  EXPECT_TRUE(mentions(error_of([&] { Loader(tmp.sub("ds"), o); }),
+  EXPECT_TRUE(contains_all(error_of([&] { Loader(tmp.sub("ds"), o); }),
                        {"batch_size", "16 records of 65536 bytes", "1048576 bytes", "staging_bytes = 102400"}));
   o.staging_bytes = 0;
-  EXPECT_TRUE(mentions(error_of([&] { Loader(tmp.sub("ds"), o); }), {"staging_bytes"}));
+  EXPECT_TRUE(contains_all(error_of([&] { Loader(tmp.sub("ds"), o); }), {"staging_bytes"}));
   // direct_io=auto over the budget only because of O_DIRECT's widening: reads through the page cache.
   const std::string why = direct_io_unavailable(tmp.path());
   if (why.empty()) {
@@ -364,11 +364,11 @@ TEST(ShardWriterAbort, AnExceptionLeavesTheDatasetVisiblyIncomplete) {
   } catch (const std::runtime_error&) {
   }
   const std::string error = error_of([&] { open_dataset(dir); });
-  EXPECT_TRUE(mentions(error, {dir, "incomplete", "shards.incomplete", "aborted after 25 records",
+  EXPECT_TRUE(contains_all(error, {dir, "incomplete", "shards.incomplete", "aborted after 25 records",
                                "exception", "overwrite"}));
   LoaderOptions o;
-  EXPECT_TRUE(mentions(error_of([&] { Loader(dir, o); }), {dir, "incomplete"}));
-  EXPECT_TRUE(mentions(error_of([&] { verify_dataset(dir); }), {"incomplete"}));
+  EXPECT_TRUE(contains_all(error_of([&] { Loader(dir, o); }), {dir, "incomplete"}));
+  EXPECT_TRUE(contains_all(error_of([&] { verify_dataset(dir); }), {"incomplete"}));
   // Written again, it is whole and the marker is gone.
   {
     ShardWriter w(dir, "uint8", {10}, 10, /*overwrite=*/true);
@@ -387,14 +387,14 @@ TEST(ShardWriterAbort, ExplicitAbortAndUnfinishedWriters) {
     w.append(data.data(), 5);
     w.abort("the user pressed ctrl-c");
     w.abort();  // no effect
-    EXPECT_TRUE(mentions(error_of([&] { w.append(data.data(), 1); }), {"closed"}));
+    EXPECT_TRUE(contains_all(error_of([&] { w.append(data.data(), 1); }), {"closed"}));
   }
-  EXPECT_TRUE(mentions(error_of([&] { open_dataset(tmp.sub("a")); }),
+  EXPECT_TRUE(contains_all(error_of([&] { open_dataset(tmp.sub("a")); }),
                        {"incomplete", "aborted after 5 records: the user pressed ctrl-c"}));
   // While a writer is open, its dataset cannot be opened.
   ShardWriter w(tmp.sub("b"), "uint8", {3}, 2);
   w.append(data.data(), 4);
-  EXPECT_TRUE(mentions(error_of([&] { open_dataset(tmp.sub("b")); }), {"incomplete", "being written"}));
+  EXPECT_TRUE(contains_all(error_of([&] { open_dataset(tmp.sub("b")); }), {"incomplete", "being written"}));
   EXPECT_EQ(w.close().num_records, 4u);
   w.abort("after close: no effect");
   EXPECT_EQ(open_dataset(tmp.sub("b")).num_records, 4u);

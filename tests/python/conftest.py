@@ -1,15 +1,25 @@
 """Shared fixtures of the Python tests: devices (CPU always; CUDA where present, skipped with the
-reason where not), fresh random inputs, and the float64 check shared with the C++ tests."""
+reason where not), fresh random inputs, and the tolerance rules shared with the C++ tests.
+
+The rules (one per family) are those of optimized_ops_testing (src/testing/tolerance.h), mirrored in
+bench/tolerance.py, which the Python benchmark uses too; test_tolerance.py checks the mirror against
+the fixed numbers the C++ test checks (tests/common/tolerance_vectors.txt)."""
 
 from __future__ import annotations
 
 import math
 import os
+import pathlib
+import sys
 
 import pytest
 import torch
 
 import optimized_ops
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+from tolerance import (accumulation_unit, dtype_name, gemm_allowed_error,  # noqa: E402,F401 - re-exported
+                       reduction_allowed_error, unit_roundoff)
 
 
 def cuda_skip_reason() -> str:
@@ -49,22 +59,18 @@ def rand(shape, dtype, device, rng) -> torch.Tensor:
     return (torch.rand(shape, generator=rng, dtype=torch.float64) * 2 - 1).to(dtype).to(device)
 
 
-_UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
-
-
 def gemm_error_ratio(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> float:
-    """Worst |out - ref| / allowed over all elements, with ref = a @ b in float64 and the bound of
-    the C++ check (src/gemm/gemm_check.h):
-        out_eps * |ref| + 8 * sqrt(K) * 2^-24 * sum_k |a_ik b_kj|
+    """Worst |out - ref| / allowed over all elements, with ref = a @ b in float64 and the GEMM rule
+    (src/testing/tolerance.h; bench/tolerance.py):
+        u_out * |ref| + floor_out + 8 * sqrt(K) * 2^-24 * sum_k |a_ik b_kj|
     i.e. one rounding to the output dtype plus fp32 accumulation in any order. <= 1 passes."""
     a64, b64 = a.detach().double().cpu(), b.detach().double().cpu()
     ref = torch.matmul(a64, b64)
     mag = torch.matmul(a64.abs(), b64.abs())
-    k = a.shape[-1]
-    allowed = _UNIT_ROUNDOFF[out.dtype] * ref.abs() + 8 * math.sqrt(k) * 2.0**-24 * mag + 1e-30
+    allowed = gemm_allowed_error(out.dtype, a.shape[-1], ref, mag)
     err = (out.detach().double().cpu() - ref).abs()
     assert err.shape == ref.shape, f"output shape {tuple(err.shape)} != reference {tuple(ref.shape)}"
-    ratio = err / allowed
+    ratio = torch.where(err == 0, torch.zeros_like(err), err / allowed)  # fp64's floor is 0
     if torch.isnan(ratio).any():
         return math.inf
     return ratio.max().item() if ratio.numel() else 0.0

@@ -1,0 +1,46 @@
+// The GEMM plug-in of optimized-bench (`optimized-bench matmul`, and the GEMM rows of `all`): for
+// each (shape, dtype, device) a group of variants on random operands (uniform [-1, 1], a fixed seed
+// per rotating set), each run once through optimized::matmul and checked with check_gemm against
+// float64 (optimized_ops_testing), then timed by the driver (harness/driver.h) next to the baseline
+// of the same dtype and shape measured in the same run: cuBLAS on the GPU, OpenBLAS sgemm on the CPU.
+// flops = 2 M N K batch; min_bytes = (M K + K N + M N (x2 when beta != 0)) E batch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "harness/driver.h"
+#include "harness/harness.h"
+#include "optimized/core.h"
+#include "optimized/gemm.h"
+
+namespace bench {
+
+struct GemmShape {
+  int64_t m = 0, n = 0, k = 0, batch = 1;
+  std::string label() const;  // "4096x4096x4096", "8x1024x1024x1024" with a batch
+};
+
+// "4096" (cube) or "4097x4095x4093" (MxNxK) or "8x1024x1024x1024" (batch x M x N x K).
+// Throws std::invalid_argument naming the text.
+GemmShape parse_gemm_shape(const std::string& text);
+
+struct GemmBenchConfig {
+  std::vector<GemmShape> shapes;
+  std::vector<optimized::DType> dtypes;
+  std::vector<optimized::GemmVariant> variants;  // kAuto allowed (runs on the GPU when there is one)
+  std::vector<int> threads;                      // CPU thread counts (each CPU variant runs at each)
+  float alpha = 1.0f;
+  float beta = 0.0f;
+  // CPU rungs that are too slow at large sizes run only up to M*N*K <= cap^3.
+  int64_t cpu_naive_max = 1024;
+  int64_t cpu_blocked_max = 2048;
+  bool baselines = true;
+  MeasureOptions measure;
+};
+
+// The config's groups, planned for a machine with or without a GPU.
+Groups gemm_groups(const GemmBenchConfig& config, bool gpu_available);
+
+}  // namespace bench

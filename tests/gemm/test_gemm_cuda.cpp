@@ -1,0 +1,272 @@
+// CUDA GEMM through the public API: every CUDA rung of the ladder (naive, coalesced, smem_tiled,
+// register_tiled for fp32/fp16/bf16; wmma and mma_pipeline for fp16/bf16) and kAuto, against the
+// float64 reference on fresh random inputs with poisoned outputs and padding (gemm_test_util.h).
+// A plain C++ file, built in every configuration: without a CUDA device every test skips.
+#include <gtest/gtest.h>
+
+#include <tuple>
+
+#include "gemm_test_util.h"
+
+namespace optimized::testing {
+namespace {
+
+using VariantParam = std::tuple<GemmVariant, DType>;
+
+std::vector<VariantParam> cuda_variants() {
+  std::vector<VariantParam> out;
+  for (GemmVariant v : {GemmVariant::kCudaNaive, GemmVariant::kCudaCoalesced, GemmVariant::kCudaSmemTiled,
+                        GemmVariant::kCudaRegisterTiled})
+    for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) out.emplace_back(v, d);
+  for (GemmVariant v : {GemmVariant::kCudaWmma, GemmVariant::kCudaMmaPipeline})
+    for (DType d : {DType::kF16, DType::kBF16}) out.emplace_back(v, d);
+  return out;
+}
+
+std::string param_name(const ::testing::TestParamInfo<VariantParam>& info) {
+  return std::string(gemm_variant_name(std::get<0>(info.param))) + "_" + dtype_label(std::get<1>(info.param));
+}
+
+class CudaGemm : public ::testing::TestWithParam<VariantParam> {
+ protected:
+  void SetUp() override { SKIP_WITHOUT_CUDA(); }
+  GemmCase base(int64_t m, int64_t n, int64_t k) const {
+    GemmCase cs;
+    cs.variant = std::get<0>(GetParam());
+    cs.dtype = std::get<1>(GetParam());
+    cs.device = Device::cuda(0);
+    cs.m = m;
+    cs.n = n;
+    cs.k = k;
+    return cs;
+  }
+  // Elements per 16 bytes: a padding of this many keeps rows 16-byte aligned.
+  int64_t vec() const { return 16 / static_cast<int64_t>(dtype_size(std::get<1>(GetParam()))); }
+};
+
+TEST_P(CudaGemm, OddSizes) {
+  for (const Mnk& s : odd_sizes()) expect_gemm_ok(base(s.m, s.n, s.k));
+}
+
+TEST_P(CudaGemm, BigSquare1024) {
+  GemmCase cs = base(1024, 1024, 1024);
+  cs.samples = 4096;
+  expect_gemm_ok(cs);
+}
+
+TEST_P(CudaGemm, BigSquare4096Sampled) {
+  GemmCase cs = base(4096, 4096, 4096);
+  cs.samples = 4096;
+  expect_gemm_ok(cs);
+}
+
+TEST_P(CudaGemm, BigOdd4097x4095x4093Sampled) {
+  GemmCase cs = base(4097, 4095, 4093);
+  cs.samples = 4096;
+  expect_gemm_ok(cs);
+}
+
+TEST_P(CudaGemm, LeadingDims) {
+  // Misaligned: rows an odd number of elements apart (16-byte vector loads must fall back).
+  for (Mnk s : {Mnk{128, 128, 128}, Mnk{127, 129, 131}, Mnk{64, 72, 80}, Mnk{1, 257, 1}, Mnk{257, 1, 129}}) {
+    GemmCase cs = base(s.m, s.n, s.k);
+    cs.lda_pad = 1;
+    cs.ldb_pad = 1;
+    cs.ldc_pad = 1;
+    expect_gemm_ok(cs);
+    cs.lda_pad = 3;
+    cs.ldb_pad = 0;
+    cs.ldc_pad = 5;
+    expect_gemm_ok(cs);
+  }
+  // Aligned but padded: rows 16 bytes aligned, ld > width.
+  for (Mnk s : {Mnk{128, 128, 128}, Mnk{256, 192, 320}, Mnk{127, 129, 131}}) {
+    GemmCase cs = base(s.m, s.n, s.k);
+    cs.lda_pad = vec();
+    cs.ldb_pad = 2 * vec();
+    cs.ldc_pad = vec();
+    expect_gemm_ok(cs);
+  }
+}
+
+TEST_P(CudaGemm, ViewsNotAtBufferStart) {
+  // Base pointers one element past a 256-byte boundary, with aligned and misaligned ld.
+  for (Mnk s : {Mnk{128, 128, 128}, Mnk{127, 129, 131}}) {
+    GemmCase cs = base(s.m, s.n, s.k);
+    cs.offset = 1;
+    expect_gemm_ok(cs);
+    cs.lda_pad = vec();
+    cs.ldb_pad = vec();
+    cs.ldc_pad = vec();
+    expect_gemm_ok(cs);
+  }
+}
+
+TEST_P(CudaGemm, AlphaBeta) {
+  for (Mnk s : {Mnk{127, 129, 131}, Mnk{256, 256, 256}, Mnk{31, 1, 97}}) {
+    GemmCase cs = base(s.m, s.n, s.k);
+    cs.alpha = 0.5f;
+    cs.beta = -1.25f;
+    expect_gemm_ok(cs);
+    cs.ldc_pad = 3;
+    cs.alpha = -2.0f;
+    cs.beta = 1.0f;
+    expect_gemm_ok(cs);
+  }
+  GemmCase cs = base(64, 96, 32);
+  cs.alpha = 0.0f;  // C = beta * C
+  cs.beta = 1.0f;
+  expect_gemm_ok(cs);
+  cs.beta = 0.0f;  // C = 0 over a NaN-poisoned C
+  expect_gemm_ok(cs);
+}
+
+TEST_P(CudaGemm, BetaZeroDoesNotReadNanC) {
+  for (Mnk s : {Mnk{17, 33, 65}, Mnk{256, 256, 256}}) {
+    GemmCase cs = base(s.m, s.n, s.k);
+    cs.alpha = 0.75f;
+    cs.ldc_pad = vec();
+    GemmOperands ops(cs);
+    GemmRun run = run_gemm(ops);
+    EXPECT_TRUE(run.check.passed) << cs.describe() << ": " << run.check.first_failure;
+    int64_t non_finite = 0;
+    for (int64_t i = 0; i < cs.m; ++i)
+      for (int64_t j = 0; j < cs.n; ++j)
+        non_finite += !std::isfinite(load_as_double(run.c.data(), cs.dtype, ops.lc.at(0, i, j)));
+    EXPECT_EQ(non_finite, 0) << cs.describe() << ": beta == 0 must not propagate NaN from the old C";
+  }
+}
+
+TEST_P(CudaGemm, Batched) {
+  for (Broadcast a_bc : {Broadcast::kNone, Broadcast::kStride0, Broadcast::kRank2})
+    for (Broadcast b_bc : {Broadcast::kNone, Broadcast::kStride0, Broadcast::kRank2}) {
+      if (a_bc != Broadcast::kNone && b_bc != Broadcast::kNone) continue;
+      GemmCase cs = base(129, 136, 72);
+      cs.batch = 3;
+      cs.a_bcast = a_bc;
+      cs.b_bcast = b_bc;
+      expect_gemm_ok(cs);
+      cs = base(37, 41, 29);
+      cs.batch = 3;
+      cs.a_bcast = a_bc;
+      cs.b_bcast = b_bc;
+      cs.batch_gap = 5;
+      cs.lda_pad = 1;
+      cs.ldc_pad = 2;
+      cs.alpha = 0.5f;
+      cs.beta = -1.25f;
+      expect_gemm_ok(cs);
+    }
+  GemmCase cs = base(64, 64, 64);
+  cs.batch = 1;  // rank 3 with a batch of one
+  expect_gemm_ok(cs);
+}
+
+TEST_P(CudaGemm, NanAndInfPropagate) {
+  for (Mnk s : {Mnk{17, 33, 65}, Mnk{128, 128, 128}, Mnk{255, 257, 100}, Mnk{2, 3, 4}}) expect_nan_inf_propagation(base(s.m, s.n, s.k));
+  GemmCase cs = base(64, 72, 48);
+  cs.batch = 3;
+  cs.a_bcast = Broadcast::kStride0;
+  expect_nan_inf_propagation(cs);
+}
+
+TEST_P(CudaGemm, NonDefaultStream) {
+  OwnStream stream;
+  for (Mnk s : {Mnk{127, 129, 131}, Mnk{256, 256, 256}}) {
+    GemmCase cs = base(s.m, s.n, s.k);
+    cs.stream = stream.get();
+    expect_gemm_ok(cs);
+  }
+  GemmCase cs = base(129, 136, 72);
+  cs.stream = stream.get();
+  cs.batch = 3;
+  cs.b_bcast = Broadcast::kStride0;
+  cs.alpha = 0.5f;
+  cs.beta = -1.25f;
+  expect_gemm_ok(cs);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaGemm, ::testing::ValuesIn(cuda_variants()), param_name);
+
+// ---- kAuto on CUDA tensors ---------------------------------------------------------------------
+
+class CudaGemmAuto : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override { SKIP_WITHOUT_CUDA(); }
+};
+
+TEST_P(CudaGemmAuto, ResolvesToACudaVariantThatAcceptsTheDtype) {
+  const DType d = GetParam();
+  Buffer a(d, 64 * 64, Device::cuda()), b(d, 64 * 64, Device::cuda()), c(d, 64 * 64, Device::cuda());
+  const GemmVariant v = resolve_gemm_variant(a.view({64, 64}), b.view({64, 64}), c.view({64, 64}));
+  EXPECT_TRUE(gemm_variant_is_cuda(v)) << gemm_variant_name(v);
+  EXPECT_EQ(gemm_variant_rejects_dtype(v, d), "") << gemm_variant_name(v);
+}
+
+TEST_P(CudaGemmAuto, OddSizesAndBatches) {
+  for (const Mnk& s : odd_sizes()) {
+    GemmCase cs;
+    cs.dtype = GetParam();
+    cs.device = Device::cuda(0);
+    cs.m = s.m;
+    cs.n = s.n;
+    cs.k = s.k;
+    expect_gemm_ok(cs);
+  }
+  GemmCase cs;
+  cs.dtype = GetParam();
+  cs.device = Device::cuda(0);
+  cs.m = 129;
+  cs.n = 136;
+  cs.k = 72;
+  cs.batch = 3;
+  cs.b_bcast = Broadcast::kStride0;
+  cs.lda_pad = 1;
+  cs.alpha = 0.5f;
+  cs.beta = -1.25f;
+  expect_gemm_ok(cs);
+}
+
+// ---- every CUDA variant gives the same finite results on the same inputs ------------------------
+
+TEST_P(CudaGemmAuto, AllVariantsAgree) {
+  const DType d = GetParam();
+  std::vector<GemmVariant> variants;
+  for (const auto& [v, vd] : cuda_variants())
+    if (vd == d) variants.push_back(v);
+  variants.push_back(GemmVariant::kAuto);
+  for (Mnk s : {Mnk{257, 263, 269}, Mnk{128, 128, 128}}) {
+    GemmCase cs;
+    cs.dtype = d;
+    cs.device = Device::cuda(0);
+    cs.m = s.m;
+    cs.n = s.n;
+    cs.k = s.k;
+    cs.alpha = 0.5f;
+    cs.beta = -1.25f;
+    expect_variants_agree(cs, variants);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaGemmAuto, ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                         [](const ::testing::TestParamInfo<DType>& info) { return dtype_label(info.param); });
+
+// ---- the device buffer itself ------------------------------------------------------------------
+
+TEST(CudaBuffer, RoundTripAndFill) {
+  SKIP_WITHOUT_CUDA();
+  std::vector<uint16_t> host(1000), back(1000, 0);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<uint16_t>(i * 7919u);
+  Buffer d(DType::kBF16, 1000, Device::cuda());
+  EXPECT_TRUE(d.device().is_cuda());
+  EXPECT_EQ(d.bytes(), 2000u);
+  d.copy_from_host(host.data());
+  d.copy_to_host(back.data());
+  EXPECT_EQ(host, back);
+  d.fill_bytes(0xAB);
+  d.copy_to_host(back.data());
+  for (uint16_t v : back) ASSERT_EQ(v, 0xABAB);
+}
+
+}  // namespace
+}  // namespace optimized::testing
