@@ -22,12 +22,11 @@ import torch
 import torch.nn.functional as F
 
 import optimized_ops
-from conftest import DEVICES, rand, requires_cuda
+from conftest import DEVICES, accumulation_unit, rand, reduction_allowed_error, requires_cuda
 
 ops = torch.ops.optimized
 
 ALL_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
-_UNIT = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float64: 2.0**-53}
 
 
 def _dname(dtype: torch.dtype) -> str:
@@ -196,25 +195,26 @@ SHAPES = [(1, 1), (1, 7), (5, 1), (3, 13), (6, 257), (2, 1031), (3, 4099)]
 
 def assert_parity(ours: torch.Tensor, theirs: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, n: int,
                   what: str, terms: float = 0.0, acc_unit: float = None) -> None:
-    """ours and theirs (torch, same dtype) against ref (float64): max |ours - ref| must be within
-    2 * max |theirs - ref| plus two units of the dtype's rounding and accumulation noise over n
-    terms (float32's unit, float64's for float64 unless `acc_unit` says otherwise), relative to
-    max |ref| or to `terms`, the magnitude of what was summed, where larger."""
+    """ours and theirs (torch, same dtype) against ref (float64) under the fused family's one rule
+    (reduction_allowed_error: src/testing/tolerance.h, mirrored in bench/tolerance.py): max |ours - ref|
+    within 2 * max |theirs - ref| plus the dtype's rounding of max |ref| and the accumulation noise over
+    n terms (float32's unit, float64's for float64 unless `acc_unit` says otherwise) relative to
+    max |ref| or `terms`, the magnitude of what was summed, where larger."""
     assert ours.shape == ref.shape, f"{what}: shape {tuple(ours.shape)} != {tuple(ref.shape)}"
     assert ours.dtype == dtype, f"{what}: dtype {ours.dtype} != {dtype}"
     if ref.numel() == 0:
         return
     ours64, theirs64, ref64 = (t.detach().double().cpu() for t in (ours, theirs, ref))
     assert torch.isfinite(ours64).all(), f"{what}: non-finite values {ours64[~torch.isfinite(ours64)][:5].tolist()}"
-    scale = max(ref64.abs().max().item(), terms)
     if acc_unit is None:
-        acc_unit = 2.0**-53 if dtype == torch.float64 else 2.0**-24
-    noise = (2 * _UNIT[dtype] + 16 * math.sqrt(n) * acc_unit) * scale + 1e-30
+        acc_unit = accumulation_unit(dtype)
     err = (ours64 - ref64).abs().max().item()
     err_torch = (theirs64 - ref64).abs().max().item()
-    assert err <= 2 * err_torch + noise, (
-        f"{what}: max error {err:.3g} vs torch's {err_torch:.3g} (allowed {2 * err_torch + noise:.3g}; "
-        f"scale {scale:.3g})")
+    max_ref = ref64.abs().max().item()
+    allowed = reduction_allowed_error(dtype, n, err_torch, max_ref, terms, acc_unit)
+    assert err <= allowed, (
+        f"{what}: max error {err:.3g} vs torch's {err_torch:.3g} (allowed {allowed:.3g}; "
+        f"max |ref| {max_ref:.3g}, terms {terms:.3g})")
 
 
 def _run(case: Case, inputs: dict, variant: str, dtype: torch.dtype, grads_out=None, rng=None):
