@@ -1,13 +1,25 @@
-// CUDA backend for GEMM: one launcher per rung of the ladder. Launchers take validated
-// GemmParams and a stream, enqueue the kernel, and return the launch's cudaError_t (they never
-// exit or throw). Compiled only when the build has CUDA.
+// The GEMM family's backends, one per rung of the ladder (CUDA builds only for the launchers).
+//
+// The launcher contract (every family): cudaError_t <family>_<variant>(const Params&, const
+// Workspace&, cudaStream_t). A launcher takes validated params, enqueues its kernels on the stream
+// and returns the first CUDA error; it never throws, never allocates (scratch comes from the
+// workspace, sized by the family's workspace query) and never synchronises. The C++ API (gemm.cpp)
+// turns its error into optimized::Error. No GEMM rung needs a workspace today (split-K will).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include "gemm/gemm_params.h"
+#include "optimized/core.h"
 
 namespace optimized::cuda {
+
+cudaError_t gemm_naive(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);
+cudaError_t gemm_coalesced(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);
+cudaError_t gemm_smem_tiled(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);
+cudaError_t gemm_register_tiled(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);
+cudaError_t gemm_wmma(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);          // fp16/bf16
+cudaError_t gemm_mma_pipeline(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);  // fp16/bf16
 
 // What the compiler and the occupancy calculator say of the kernel a launcher would run for p.
 struct KernelResources {
@@ -20,13 +32,6 @@ struct KernelResources {
   double theoretical_occupancy = 0;  // active warps per SM / max warps per SM
   int local_bytes_per_thread = 0;    // spills show up here
 };
-
-cudaError_t gemm_naive(const GemmParams& p, cudaStream_t stream);
-cudaError_t gemm_coalesced(const GemmParams& p, cudaStream_t stream);
-cudaError_t gemm_smem_tiled(const GemmParams& p, cudaStream_t stream);
-cudaError_t gemm_register_tiled(const GemmParams& p, cudaStream_t stream);
-cudaError_t gemm_wmma(const GemmParams& p, cudaStream_t stream);          // fp16/bf16 only
-cudaError_t gemm_mma_pipeline(const GemmParams& p, cudaStream_t stream);  // fp16/bf16 only
 
 cudaError_t gemm_naive_resources(const GemmParams& p, KernelResources* out);
 cudaError_t gemm_coalesced_resources(const GemmParams& p, KernelResources* out);
