@@ -1,6 +1,7 @@
 // Core types: dtype and device names, tensor view helpers, and what the build and machine offer.
 #include <sstream>
 
+#include "core/dtypes_built.h"
 #include "optimized/core.h"
 
 #if OPTIMIZED_WITH_CUDA
@@ -180,6 +181,28 @@ std::string TensorView::describe() const {
   for (int i = 0; i < rank; ++i) s << (i ? ", " : "") << strides[i];
   s << "] on " << device_name(device);
   return s.str();
+}
+
+bool cuda_dtype_built(DType dtype) {
+  switch (dtype) {
+#ifdef OPTIMIZED_BUILT_F32
+    case DType::kF32: return true;
+#endif
+#ifdef OPTIMIZED_BUILT_F16
+    case DType::kF16: return true;
+#endif
+#ifdef OPTIMIZED_BUILT_BF16
+    case DType::kBF16: return true;
+#endif
+    default: return false;
+  }
+}
+
+std::string cuda_dtype_not_built(std::string_view family, DType dtype) {
+  if (cuda_dtype_built(dtype)) return "";
+  return std::string(family) + " CUDA kernels for " + std::string(dtype_name(dtype)) +
+         " were not built (OPTIMIZED_DTYPES=" + OPTIMIZED_DTYPES_LIST +
+         "; reconfigure with the dtype in that list)";
 }
 
 bool built_with_cuda() {

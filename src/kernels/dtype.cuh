@@ -32,6 +32,12 @@ template <> constexpr DType kDTypeOf<float> = DType::kF32;
 template <> constexpr DType kDTypeOf<__half> = DType::kF16;
 template <> constexpr DType kDTypeOf<__nv_bfloat16> = DType::kBF16;
 
+template <DType kDType> struct CudaTypeOf;
+template <> struct CudaTypeOf<DType::kF32> { using type = float; };
+template <> struct CudaTypeOf<DType::kF16> { using type = __half; };
+template <> struct CudaTypeOf<DType::kBF16> { using type = __nv_bfloat16; };
+template <DType kDType> using cuda_type_t = typename CudaTypeOf<kDType>::type;
+
 // ---- vectors -------------------------------------------------------------------------------
 // kVec elements of T loaded or stored as one access: 16 bytes when rows are aligned, else 1
 // element (the fallback for rows that do not start on a 16-byte boundary).

@@ -10,10 +10,11 @@
 // two sets of slots in turn (one barrier per reduction), or block_reduce, which adds the barrier.
 #pragma once
 
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
+
+#include "kernels/ptx/cluster.cuh"
 
 namespace optimized::kernels {
 
@@ -71,12 +72,26 @@ __device__ __forceinline__ void segment_reduce(float (&v)[N], int seg, float (*s
   }
 }
 
-// Combines v[0..N) over the `threads` threads of the block (threads as seg above) and hands every
-// thread the totals. The slots may be reused as soon as it returns.
+// Combines v[0..N) over the `threads` threads of the block (whole warps, or one warp of a power of
+// two) and hands every thread the totals. The slots (float[warps][N]) may be reused as soon as it
+// returns.
 template <typename Op, int N>
 __device__ __forceinline__ void block_reduce(float (&v)[N], int threads, float (*slots)[N]) {
-  segment_reduce<Op, N>(v, threads, slots);
-  if (threads > 32) __syncthreads();  // every thread has read the slots
+  warp_reduce<Op, N>(v, threads < 32 ? threads : 32);
+  if (threads > 32) {  // the warps meet in shared memory
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0)
+#pragma unroll
+      for (int k = 0; k < N; ++k) slots[warp][k] = v[k];
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      float t = slots[0][k];
+      for (int w = 1; w < threads / 32; ++w) t = Op::apply(t, slots[w][k]);
+      v[k] = t;
+    }
+    __syncthreads();  // every thread has read the slots
+  }
 }
 template <typename Op>
 __device__ __forceinline__ float block_reduce(float v, int threads, float (*slots)[1]) {
@@ -94,15 +109,13 @@ __device__ __forceinline__ float block_reduce(float v, int threads, float (*slot
 // slots: float[cluster][N] in shared memory (reuse as above).
 template <typename Op, int N>
 __device__ __forceinline__ void cluster_reduce(float (&v)[N], int cluster, float (*slots)[N]) {
-  namespace cg = cooperative_groups;
-  cg::cluster_group cl = cg::this_cluster();
-  const int rank = static_cast<int>(cl.block_rank());
+  const int rank = static_cast<int>(ptx::cluster_block_rank());
   if (threadIdx.x < static_cast<unsigned>(cluster)) {
-    float* peer = cl.map_shared_rank(&slots[rank][0], static_cast<int>(threadIdx.x));
+    float* peer = ptx::cluster_map_shared(&slots[rank][0], static_cast<int>(threadIdx.x));
 #pragma unroll
     for (int k = 0; k < N; ++k) peer[k] = v[k];
   }
-  cl.sync();
+  ptx::cluster_sync();
 #pragma unroll
   for (int k = 0; k < N; ++k) {
     float t = slots[0][k];

@@ -48,30 +48,23 @@
 // that writes that output: the parameter gradients (which read dy) are reduced before dx is
 // written, and silu_and_mul's db reads only dy and the silu temporary.
 //
-// Temporaries come from cudaMallocAsync on the stream and go back with cudaFreeAsync as soon as
-// their last reader is enqueued, so everything is stream-ordered and CUDA-graph capturable.
-// Every allocation and launch is checked; a failure throws optimized::Error.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
+// Temporaries are slices of the caller's workspace (src/core/workspace.h), given back when their
+// last reader is enqueued so that later temporaries reuse the bytes (stream order makes that safe).
+// The same chain runs once counting, to answer the workspace query, so the sizes cannot disagree.
+// The launcher never allocates and never throws: the first failed launch ends the chain and is
+// returned. The build instantiates fused_unfused_dtype once per dtype of OPTIMIZED_DTYPES, each in
+// its own generated translation unit (cmake/dtype_instance.cu.in).
+#pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <optional>
-#include <string>
 #include <type_traits>
 
-#include "core/cuda_device_guard.h"
 #include "fused/cuda/fused_common.cuh"
-#include "fused/fused_params.h"
 
-namespace optimized {
+namespace optimized::cuda::fused {
 namespace {
-
-using fused_cuda::from_float;
-using fused_cuda::scalars_f32;
-using fused_cuda::to_float;
 
 // ---- config --------------------------------------------------------------------------------
 constexpr int kMapThreads = 256;
@@ -88,8 +81,6 @@ constexpr int64_t kColMinRowsPerSplit = 64;
 static_assert(kMapThreads % 32 == 0 && kRowThreads % 32 == 0 && kRowThreads <= 1024,
               "block reductions assume whole warps and at most 32 warps");
 static_assert(kColX == 32, "a column tile row is one warp, so that its loads coalesce");
-
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // ---- operands ------------------------------------------------------------------------------
 // (rows, cols) matrix with row stride ld: element (r, c) = p[r * ld + c]. T: the dtype (const for
@@ -178,17 +169,17 @@ struct RmsNormGrad {
 };
 struct Gelu {
   bool tanh_form;
-  __device__ float operator()(float z) const { return fused_cuda::gelu(z, tanh_form); }
+  __device__ float operator()(float z) const { return gelu(z, tanh_form); }
 };
 struct GeluGrad {
   bool tanh_form;
-  __device__ float operator()(float z) const { return fused_cuda::gelu_grad(z, tanh_form); }
+  __device__ float operator()(float z) const { return gelu_grad(z, tanh_form); }
 };
 struct Sigmoid {
-  __device__ float operator()(float a) const { return fused_cuda::sigmoid(a); }
+  __device__ float operator()(float a) const { return sigmoid(a); }
 };
 struct Silu {  // a / (1 + exp(-a)), as fused.h defines it
-  __device__ float operator()(float a) const { return a / (1.0f + expf(-a)); }
+  __device__ float operator()(float a) const { return silu(a); }
 };
 struct SiluAndMulGradA {
   __device__ float operator()(float dy, float a, float b, float sig) const {
@@ -196,15 +187,7 @@ struct SiluAndMulGradA {
   }
 };
 
-// Row-reduction combiners and finishers.
-struct SumOp {
-  static __device__ __forceinline__ float identity() { return 0.0f; }
-  static __device__ __forceinline__ float apply(float a, float b) { return a + b; }
-};
-struct MaxOp {  // propagates NaN, as torch's max does (fmaxf would drop it)
-  static __device__ __forceinline__ float identity() { return -INFINITY; }
-  static __device__ __forceinline__ float apply(float a, float b) { return (a > b || a != a) ? a : b; }
-};
+// Row-reduction finishers (the combiners are kernels::SumOp and kernels::MaxOp: NaN propagates).
 struct Total {
   __device__ float operator()(float total, int64_t) const { return total; }
 };
@@ -237,27 +220,15 @@ __global__ void __launch_bounds__(kMapThreads)
   }
 }
 
-// Reduces one value per thread over the 1-D block (a multiple of 32 threads); all threads get it.
-template <typename Reduce>
-__device__ __forceinline__ float block_reduce(float v, float* scratch /* [32] */) {
-  for (int offset = 16; offset > 0; offset >>= 1) v = Reduce::apply(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  __syncthreads();  // the previous row's readers of scratch are done
-  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = threadIdx.x % 32 < blockDim.x / 32 ? scratch[threadIdx.x % 32] : Reduce::identity();
-  for (int offset = 16; offset > 0; offset >>= 1) v = Reduce::apply(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-}
-
 // out[r] = finish(reduce over c of elem(in(r, c)...), cols); one block per row, blocks walk rows.
 template <typename Reduce, typename Elem, typename Finish, typename... In>
 __global__ void __launch_bounds__(kRowThreads)
     row_reduce_kernel(int64_t rows, int64_t cols, Elem elem, Finish finish, float* out, In... in) {
-  __shared__ float scratch[32];
+  __shared__ float scratch[32][1];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     float acc = Reduce::identity();
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) acc = Reduce::apply(acc, elem(in.load(r, c)...));
-    acc = block_reduce<Reduce>(acc, scratch);
+    acc = block_reduce<Reduce>(acc, static_cast<int>(blockDim.x), scratch);
     if (threadIdx.x == 0) out[r] = finish(acc, cols);
   }
 }
@@ -295,138 +266,131 @@ __global__ void __launch_bounds__(kMapThreads)
   }
 }
 
-// ---- host side -----------------------------------------------------------------------------
-// A stream-ordered temporary of `count` elements of E. release() frees it with a checked
-// cudaFreeAsync once its last reader is enqueued; the destructor frees (unchecked, it may not
-// throw) only when an exception left the scope early.
-template <typename E>
-class Temp {
- public:
-  Temp(int64_t count, cudaStream_t stream, const char* what) : stream_(stream), what_(what) {
-    void* p = nullptr;
-    check_cuda(cudaMallocAsync(&p, static_cast<size_t>(count) * sizeof(E), stream),
-               std::string("unfused: cudaMallocAsync for ") + what_);
-    ptr_ = static_cast<E*>(p);
-  }
-  ~Temp() {
-    if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);
-  }
-  Temp(const Temp&) = delete;
-  Temp& operator=(const Temp&) = delete;
 
-  E* get() const { return ptr_; }
-  void release() {
-    E* p = ptr_;
-    ptr_ = nullptr;
-    if (p != nullptr) check_cuda(cudaFreeAsync(p, stream_), std::string("unfused: cudaFreeAsync of ") + what_);
+// ---- host side -----------------------------------------------------------------------------
+// One call's chain of kernels: the stream, the workspace its temporaries come from, and the first
+// error. Measuring (the workspace query), it takes the same temporaries from a counting arena and
+// launches nothing. After an error, or a workspace too small, the later steps do nothing.
+class Chain {
+ public:
+  Chain(const Workspace& workspace, cudaStream_t stream, size_t* measure)
+      : arena_(arena_for(workspace, measure)), stream_(stream), measure_(measure) {}
+
+  // A temporary of `count` elements of E; it lives until the enclosing ArenaScope ends (or the call).
+  template <typename E>
+  E* temp(int64_t count) {
+    E* p = arena_.take<E>(count);
+    if (!measure_ && !p && count > 0 && status_ == cudaSuccess) status_ = cudaErrorInvalidValue;
+    return p;
+  }
+  WorkspaceArena& arena() { return arena_; }
+
+  // out(r, c) = op(in(r, c)...) over a (rows, cols) grid.
+  template <typename Op, typename Out, typename... In>
+  void map(int64_t rows, int64_t cols, Op op, Out out, In... in) {
+    if (!launching()) return;
+    const int64_t blocks = std::min(ceil_div(rows * cols, kMapThreads), kMaxMapBlocks);
+    map_kernel<<<static_cast<unsigned>(blocks), kMapThreads, 0, stream_>>>(rows, cols, op, out, in...);
+    status_ = cudaGetLastError();
+  }
+
+  // out[r] = finish(Reduce over c of elem(in(r, c)...), cols).
+  template <typename Reduce, typename Elem, typename Finish, typename... In>
+  void row_reduce(int64_t rows, int64_t cols, Elem elem, Finish finish, float* out, In... in) {
+    if (!launching()) return;
+    // Short rows get a block just wide enough (whole warps), long rows kRowThreads.
+    const int threads = static_cast<int>(std::min<int64_t>(kRowThreads, ceil_div(cols, 32) * 32));
+    const int64_t blocks = std::min(rows, kMaxRowBlocks);
+    row_reduce_kernel<Reduce><<<static_cast<unsigned>(blocks), threads, 0, stream_>>>(rows, cols, elem, finish, out,
+                                                                                       in...);
+    status_ = cudaGetLastError();
+  }
+
+  // out[c] = sum over rows of in(r, c), written in T: row slices -> fp32 partials -> column sum.
+  template <typename T, typename In>
+  void column_sum(int64_t rows, int64_t cols, In in, void* out) {
+    const int64_t col_tiles = ceil_div(cols, kColX);
+    if (col_tiles > INT32_MAX && status_ == cudaSuccess) status_ = cudaErrorInvalidValue;  // grid.x
+    // Enough row slices to fill the GPU when there are few columns, none thinner than 64 rows.
+    int64_t splits = std::max<int64_t>(1, ceil_div(kColTargetBlocks, col_tiles));
+    splits = std::min({splits, ceil_div(rows, kColMinRowsPerSplit), int64_t{65535}});
+    const int64_t rows_per_split = ceil_div(rows, splits);
+    splits = ceil_div(rows, rows_per_split);
+    ArenaScope scope(arena_);
+    float* partial = temp<float>(splits * cols);
+    if (!launching()) return;
+    const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(splits));
+    column_partial_kernel<<<grid, dim3(kColX, kColY), 0, stream_>>>(rows, cols, rows_per_split, in, partial);
+    if ((status_ = cudaGetLastError()) != cudaSuccess) return;
+    const int64_t finish_blocks = std::min(ceil_div(cols, kMapThreads), kMaxMapBlocks);
+    column_finish_kernel<T><<<static_cast<unsigned>(finish_blocks), kMapThreads, 0, stream_>>>(
+        splits, cols, partial, static_cast<T*>(out));
+    status_ = cudaGetLastError();
+  }
+
+  // The chain's result: measuring, the workspace it takes (into *measure); else the first error.
+  cudaError_t finish() {
+    if (measure_) *measure_ = arena_.peak();
+    return status_;
   }
 
  private:
-  E* ptr_ = nullptr;
+  bool launching() const { return !measure_ && status_ == cudaSuccess; }
+
+  WorkspaceArena arena_;
   cudaStream_t stream_;
-  const char* what_;
+  size_t* measure_;
+  cudaError_t status_ = cudaSuccess;
 };
-
-template <typename Op, typename Out, typename... In>
-void launch_map(cudaStream_t stream, const char* what, int64_t rows, int64_t cols, Op op, Out out,
-                In... in) {
-  const int64_t blocks = std::min(ceil_div(rows * cols, kMapThreads), kMaxMapBlocks);
-  map_kernel<<<static_cast<unsigned>(blocks), kMapThreads, 0, stream>>>(rows, cols, op, out, in...);
-  check_cuda(cudaGetLastError(), std::string("unfused: launch of ") + what);
-}
-
-template <typename Reduce, typename Elem, typename Finish, typename... In>
-void launch_row_reduce(cudaStream_t stream, const char* what, int64_t rows, int64_t cols, Elem elem,
-                       Finish finish, float* out, In... in) {
-  // Short rows get a block just wide enough (whole warps), long rows kRowThreads.
-  const int threads = static_cast<int>(std::min<int64_t>(kRowThreads, ceil_div(cols, 32) * 32));
-  const int64_t blocks = std::min(rows, kMaxRowBlocks);
-  row_reduce_kernel<Reduce><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(rows, cols, elem, finish,
-                                                                                   out, in...);
-  check_cuda(cudaGetLastError(), std::string("unfused: launch of ") + what);
-}
-
-// out[c] = sum over rows of in(r, c), written in T: row slices -> fp32 partials -> column sum.
-template <typename T, typename In>
-void launch_column_sum(cudaStream_t stream, const char* what, int64_t rows, int64_t cols, In in, void* out) {
-  const int64_t col_tiles = ceil_div(cols, kColX);
-  if (col_tiles > INT32_MAX)
-    throw Error(Status::kUnsupported, std::string("unfused: ") + what + ": width " + std::to_string(cols) +
-                                          " exceeds the column-sum grid");
-  // Enough row slices to fill the GPU when there are few columns, none thinner than 64 rows.
-  int64_t splits = std::max<int64_t>(1, ceil_div(kColTargetBlocks, col_tiles));
-  splits = std::min({splits, ceil_div(rows, kColMinRowsPerSplit), int64_t{65535}});
-  const int64_t rows_per_split = ceil_div(rows, splits);
-  splits = ceil_div(rows, rows_per_split);
-  Temp<float> partial(splits * cols, stream, what);
-  const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(splits));
-  column_partial_kernel<<<grid, dim3(kColX, kColY), 0, stream>>>(rows, cols, rows_per_split, in, partial.get());
-  check_cuda(cudaGetLastError(), std::string("unfused: launch of ") + what + " (partials)");
-  const int64_t finish_blocks = std::min(ceil_div(cols, kMapThreads), kMaxMapBlocks);
-  column_finish_kernel<T><<<static_cast<unsigned>(finish_blocks), kMapThreads, 0, stream>>>(
-      splits, cols, partial.get(), static_cast<T*>(out));
-  check_cuda(cudaGetLastError(), std::string("unfused: launch of ") + what + " (final sum)");
-  partial.release();
-}
 
 // ---- softmax / log_softmax -----------------------------------------------------------------
 template <typename T>
-void softmax_forward(const FusedParams& p, cudaStream_t stream) {
+void softmax_forward_chain(const FusedParams& p, Chain& chain) {
   const bool log = p.op == FusedOp::kLogSoftmax;
   const int64_t rows = p.rows, n = p.width;
+  const float scale = scalars_f32(p).scale;
   const Mat<const T> x{static_cast<const T*>(p.x), p.ld_x};
   const Mat<T> y{static_cast<T*>(p.y), p.ld_y};
-  Temp<float> row_max(rows, stream, "softmax row max");
-  Temp<float> e(rows * n, stream, "softmax exp");
-  Temp<float> row_sum(rows, stream, "softmax row sum");
-  const Mat<float> e_mat{e.get(), n};
-  launch_row_reduce<MaxOp>(stream, "softmax row max", rows, n, Scaled{scalars_f32(p).scale}, Total{}, row_max.get(), x);
-  launch_map(stream, "softmax exp", rows, n, ExpShifted{scalars_f32(p).scale}, e_mat, x, PerRow{row_max.get()});
-  launch_row_reduce<SumOp>(stream, "softmax row sum", rows, n, Identity{}, Total{}, row_sum.get(), e_mat);
-  if (log) {
-    e.release();
-    launch_map(stream, "log_softmax output", rows, n, LogSoftmaxOut{scalars_f32(p).scale}, y, x, PerRow{row_max.get()},
-               PerRow{row_sum.get()});
-  } else {
-    launch_map(stream, "softmax divide", rows, n, Divide{}, y, e_mat, PerRow{row_sum.get()});
-    e.release();
-  }
-  row_max.release();
-  row_sum.release();
+  float* row_max = chain.temp<float>(rows);
+  float* row_sum = chain.temp<float>(rows);
+  float* e = chain.temp<float>(rows * n);
+  const Mat<float> e_mat{e, n};
+  chain.row_reduce<MaxOp>(rows, n, Scaled{scale}, Total{}, row_max, x);   // row max of scale*x
+  chain.map(rows, n, ExpShifted{scale}, e_mat, x, PerRow{row_max});       // e = exp(scale*x - max)
+  chain.row_reduce<SumOp>(rows, n, Identity{}, Total{}, row_sum, e_mat);  // row sum of e
+  if (log)
+    chain.map(rows, n, LogSoftmaxOut{scale}, y, x, PerRow{row_max}, PerRow{row_sum});
+  else
+    chain.map(rows, n, Divide{}, y, e_mat, PerRow{row_sum});
 }
 
 // params.x holds the forward OUTPUT y here.
 template <typename T>
-void softmax_backward(const FusedParams& p, cudaStream_t stream) {
+void softmax_backward_chain(const FusedParams& p, Chain& chain) {
   const int64_t rows = p.rows, n = p.width;
+  const float scale = scalars_f32(p).scale;
   const Mat<const T> y{static_cast<const T*>(p.x), p.ld_x};
   const Mat<const T> dy{static_cast<const T*>(p.dy), p.ld_dy};
   const Mat<T> dx{static_cast<T*>(p.dx), p.ld_dx};
-  Temp<float> row_sum(rows, stream, "softmax backward row sum");
+  float* row_sum = chain.temp<float>(rows);
   if (p.op == FusedOp::kSoftmax) {
-    Temp<float> prod(rows * n, stream, "softmax backward dy*y");
-    const Mat<float> prod_mat{prod.get(), n};
-    launch_map(stream, "softmax backward dy*y", rows, n, Multiply{}, prod_mat, dy, y);
-    launch_row_reduce<SumOp>(stream, "softmax backward row sum", rows, n, Identity{}, Total{}, row_sum.get(),
-                             prod_mat);
-    prod.release();
-    launch_map(stream, "softmax backward dx", rows, n, SoftmaxGrad{scalars_f32(p).scale}, dx, y, dy, PerRow{row_sum.get()});
+    float* prod = chain.temp<float>(rows * n);
+    const Mat<float> prod_mat{prod, n};
+    chain.map(rows, n, Multiply{}, prod_mat, dy, y);                              // dy*y
+    chain.row_reduce<SumOp>(rows, n, Identity{}, Total{}, row_sum, prod_mat);   // row sum
+    chain.map(rows, n, SoftmaxGrad{scale}, dx, y, dy, PerRow{row_sum});
   } else {
-    Temp<float> e(rows * n, stream, "log_softmax backward exp");
-    const Mat<float> e_mat{e.get(), n};
-    launch_row_reduce<SumOp>(stream, "log_softmax backward row sum", rows, n, Identity{}, Total{},
-                             row_sum.get(), dy);
-    launch_map(stream, "log_softmax backward exp", rows, n, Exp{}, e_mat, y);
-    launch_map(stream, "log_softmax backward dx", rows, n, LogSoftmaxGrad{scalars_f32(p).scale}, dx, dy, e_mat,
-               PerRow{row_sum.get()});
-    e.release();
+    float* e = chain.temp<float>(rows * n);
+    const Mat<float> e_mat{e, n};
+    chain.row_reduce<SumOp>(rows, n, Identity{}, Total{}, row_sum, dy);  // row sum of dy
+    chain.map(rows, n, Exp{}, e_mat, y);                                  // e = exp(y)
+    chain.map(rows, n, LogSoftmaxGrad{scale}, dx, dy, e_mat, PerRow{row_sum});
   }
-  row_sum.release();
 }
 
 // ---- layer_norm / rms_norm (and their add forms) -------------------------------------------
 template <typename T>
-void norm_forward(const FusedParams& p, cudaStream_t stream) {
+void norm_forward_chain(const FusedParams& p, Chain& chain) {
   const bool layer = p.is_layer_norm();
   const int64_t rows = p.rows, n = p.width;
   const Mat<const T> x{static_cast<const T*>(p.x), p.ld_x};
@@ -434,74 +398,61 @@ void norm_forward(const FusedParams& p, cudaStream_t stream) {
 
   // h: x, or (add form) x + residual rounded to T, written where the caller wants it.
   Mat<const T> h = x;
-  std::optional<Temp<T>> h_temp;
   if (p.is_add_form()) {
     Mat<T> h_out{static_cast<T*>(p.residual_out), p.ld_residual_out};
-    if (h_out.p == nullptr) {
-      h_temp.emplace(rows * n, stream, "norm h = x + residual");
-      h_out = {h_temp->get(), n};
-    }
-    if (p.residual != nullptr) {
-      launch_map(stream, "norm residual add", rows, n, Add{}, h_out, x,
-                 Mat<const T>{static_cast<const T*>(p.residual), p.ld_residual});
-    } else {  // no residual: h = x (the public API sends plain norms as kLayerNorm / kRmsNorm)
-      launch_map(stream, "norm residual copy", rows, n, Identity{}, h_out, x);
-    }
+    if (h_out.p == nullptr) h_out = {chain.temp<T>(rows * n), n};
+    if (p.residual != nullptr)
+      chain.map(rows, n, Add{}, h_out, x, Mat<const T>{static_cast<const T*>(p.residual), p.ld_residual});
+    else  // no residual: h = x (the public API sends plain norms as kLayerNorm / kRmsNorm)
+      chain.map(rows, n, Identity{}, h_out, x);
     h = {h_out.p, h_out.ld};
   }
 
   // Statistics: into the caller's mean / rstd when given, else (rows) temporaries.
-  std::optional<Temp<float>> mean_temp, rstd_temp;
   float* mean = p.mean;
-  if (layer && mean == nullptr) mean = mean_temp.emplace(rows, stream, "norm mean").get();
-  float* rstd = p.rstd != nullptr ? p.rstd : rstd_temp.emplace(rows, stream, "norm rstd").get();
-  Temp<float> moment(rows, stream, "norm variance");  // var (layer_norm) or mean(h^2) (rms_norm)
-  if (layer) {
-    launch_row_reduce<SumOp>(stream, "layer_norm row mean", rows, n, Identity{}, MeanOf{}, mean, h);
-    launch_row_reduce<SumOp>(stream, "layer_norm row variance", rows, n, SquaredDeviation{}, MeanOf{},
-                             moment.get(), h, PerRow{mean});
-  } else {
-    launch_row_reduce<SumOp>(stream, "rms_norm row mean square", rows, n, Square{}, MeanOf{}, moment.get(), h);
+  if (layer && mean == nullptr) mean = chain.temp<float>(rows);
+  float* rstd = p.rstd != nullptr ? p.rstd : chain.temp<float>(rows);
+  {
+    ArenaScope scope(chain.arena());
+    float* moment = chain.temp<float>(rows);  // var (layer_norm) or mean(h^2) (rms_norm)
+    if (layer) {
+      chain.row_reduce<SumOp>(rows, n, Identity{}, MeanOf{}, mean, h);
+      chain.row_reduce<SumOp>(rows, n, SquaredDeviation{}, MeanOf{}, moment, h, PerRow{mean});
+    } else {
+      chain.row_reduce<SumOp>(rows, n, Square{}, MeanOf{}, moment, h);
+    }
+    // A (rows, 1) map: rstd per row.
+    chain.map(rows, 1, RsqrtPlusEps{scalars_f32(p).eps}, Mat<float>{rstd, 1}, Mat<float>{moment, 1});
   }
-  // A (rows, 1) map: rstd per row.
-  launch_map(stream, "norm rstd", rows, 1, RsqrtPlusEps{scalars_f32(p).eps}, Mat<float>{rstd, 1},
-             Mat<float>{moment.get(), 1});
-  moment.release();
 
   // normalize -> scale -> shift; the last step present writes y.
   const bool has_weight = p.weight != nullptr;
   const bool has_bias = layer && p.bias != nullptr;
   auto normalize = [&](auto out) {
     if (layer)
-      launch_map(stream, "layer_norm normalize", rows, n, Normalize{}, out, h, PerRow{mean}, PerRow{rstd});
+      chain.map(rows, n, Normalize{}, out, h, PerRow{mean}, PerRow{rstd});
     else
-      launch_map(stream, "rms_norm normalize", rows, n, Multiply{}, out, h, PerRow{rstd});
+      chain.map(rows, n, Multiply{}, out, h, PerRow{rstd});
   };
   if (!has_weight && !has_bias) {
     normalize(y);
-  } else {
-    Temp<float> t(rows * n, stream, "norm xhat");
-    const Mat<float> t_mat{t.get(), n};
-    normalize(t_mat);
-    if (has_weight) {
-      const PerCol<T> weight{static_cast<const T*>(p.weight)};
-      if (has_bias)
-        launch_map(stream, "norm weight", rows, n, Multiply{}, t_mat, t_mat, weight);
-      else
-        launch_map(stream, "norm weight", rows, n, Multiply{}, y, t_mat, weight);
-    }
-    if (has_bias)
-      launch_map(stream, "layer_norm bias", rows, n, Add{}, y, t_mat, PerCol<T>{static_cast<const T*>(p.bias)});
-    t.release();
+    return;
   }
-  if (h_temp) h_temp->release();
-  if (mean_temp) mean_temp->release();
-  if (rstd_temp) rstd_temp->release();
+  const Mat<float> t_mat{chain.temp<float>(rows * n), n};  // xhat
+  normalize(t_mat);
+  if (has_weight) {
+    const PerCol<T> weight{static_cast<const T*>(p.weight)};
+    if (has_bias)
+      chain.map(rows, n, Multiply{}, t_mat, t_mat, weight);
+    else
+      chain.map(rows, n, Multiply{}, y, t_mat, weight);
+  }
+  if (has_bias) chain.map(rows, n, Add{}, y, t_mat, PerCol<T>{static_cast<const T*>(p.bias)});
 }
 
 // The backward once g = dy * weight exists (G: a fp32 temporary, or dy itself without weight).
 template <typename T, typename G>
-void norm_backward_from_g(const FusedParams& p, cudaStream_t stream, G g) {
+void norm_backward_from_g(const FusedParams& p, Chain& chain, G g) {
   const bool layer = p.is_layer_norm();
   const int64_t rows = p.rows, n = p.width;
   const Mat<const T> h{static_cast<const T*>(p.x), p.ld_x};
@@ -510,193 +461,156 @@ void norm_backward_from_g(const FusedParams& p, cudaStream_t stream, G g) {
   const PerRow rstd{p.rstd};
   const PerRow mean{p.mean};
 
-  Temp<float> xhat(rows * n, stream, "norm backward xhat");
-  const Mat<float> xhat_mat{xhat.get(), n};
+  const Mat<float> xhat_mat{chain.temp<float>(rows * n), n};
   if (layer)
-    launch_map(stream, "layer_norm backward xhat", rows, n, Normalize{}, xhat_mat, h, mean, rstd);
+    chain.map(rows, n, Normalize{}, xhat_mat, h, mean, rstd);
   else
-    launch_map(stream, "rms_norm backward xhat", rows, n, Multiply{}, xhat_mat, h, rstd);
+    chain.map(rows, n, Multiply{}, xhat_mat, h, rstd);
 
-  Temp<float> mean_gx(rows, stream, "norm backward mean(g*xhat)");
+  float* mean_gx = chain.temp<float>(rows);
+  float* mean_g = layer ? chain.temp<float>(rows) : nullptr;
   {
-    Temp<float> gx(rows * n, stream, "norm backward g*xhat");
-    const Mat<float> gx_mat{gx.get(), n};
-    launch_map(stream, "norm backward g*xhat", rows, n, Multiply{}, gx_mat, g, xhat_mat);
-    launch_row_reduce<SumOp>(stream, "norm backward row mean(g*xhat)", rows, n, Identity{}, MeanOf{},
-                             mean_gx.get(), gx_mat);
-    gx.release();
+    ArenaScope scope(chain.arena());
+    const Mat<float> gx_mat{chain.temp<float>(rows * n), n};
+    chain.map(rows, n, Multiply{}, gx_mat, g, xhat_mat);                      // g*xhat
+    chain.row_reduce<SumOp>(rows, n, Identity{}, MeanOf{}, mean_gx, gx_mat);  // row mean(g*xhat)
   }
-  std::optional<Temp<float>> mean_g;
-  if (layer) {
-    mean_g.emplace(rows, stream, "layer_norm backward mean(g)");
-    launch_row_reduce<SumOp>(stream, "layer_norm backward row mean(g)", rows, n, Identity{}, MeanOf{},
-                             mean_g->get(), g);
-  }
+  if (layer) chain.row_reduce<SumOp>(rows, n, Identity{}, MeanOf{}, mean_g, g);  // row mean(g)
 
   // Parameter gradients before dx: dx may be dy's very buffer.
   if (p.dweight != nullptr) {
-    Temp<float> prod(rows * n, stream, "norm backward dy*xhat");
-    const Mat<float> prod_mat{prod.get(), n};
-    launch_map(stream, "norm backward dy*xhat", rows, n, Multiply{}, prod_mat, dy, xhat_mat);
-    launch_column_sum<T>(stream, "norm backward dweight", rows, n, prod_mat, p.dweight);
-    prod.release();
+    ArenaScope scope(chain.arena());
+    const Mat<float> prod_mat{chain.temp<float>(rows * n), n};
+    chain.map(rows, n, Multiply{}, prod_mat, dy, xhat_mat);  // dy*xhat
+    chain.column_sum<T>(rows, n, prod_mat, p.dweight);
   }
-  if (layer && p.dbias != nullptr) launch_column_sum<T>(stream, "layer_norm backward dbias", rows, n, dy, p.dbias);
+  if (layer && p.dbias != nullptr) chain.column_sum<T>(rows, n, dy, p.dbias);
 
   auto input_grad = [&](auto out) {
     if (layer)
-      launch_map(stream, "layer_norm backward dx", rows, n, LayerNormGrad{}, out, g, xhat_mat, rstd,
-                 PerRow{mean_g->get()}, PerRow{mean_gx.get()});
+      chain.map(rows, n, LayerNormGrad{}, out, g, xhat_mat, rstd, PerRow{mean_g}, PerRow{mean_gx});
     else
-      launch_map(stream, "rms_norm backward dx", rows, n, RmsNormGrad{}, out, g, xhat_mat, rstd,
-                 PerRow{mean_gx.get()});
+      chain.map(rows, n, RmsNormGrad{}, out, g, xhat_mat, rstd, PerRow{mean_gx});
   };
   if (p.dresidual_out == nullptr) {
     input_grad(dx);
   } else {
-    Temp<float> dh(rows * n, stream, "norm backward dh");
-    const Mat<float> dh_mat{dh.get(), n};
+    const Mat<float> dh_mat{chain.temp<float>(rows * n), n};
     input_grad(dh_mat);
-    launch_map(stream, "norm backward dx += dresidual_out", rows, n, Add{}, dx, dh_mat,
-               Mat<const T>{static_cast<const T*>(p.dresidual_out), p.ld_dresidual_out});
-    dh.release();
+    chain.map(rows, n, Add{}, dx, dh_mat, Mat<const T>{static_cast<const T*>(p.dresidual_out), p.ld_dresidual_out});
   }
-  xhat.release();
-  mean_gx.release();
-  if (mean_g) mean_g->release();
 }
 
 template <typename T>
-void norm_backward(const FusedParams& p, cudaStream_t stream) {
+void norm_backward_chain(const FusedParams& p, Chain& chain) {
   const int64_t rows = p.rows, n = p.width;
   const Mat<const T> dy{static_cast<const T*>(p.dy), p.ld_dy};
   if (p.weight == nullptr) {
-    norm_backward_from_g<T>(p, stream, dy);
+    norm_backward_from_g<T>(p, chain, dy);
     return;
   }
-  Temp<float> g(rows * n, stream, "norm backward g = dy*weight");
-  const Mat<float> g_mat{g.get(), n};
-  launch_map(stream, "norm backward dy*weight", rows, n, Multiply{}, g_mat, dy,
-             PerCol<T>{static_cast<const T*>(p.weight)});
-  norm_backward_from_g<T>(p, stream, g_mat);
-  g.release();
+  const Mat<float> g_mat{chain.temp<float>(rows * n), n};
+  chain.map(rows, n, Multiply{}, g_mat, dy, PerCol<T>{static_cast<const T*>(p.weight)});  // g = dy*weight
+  norm_backward_from_g<T>(p, chain, g_mat);
 }
 
 // ---- bias + GELU ---------------------------------------------------------------------------
 template <typename T>
-void bias_gelu_forward(const FusedParams& p, cudaStream_t stream) {
+void bias_gelu_forward_chain(const FusedParams& p, Chain& chain) {
   const int64_t rows = p.rows, n = p.width;
   const Mat<const T> x{static_cast<const T*>(p.x), p.ld_x};
   const Mat<T> y{static_cast<T*>(p.y), p.ld_y};
   const Gelu gelu{p.gelu == GeluApproximation::kTanh};
   if (p.bias == nullptr) {
-    launch_map(stream, "gelu", rows, n, gelu, y, x);
+    chain.map(rows, n, gelu, y, x);
     return;
   }
-  Temp<float> z(rows * n, stream, "bias_gelu x + bias");  // fp32: x + bias is not rounded
-  const Mat<float> z_mat{z.get(), n};
-  launch_map(stream, "bias_gelu bias add", rows, n, Add{}, z_mat, x, PerCol<T>{static_cast<const T*>(p.bias)});
-  launch_map(stream, "bias_gelu gelu", rows, n, gelu, y, z_mat);
-  z.release();
+  const Mat<float> z_mat{chain.temp<float>(rows * n), n};  // fp32: x + bias is not rounded
+  chain.map(rows, n, Add{}, z_mat, x, PerCol<T>{static_cast<const T*>(p.bias)});
+  chain.map(rows, n, gelu, y, z_mat);
 }
 
 template <typename T>
-void bias_gelu_backward(const FusedParams& p, cudaStream_t stream) {
+void bias_gelu_backward_chain(const FusedParams& p, Chain& chain) {
   const int64_t rows = p.rows, n = p.width;
   const Mat<const T> x{static_cast<const T*>(p.x), p.ld_x};
   const Mat<const T> dy{static_cast<const T*>(p.dy), p.ld_dy};
   const Mat<T> dx{static_cast<T*>(p.dx), p.ld_dx};
   const GeluGrad gelu_grad{p.gelu == GeluApproximation::kTanh};
-  Temp<float> d(rows * n, stream, "bias_gelu backward gelu'");
-  const Mat<float> d_mat{d.get(), n};
+  const Mat<float> d_mat{chain.temp<float>(rows * n), n};
   if (p.bias == nullptr) {
-    launch_map(stream, "gelu backward gelu'", rows, n, gelu_grad, d_mat, x);
+    chain.map(rows, n, gelu_grad, d_mat, x);  // gelu'(x)
   } else {
-    Temp<float> z(rows * n, stream, "bias_gelu backward x + bias");
-    const Mat<float> z_mat{z.get(), n};
-    launch_map(stream, "bias_gelu backward bias add", rows, n, Add{}, z_mat, x,
-               PerCol<T>{static_cast<const T*>(p.bias)});
-    launch_map(stream, "bias_gelu backward gelu'", rows, n, gelu_grad, d_mat, z_mat);
-    z.release();
+    ArenaScope scope(chain.arena());
+    const Mat<float> z_mat{chain.temp<float>(rows * n), n};
+    chain.map(rows, n, Add{}, z_mat, x, PerCol<T>{static_cast<const T*>(p.bias)});  // x + bias
+    chain.map(rows, n, gelu_grad, d_mat, z_mat);
   }
   // dx in fp32 first (in place over gelu'), so that dbias sums the unrounded values like the other
   // variants; then dx is written in T by its own kernel.
-  launch_map(stream, "bias_gelu backward dy * gelu'", rows, n, Multiply{}, d_mat, dy, d_mat);
-  if (p.dbias != nullptr)
-    launch_column_sum<T>(stream, "bias_gelu backward dbias", rows, n, Mat<const float>{d.get(), n}, p.dbias);
-  launch_map(stream, "bias_gelu backward dx", rows, n, Identity{}, dx, d_mat);
-  d.release();
+  chain.map(rows, n, Multiply{}, d_mat, dy, d_mat);
+  if (p.dbias != nullptr) chain.column_sum<T>(rows, n, Mat<const float>{d_mat.p, n}, p.dbias);
+  chain.map(rows, n, Identity{}, dx, d_mat);
 }
 
 // ---- SiLU-and-mul --------------------------------------------------------------------------
 // x = [a | b]: a is columns [0, d) of x, b columns [d, 2d); width = d.
 template <typename T>
-void silu_and_mul_forward(const FusedParams& p, cudaStream_t stream) {
+void silu_and_mul_forward_chain(const FusedParams& p, Chain& chain) {
   const int64_t rows = p.rows, d = p.width;
   const Mat<const T> a{static_cast<const T*>(p.x), p.ld_x};
   const Mat<const T> b{static_cast<const T*>(p.x) + d, p.ld_x};
   const Mat<T> y{static_cast<T*>(p.y), p.ld_y};
-  Temp<float> s(rows * d, stream, "silu_and_mul silu(a)");
-  const Mat<float> s_mat{s.get(), d};
-  launch_map(stream, "silu_and_mul silu", rows, d, Silu{}, s_mat, a);
-  launch_map(stream, "silu_and_mul mul", rows, d, Multiply{}, y, s_mat, b);
-  s.release();
+  const Mat<float> s_mat{chain.temp<float>(rows * d), d};
+  chain.map(rows, d, Silu{}, s_mat, a);
+  chain.map(rows, d, Multiply{}, y, s_mat, b);
 }
 
 template <typename T>
-void silu_and_mul_backward(const FusedParams& p, cudaStream_t stream) {
+void silu_and_mul_backward_chain(const FusedParams& p, Chain& chain) {
   const int64_t rows = p.rows, d = p.width;
   const Mat<const T> a{static_cast<const T*>(p.x), p.ld_x};
   const Mat<const T> b{static_cast<const T*>(p.x) + d, p.ld_x};
   const Mat<const T> dy{static_cast<const T*>(p.dy), p.ld_dy};
   const Mat<T> da{static_cast<T*>(p.dx), p.ld_dx};
   const Mat<T> db{static_cast<T*>(p.dx) + d, p.ld_dx};
-  Temp<float> sig(rows * d, stream, "silu_and_mul backward sigmoid(a)");
-  Temp<float> s(rows * d, stream, "silu_and_mul backward silu(a)");
-  const Mat<float> sig_mat{sig.get(), d};
-  const Mat<float> s_mat{s.get(), d};
-  launch_map(stream, "silu_and_mul backward sigmoid", rows, d, Sigmoid{}, sig_mat, a);
-  launch_map(stream, "silu_and_mul backward silu", rows, d, Silu{}, s_mat, a);
+  const Mat<float> sig_mat{chain.temp<float>(rows * d), d};
+  const Mat<float> s_mat{chain.temp<float>(rows * d), d};
+  chain.map(rows, d, Sigmoid{}, sig_mat, a);
+  chain.map(rows, d, Silu{}, s_mat, a);
   // da reads a and b; db reads neither, so dx may be x's very buffer.
-  launch_map(stream, "silu_and_mul backward da", rows, d, SiluAndMulGradA{}, da, dy, a, b, sig_mat);
-  launch_map(stream, "silu_and_mul backward db", rows, d, Multiply{}, db, dy, s_mat);
-  sig.release();
-  s.release();
+  chain.map(rows, d, SiluAndMulGradA{}, da, dy, a, b, sig_mat);
+  chain.map(rows, d, Multiply{}, db, dy, s_mat);
 }
 
 template <typename T>
-void run(const FusedParams& p, cudaStream_t stream) {
+void run_chain(const FusedParams& p, Chain& chain) {
   switch (p.op) {
     case FusedOp::kSoftmax:
     case FusedOp::kLogSoftmax:
-      return p.backward ? softmax_backward<T>(p, stream) : softmax_forward<T>(p, stream);
+      return p.backward ? softmax_backward_chain<T>(p, chain) : softmax_forward_chain<T>(p, chain);
     case FusedOp::kLayerNorm:
     case FusedOp::kRmsNorm:
     case FusedOp::kAddLayerNorm:
     case FusedOp::kAddRmsNorm:
-      return p.backward ? norm_backward<T>(p, stream) : norm_forward<T>(p, stream);
+      return p.backward ? norm_backward_chain<T>(p, chain) : norm_forward_chain<T>(p, chain);
     case FusedOp::kBiasGelu:
-      return p.backward ? bias_gelu_backward<T>(p, stream) : bias_gelu_forward<T>(p, stream);
+      return p.backward ? bias_gelu_backward_chain<T>(p, chain) : bias_gelu_forward_chain<T>(p, chain);
     case FusedOp::kSiluAndMul:
-      return p.backward ? silu_and_mul_backward<T>(p, stream) : silu_and_mul_forward<T>(p, stream);
+      return p.backward ? silu_and_mul_backward_chain<T>(p, chain) : silu_and_mul_forward_chain<T>(p, chain);
   }
-  throw Error(Status::kInternal, "launch_fused_unfused: unknown FusedOp " +
-                                     std::to_string(static_cast<int>(p.op)));
 }
 
 }  // namespace
+}  // namespace optimized::cuda::fused
 
-void launch_fused_unfused(const FusedParams& params, void* stream) {
-  if (params.rows <= 0 || params.width <= 0) return;
-  const auto s = static_cast<cudaStream_t>(stream);
-  switch (params.dtype) {
-    case DType::kF32: return run<float>(params, s);
-    case DType::kF16: return run<__half>(params, s);
-    case DType::kBF16: return run<__nv_bfloat16>(params, s);
-    default: break;
-  }
-  throw Error(Status::kUnsupported, "launch_fused_unfused: dtype " + std::string(dtype_name(params.dtype)) +
-                                        " (supported: fp32, fp16, bf16)");
+namespace optimized::cuda {
+
+template <DType kDType>
+cudaError_t fused_unfused_dtype(const FusedParams& p, const Workspace& workspace, cudaStream_t stream, size_t* measure) {
+  fused::Chain chain(workspace, stream, measure);
+  if (p.rows > 0 && p.width > 0) fused::run_chain<kernels::cuda_type_t<kDType>>(p, chain);
+  return chain.finish();
 }
 
-}  // namespace optimized
+}  // namespace optimized::cuda
