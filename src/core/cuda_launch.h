@@ -1,7 +1,18 @@
-// What the C++ API does around a CUDA launcher (CUDA builds): make the operands' device current,
-// refuse a device older than the variant needs, provide the workspace (the caller's, checked, or
-// one allocated on the call's stream), launch, and turn the launcher's cudaError_t into
-// optimized::Error. Launchers never throw; this layer does.
+// The launcher contract, and what the C++ API does around a launcher (CUDA builds).
+//
+// Every CUDA backend of every family is a launcher
+//
+//   cudaError_t <family>_<variant>(const Params&, const Workspace&, cudaStream_t)
+//
+// declared in src/<family>/launchers.h, with a workspace query cudaError_t <family>_<variant>
+// _workspace(const Params&, size_t*) where it needs scratch. A launcher takes validated params,
+// enqueues its kernels on the stream and returns the first CUDA error: it never throws, never
+// allocates (its scratch is carved from the workspace, src/core/workspace.h) and never
+// synchronises, so a call can be captured in a CUDA graph. The family's variant table
+// (core/variant_table.h) holds the launchers; launch_on_cuda below runs one for the C++ API: it
+// makes the operands' device current, refuses a device older than the variant needs, provides the
+// workspace (the caller's, checked, or one allocated on the call's stream), launches, and turns
+// the launcher's cudaError_t into optimized::Error.
 #pragma once
 
 #include <cuda_runtime.h>

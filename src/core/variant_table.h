@@ -16,9 +16,37 @@
 
 #include "optimized/core.h"
 
+#if OPTIMIZED_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
 namespace optimized {
 
 enum class Backend : uint8_t { kCpu, kCuda };
+
+// The function types a table holds: the CPU backend (params, cpu_threads), and under the launcher
+// contract (core/cuda_launch.h) the launcher, its workspace query and its kernel report. A build
+// without CUDA has none of the latter: their types are std::nullptr_t and OPTIMIZED_CUDA_FN(f) is
+// nullptr there.
+template <typename Params>
+using CpuBackendFn = void (*)(const Params&, int cpu_threads);
+#if OPTIMIZED_WITH_CUDA
+template <typename Params>
+using LauncherFn = cudaError_t (*)(const Params&, const Workspace&, cudaStream_t);
+template <typename Params>
+using WorkspaceQueryFn = cudaError_t (*)(const Params&, size_t* bytes);
+template <typename Params, typename Report>
+using ResourcesFn = cudaError_t (*)(const Params&, Report*);
+#define OPTIMIZED_CUDA_FN(function) &function
+#else
+template <typename Params>
+using LauncherFn = std::nullptr_t;
+template <typename Params>
+using WorkspaceQueryFn = std::nullptr_t;
+template <typename Params, typename Report>
+using ResourcesFn = std::nullptr_t;
+#define OPTIMIZED_CUDA_FN(function) nullptr
+#endif
 
 // A set of dtypes.
 class DTypeSet {
@@ -77,6 +105,13 @@ constexpr const typename Table::value_type* find_variant(const Table& table, Var
   return nullptr;
 }
 
+// The row of `v`; Error kInternal for the auto value (resolve it first).
+template <typename Table, typename Variant>
+const typename Table::value_type& variant_row(const Table& table, Variant v) {
+  if (const auto* row = find_variant(table, v)) return *row;
+  throw Error(Status::kInternal, "variant: auto has no row in the variant table (resolve it first)");
+}
+
 template <typename Table, typename Variant>
 std::string_view variant_name(const Table& table, Variant v) {
   const auto* row = find_variant(table, v);
@@ -119,6 +154,18 @@ std::string variants_running(const Table& table, DType dtype) {
   return s;
 }
 
+// Whether `v` (not the auto value) runs on CUDA; its minimum compute capability (0: auto or CPU).
+template <typename Table, typename Variant>
+bool variant_is_cuda(const Table& table, Variant v) {
+  const auto* row = find_variant(table, v);
+  return row && row->backend == Backend::kCuda;
+}
+template <typename Table, typename Variant>
+int variant_min_compute_capability(const Table& table, Variant v) {
+  const auto* row = find_variant(table, v);
+  return row ? row->min_compute_capability : 0;
+}
+
 // Empty when `row` runs `dtype`; otherwise why not: "<name> supports <dtypes> (<note>); given
 // <dtype>", the note being the row's, else where the dtype runs ("fp64 runs on cpu_naive, ...").
 // A dtype no variant runs: "<family> supports <every dtype>; given <dtype>".
@@ -132,6 +179,19 @@ std::string variant_rejects_dtype(const Table& table, const Row& row, DType dtyp
                                ? std::string(row.dtype_note)
                                : std::string(dtype_name(dtype)) + " runs on " + variants_running(table, dtype);
   return std::string(row.name) + " supports " + row.dtypes.names() + " (" + note + ")" + given;
+}
+
+}  // namespace optimized
+
+namespace optimized {
+
+// variant_rejects_dtype for a variant of the table, or (the auto value, not in the table) for the
+// family as a whole: auto runs whatever some variant runs.
+template <typename Table, typename Variant>
+std::string variant_or_auto_rejects_dtype(const Table& table, Variant v, DType dtype, std::string_view family) {
+  if (const auto* row = find_variant(table, v)) return variant_rejects_dtype(table, *row, dtype, family);
+  const DTypeSet all = table_dtypes(table);
+  return all.has(dtype) ? "" : std::string(family) + " supports " + all.names() + "; given " + std::string(dtype_name(dtype));
 }
 
 }  // namespace optimized

@@ -20,10 +20,7 @@ constexpr auto kOpEnums = [] {
 [[noreturn]] void invalid(const std::string& message) { throw Error(Status::kInvalidArgument, message); }
 }  // namespace
 
-const FusedVariantInfo& fused_variant_info(FusedVariant variant) {
-  if (const FusedVariantInfo* row = find_variant(kFusedVariants, variant)) return *row;
-  throw Error(Status::kInternal, "fused_variant_info: auto is not a variant (resolve it first)");
-}
+const FusedVariantInfo& fused_variant_info(FusedVariant variant) { return variant_row(kFusedVariants, variant); }
 
 // ---- variants --------------------------------------------------------------------------------
 
@@ -35,16 +32,10 @@ FusedVariant parse_fused_variant(std::string_view name) {
 
 std::span<const FusedVariant> all_fused_variants() { return kVariantEnums; }
 
-bool fused_variant_is_cuda(FusedVariant variant) {
-  const FusedVariantInfo* row = find_variant(kFusedVariants, variant);
-  return row && row->backend == Backend::kCuda;
-}
+bool fused_variant_is_cuda(FusedVariant variant) { return variant_is_cuda(kFusedVariants, variant); }
 
 std::string fused_variant_rejects_dtype(FusedVariant variant, DType dtype) {
-  if (const FusedVariantInfo* row = find_variant(kFusedVariants, variant))
-    return variant_rejects_dtype(kFusedVariants, *row, dtype, "the fused family");
-  const DTypeSet all = table_dtypes(kFusedVariants);
-  return all.has(dtype) ? "" : "the fused family supports " + all.names() + "; given " + std::string(dtype_name(dtype));
+  return variant_or_auto_rejects_dtype(kFusedVariants, variant, dtype, "the fused family");
 }
 
 bool fused_variant_supports_dtype(FusedVariant variant, DType dtype) {
@@ -52,8 +43,7 @@ bool fused_variant_supports_dtype(FusedVariant variant, DType dtype) {
 }
 
 int fused_variant_min_compute_capability(FusedVariant variant) {
-  const FusedVariantInfo* row = find_variant(kFusedVariants, variant);
-  return row ? row->min_compute_capability : 0;
+  return variant_min_compute_capability(kFusedVariants, variant);
 }
 
 // ---- ops -------------------------------------------------------------------------------------

@@ -19,22 +19,12 @@
 
 namespace optimized {
 
-using FusedCpuFn = void (*)(const FusedParams&, int threads);
-#if OPTIMIZED_WITH_CUDA
-using FusedLaunchFn = cudaError_t (*)(const FusedParams&, const Workspace&, cudaStream_t);
-using FusedWorkspaceFn = cudaError_t (*)(const FusedParams&, size_t*);
-#define OPTIMIZED_FUSED_CUDA(launch) &cuda::launch, &cuda::launch##_workspace
-#else
-using FusedLaunchFn = std::nullptr_t;
-using FusedWorkspaceFn = std::nullptr_t;
-#define OPTIMIZED_FUSED_CUDA(launch) nullptr, nullptr
-#endif
-using FusedResourcesFn = std::nullptr_t;  // no kernel report yet
-using FusedVariantInfo = VariantInfo<FusedVariant, FusedCpuFn, FusedLaunchFn, FusedWorkspaceFn, FusedResourcesFn>;
+using FusedVariantInfo = VariantInfo<FusedVariant, CpuBackendFn<FusedParams>, LauncherFn<FusedParams>,
+                                     WorkspaceQueryFn<FusedParams>, std::nullptr_t /* no kernel report yet */>;
 
 namespace fused_table {
 constexpr DTypeSet kFloat = {DType::kF32, DType::kF16, DType::kBF16};
-constexpr FusedCpuFn kNoCpu = nullptr;
+constexpr CpuBackendFn<FusedParams> kNoCpu = nullptr;
 }  // namespace fused_table
 
 // In ladder order. Compute capabilities: unfused and fused_streaming use warp shuffles and shared
@@ -44,13 +34,14 @@ inline constexpr std::array<FusedVariantInfo, 4> kFusedVariants = {{
     {FusedVariant::kCpu, "cpu", Backend::kCpu, {DType::kF32, DType::kF16, DType::kBF16, DType::kF64}, 0, "",
      &cpu_fused, nullptr, nullptr, nullptr},
     {FusedVariant::kCudaUnfused, "unfused", Backend::kCuda, fused_table::kFloat, 50, "", fused_table::kNoCpu,
-     OPTIMIZED_FUSED_CUDA(fused_unfused), nullptr},
+     OPTIMIZED_CUDA_FN(cuda::fused_unfused), OPTIMIZED_CUDA_FN(cuda::fused_unfused_workspace), nullptr},
     {FusedVariant::kCudaFusedStreaming, "fused_streaming", Backend::kCuda, fused_table::kFloat, 50, "",
-     fused_table::kNoCpu, OPTIMIZED_FUSED_CUDA(fused_streaming), nullptr},
+     fused_table::kNoCpu, OPTIMIZED_CUDA_FN(cuda::fused_streaming),
+     OPTIMIZED_CUDA_FN(cuda::fused_streaming_workspace), nullptr},
     {FusedVariant::kCudaFusedRegisters, "fused_registers", Backend::kCuda, fused_table::kFloat, 90, "",
-     fused_table::kNoCpu, OPTIMIZED_FUSED_CUDA(fused_registers), nullptr},
+     fused_table::kNoCpu, OPTIMIZED_CUDA_FN(cuda::fused_registers),
+     OPTIMIZED_CUDA_FN(cuda::fused_registers_workspace), nullptr},
 }};
-#undef OPTIMIZED_FUSED_CUDA
 
 // The row of `variant` (not kAuto).
 const FusedVariantInfo& fused_variant_info(FusedVariant variant);

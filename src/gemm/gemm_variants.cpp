@@ -12,10 +12,7 @@ namespace {
 constexpr auto kVariantEnums = variant_enums(kGemmVariants);
 }  // namespace
 
-const GemmVariantInfo& gemm_variant_info(GemmVariant variant) {
-  if (const GemmVariantInfo* row = find_variant(kGemmVariants, variant)) return *row;
-  throw Error(Status::kInternal, "gemm_variant_info: auto is not a rung (resolve it first)");
-}
+const GemmVariantInfo& gemm_variant_info(GemmVariant variant) { return variant_row(kGemmVariants, variant); }
 
 std::string_view gemm_variant_name(GemmVariant variant) { return variant_name(kGemmVariants, variant); }
 
@@ -25,17 +22,10 @@ GemmVariant parse_gemm_variant(std::string_view name) {
 
 std::span<const GemmVariant> all_gemm_variants() { return kVariantEnums; }
 
-bool gemm_variant_is_cuda(GemmVariant variant) {
-  const GemmVariantInfo* row = find_variant(kGemmVariants, variant);
-  return row && row->backend == Backend::kCuda;
-}
+bool gemm_variant_is_cuda(GemmVariant variant) { return variant_is_cuda(kGemmVariants, variant); }
 
 std::string gemm_variant_rejects_dtype(GemmVariant variant, DType dtype) {
-  if (const GemmVariantInfo* row = find_variant(kGemmVariants, variant))
-    return variant_rejects_dtype(kGemmVariants, *row, dtype, "matmul");
-  // auto runs whatever some rung runs.
-  const DTypeSet all = table_dtypes(kGemmVariants);
-  return all.has(dtype) ? "" : "matmul supports " + all.names() + "; given " + std::string(dtype_name(dtype));
+  return variant_or_auto_rejects_dtype(kGemmVariants, variant, dtype, "matmul");
 }
 
 bool gemm_variant_supports_dtype(GemmVariant variant, DType dtype) {
@@ -43,8 +33,7 @@ bool gemm_variant_supports_dtype(GemmVariant variant, DType dtype) {
 }
 
 int gemm_variant_min_compute_capability(GemmVariant variant) {
-  const GemmVariantInfo* row = find_variant(kGemmVariants, variant);
-  return row ? row->min_compute_capability : 0;
+  return variant_min_compute_capability(kGemmVariants, variant);
 }
 
 GemmVariant resolve_gemm_variant(const TensorView& a, const TensorView&, const TensorView&) {

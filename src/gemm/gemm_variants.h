@@ -17,24 +17,19 @@
 
 namespace optimized {
 
-using GemmCpuFn = void (*)(const GemmParams&, int threads);
-#if OPTIMIZED_WITH_CUDA
-using GemmLaunchFn = cudaError_t (*)(const GemmParams&, const Workspace&, cudaStream_t);
-using GemmResourcesFn = cudaError_t (*)(const GemmParams&, cuda::KernelResources*);
-#define OPTIMIZED_GEMM_CUDA(launch, resources) &cuda::launch, nullptr, &cuda::resources
-#else
-using GemmLaunchFn = std::nullptr_t;
-using GemmResourcesFn = std::nullptr_t;
-#define OPTIMIZED_GEMM_CUDA(launch, resources) nullptr, nullptr, nullptr
-#endif
-using GemmWorkspaceFn = std::nullptr_t;  // no rung needs scratch yet (split-K will)
-using GemmVariantInfo = VariantInfo<GemmVariant, GemmCpuFn, GemmLaunchFn, GemmWorkspaceFn, GemmResourcesFn>;
+namespace cuda {
+struct KernelResources;  // launchers.h (CUDA builds)
+}
+using GemmVariantInfo = VariantInfo<GemmVariant, CpuBackendFn<GemmParams>, LauncherFn<GemmParams>,
+                                    std::nullptr_t,  // no rung needs scratch yet (split-K will)
+                                    ResourcesFn<GemmParams, cuda::KernelResources>>;
+using GemmWorkspaceFn = decltype(GemmVariantInfo::workspace);
 
 namespace gemm_table {
 constexpr DTypeSet kFloat = {DType::kF32, DType::kF16, DType::kBF16};
 constexpr DTypeSet kFloatAndF64 = {DType::kF32, DType::kF16, DType::kBF16, DType::kF64};
 constexpr DTypeSet kHalf = {DType::kF16, DType::kBF16};
-constexpr GemmCpuFn kNoCpu = nullptr;
+constexpr CpuBackendFn<GemmParams> kNoCpu = nullptr;
 }  // namespace gemm_table
 
 // In ladder order (all_gemm_variants() and the benchmark's --variant all list them so).
@@ -48,19 +43,20 @@ inline constexpr std::array<GemmVariantInfo, 9> kGemmVariants = {{
     {GemmVariant::kCpuPacked, "cpu_packed", Backend::kCpu, gemm_table::kFloat, 0, "",
      [](const GemmParams& p, int threads) { cpu::gemm_packed(p, threads); }, nullptr, nullptr, nullptr},
     {GemmVariant::kCudaNaive, "naive", Backend::kCuda, gemm_table::kFloat, 50, "", gemm_table::kNoCpu,
-     OPTIMIZED_GEMM_CUDA(gemm_naive, gemm_naive_resources)},
+     OPTIMIZED_CUDA_FN(cuda::gemm_naive), nullptr, OPTIMIZED_CUDA_FN(cuda::gemm_naive_resources)},
     {GemmVariant::kCudaCoalesced, "coalesced", Backend::kCuda, gemm_table::kFloat, 50, "", gemm_table::kNoCpu,
-     OPTIMIZED_GEMM_CUDA(gemm_coalesced, gemm_coalesced_resources)},
+     OPTIMIZED_CUDA_FN(cuda::gemm_coalesced), nullptr, OPTIMIZED_CUDA_FN(cuda::gemm_coalesced_resources)},
     {GemmVariant::kCudaSmemTiled, "smem_tiled", Backend::kCuda, gemm_table::kFloat, 50, "", gemm_table::kNoCpu,
-     OPTIMIZED_GEMM_CUDA(gemm_smem_tiled, gemm_smem_tiled_resources)},
+     OPTIMIZED_CUDA_FN(cuda::gemm_smem_tiled), nullptr, OPTIMIZED_CUDA_FN(cuda::gemm_smem_tiled_resources)},
     {GemmVariant::kCudaRegisterTiled, "register_tiled", Backend::kCuda, gemm_table::kFloat, 50, "",
-     gemm_table::kNoCpu, OPTIMIZED_GEMM_CUDA(gemm_register_tiled, gemm_register_tiled_resources)},
+     gemm_table::kNoCpu, OPTIMIZED_CUDA_FN(cuda::gemm_register_tiled), nullptr,
+     OPTIMIZED_CUDA_FN(cuda::gemm_register_tiled_resources)},
     {GemmVariant::kCudaWmma, "wmma", Backend::kCuda, gemm_table::kHalf, 80, "tensor cores", gemm_table::kNoCpu,
-     OPTIMIZED_GEMM_CUDA(gemm_wmma, gemm_wmma_resources)},
+     OPTIMIZED_CUDA_FN(cuda::gemm_wmma), nullptr, OPTIMIZED_CUDA_FN(cuda::gemm_wmma_resources)},
     {GemmVariant::kCudaMmaPipeline, "mma_pipeline", Backend::kCuda, gemm_table::kHalf, 80, "tensor cores",
-     gemm_table::kNoCpu, OPTIMIZED_GEMM_CUDA(gemm_mma_pipeline, gemm_mma_pipeline_resources)},
+     gemm_table::kNoCpu, OPTIMIZED_CUDA_FN(cuda::gemm_mma_pipeline), nullptr,
+     OPTIMIZED_CUDA_FN(cuda::gemm_mma_pipeline_resources)},
 }};
-#undef OPTIMIZED_GEMM_CUDA
 
 // The row of `variant` (not kAuto).
 const GemmVariantInfo& gemm_variant_info(GemmVariant variant);

@@ -1,10 +1,6 @@
-// The GEMM family's backends, one per rung of the ladder (CUDA builds only for the launchers).
-//
-// The launcher contract (every family): cudaError_t <family>_<variant>(const Params&, const
-// Workspace&, cudaStream_t). A launcher takes validated params, enqueues its kernels on the stream
-// and returns the first CUDA error; it never throws, never allocates (scratch comes from the
-// workspace, sized by the family's workspace query) and never synchronises. The C++ API (gemm.cpp)
-// turns its error into optimized::Error. No GEMM rung needs a workspace today (split-K will).
+// The GEMM family's backends, one launcher per CUDA rung of the ladder (CUDA builds only), under
+// the launcher contract (src/core/cuda_launch.h). No GEMM rung needs a workspace today (split-K
+// will); each also reports the kernel it would run (KernelResources, for the benchmark).
 #pragma once
 
 #include <cuda_runtime.h>

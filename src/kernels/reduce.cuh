@@ -49,6 +49,24 @@ __device__ __forceinline__ void warp_reduce(float (&v)[N], int width = 32) {
   for (int k = 0; k < N; ++k) v[k] = warp_reduce<Op>(v[k], width);
 }
 
+// The warps of a group meet in shared memory: lane 0 of every warp writes its totals into slots
+// [warp], a barrier, then every thread folds slots [first_warp, first_warp + warps). Every thread of
+// the block must call it.
+template <typename Op, int N>
+__device__ __forceinline__ void warps_meet(float (&v)[N], float (*slots)[N], int first_warp, int warps) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0)
+#pragma unroll
+    for (int k = 0; k < N; ++k) slots[warp][k] = v[k];
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    float t = slots[first_warp][k];
+    for (int w = 1; w < warps; ++w) t = Op::apply(t, slots[first_warp + w][k]);
+    v[k] = t;
+  }
+}
+
 // Combines v[0..N) over each segment of `seg` consecutive threads of the block (a power of two up
 // to 32, or a multiple of 32: whole warps) and hands every thread its segment's totals. Every thread
 // of the block must call it (it holds a __syncthreads when seg > 32). slots: float[warps of the
@@ -56,19 +74,9 @@ __device__ __forceinline__ void warp_reduce(float (&v)[N], int width = 32) {
 template <typename Op, int N>
 __device__ __forceinline__ void segment_reduce(float (&v)[N], int seg, float (*slots)[N]) {
   warp_reduce<Op, N>(v, seg < 32 ? seg : 32);
-  if (seg > 32) {  // the warps of each segment meet in shared memory
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int warps = seg / 32, first_warp = threadIdx.x / seg * warps;
-    if (lane == 0)
-#pragma unroll
-      for (int k = 0; k < N; ++k) slots[warp][k] = v[k];
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < N; ++k) {
-      float t = slots[first_warp][k];
-      for (int w = 1; w < warps; ++w) t = Op::apply(t, slots[first_warp + w][k]);
-      v[k] = t;
-    }
+  if (seg > 32) {
+    const int warps = seg / 32, first_warp = threadIdx.x / seg * warps;  // unsigned division: cheaper
+    warps_meet<Op, N>(v, slots, first_warp, warps);
   }
 }
 
@@ -78,18 +86,8 @@ __device__ __forceinline__ void segment_reduce(float (&v)[N], int seg, float (*s
 template <typename Op, int N>
 __device__ __forceinline__ void block_reduce(float (&v)[N], int threads, float (*slots)[N]) {
   warp_reduce<Op, N>(v, threads < 32 ? threads : 32);
-  if (threads > 32) {  // the warps meet in shared memory
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0)
-#pragma unroll
-      for (int k = 0; k < N; ++k) slots[warp][k] = v[k];
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < N; ++k) {
-      float t = slots[0][k];
-      for (int w = 1; w < threads / 32; ++w) t = Op::apply(t, slots[w][k]);
-      v[k] = t;
-    }
+  if (threads > 32) {
+    warps_meet<Op, N>(v, slots, 0, threads / 32);
     __syncthreads();  // every thread has read the slots
   }
 }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "core/dtypes_built.h"
@@ -100,13 +101,19 @@ TEST(WorkspaceQueries, RefuseWhatTheOpsRefuse) {
 
 // ---- what the variant tables generate --------------------------------------------------------
 
-TEST(VariantTables, GemmNamesParseAndRefusals) {
+// The names of `variants` in order, each parsed back to itself.
+template <typename Variant, typename Name, typename Parse>
+std::string names_round_trip(std::span<const Variant> variants, Name name, Parse parse) {
   std::string all;
-  for (GemmVariant v : all_gemm_variants()) {
-    EXPECT_EQ(parse_gemm_variant(gemm_variant_name(v)), v);
-    all += std::string(gemm_variant_name(v)) + " ";
+  for (Variant v : variants) {
+    EXPECT_EQ(parse(name(v)), v) << name(v);
+    all += std::string(name(v)) + " ";
   }
-  EXPECT_EQ(all, "cpu_naive cpu_blocked cpu_packed naive coalesced smem_tiled register_tiled wmma mma_pipeline ");
+  return all;
+}
+
+TEST(VariantTables, GemmNamesParseAndRefusals) {
+  EXPECT_EQ(names_round_trip(all_gemm_variants(), gemm_variant_name, parse_gemm_variant), "cpu_naive cpu_blocked cpu_packed naive coalesced smem_tiled register_tiled wmma mma_pipeline ");
   EXPECT_EQ(parse_gemm_variant("auto"), GemmVariant::kAuto);
   const Error e = caught([] { parse_gemm_variant("fastest"); });
   EXPECT_EQ(e.status(), Status::kInvalidArgument);
@@ -128,18 +135,9 @@ TEST(VariantTables, GemmNamesParseAndRefusals) {
 }
 
 TEST(VariantTables, FusedNamesParseAndRefusals) {
-  std::string all;
-  for (FusedVariant v : all_fused_variants()) {
-    EXPECT_EQ(parse_fused_variant(fused_variant_name(v)), v);
-    all += std::string(fused_variant_name(v)) + " ";
-  }
-  EXPECT_EQ(all, "cpu unfused fused_streaming fused_registers ");
-  std::string ops;
-  for (FusedOp op : all_fused_ops()) {
-    EXPECT_EQ(parse_fused_op(fused_op_name(op)), op);
-    ops += std::string(fused_op_name(op)) + " ";
-  }
-  EXPECT_EQ(ops, "softmax log_softmax layer_norm rms_norm add_layer_norm add_rms_norm bias_gelu silu_and_mul ");
+  EXPECT_EQ(names_round_trip(all_fused_variants(), fused_variant_name, parse_fused_variant),
+            "cpu unfused fused_streaming fused_registers ");
+  EXPECT_EQ(names_round_trip(all_fused_ops(), fused_op_name, parse_fused_op), "softmax log_softmax layer_norm rms_norm add_layer_norm add_rms_norm bias_gelu silu_and_mul ");
   const Error e = caught([] { parse_fused_variant("best"); });
   EXPECT_EQ(std::string(e.what()),
             "variant: expected one of auto, cpu, unfused, fused_streaming, fused_registers; given 'best'");

@@ -141,26 +141,26 @@ TEST(CudaWorkspace, TooSmallIsRefusedNamingIt) {
   Buffer tiny(DType::kF32, 64, kGpu);  // 256 bytes
   for (FusedVariant v : kCudaVariants) {
     SCOPED_TRACE(std::string(fused_variant_name(v)));
+    // The message of the Error `ctx`'s call raises (kInvalidArgument), or a failure.
+    auto refusal = [&](const ExecutionContext& ctx) -> std::string {
+      try {
+        call.run(v, ctx);
+      } catch (const Error& e) {
+        EXPECT_EQ(e.status(), Status::kInvalidArgument);
+        return e.what();
+      }
+      ADD_FAILURE() << "the workspace was accepted";
+      return "";
+    };
     ExecutionContext ctx;
     ctx.workspace = {tiny.data(), 1};
-    try {
-      call.run(v, ctx);
-      ADD_FAILURE() << "a 1-byte workspace was accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.status(), Status::kInvalidArgument);
-      EXPECT_TRUE(contains(e.what(), "workspace: expected at least")) << e.what();
-      EXPECT_TRUE(contains(e.what(), "layer_norm backward (" + std::string(fused_variant_name(v)) + ")")) << e.what();
-      EXPECT_TRUE(contains(e.what(), "given 1 bytes")) << e.what();
-    }
-    // Misaligned: refused as well.
-    ctx.workspace = {static_cast<char*>(tiny.data()) + 4, call.workspace_bytes(v)};
-    try {
-      call.run(v, ctx);
-      ADD_FAILURE() << "a misaligned workspace was accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.status(), Status::kInvalidArgument);
-      EXPECT_TRUE(contains(e.what(), "workspace: expected data aligned to 256 bytes")) << e.what();
-    }
+    std::string why = refusal(ctx);
+    EXPECT_TRUE(contains(why, "workspace: expected at least")) << why;
+    EXPECT_TRUE(contains(why, "layer_norm backward (" + std::string(fused_variant_name(v)) + ")")) << why;
+    EXPECT_TRUE(contains(why, "given 1 bytes")) << why;
+    ctx.workspace = {static_cast<char*>(tiny.data()) + 4, call.workspace_bytes(v)};  // misaligned
+    why = refusal(ctx);
+    EXPECT_TRUE(contains(why, "workspace: expected data aligned to 256 bytes")) << why;
   }
 #if OPTIMIZED_WITH_CUDA
   EXPECT_CUDA_OK(cudaDeviceSynchronize());

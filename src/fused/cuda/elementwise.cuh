@@ -135,24 +135,13 @@ cudaError_t launch_instance(const FusedParams& p, const Workspace& workspace, cu
                                                  std::min<int64_t>(row_blocks_needed, kMaxGridY));
   // dbias: one fp32 partial row per block row of the grid.
   const bool wants_partials = kKind == FusedKernel::kGeluBwd && p.dbias;
-  WorkspaceArena arena = arena_for(workspace, measure);
-  float* partial = wants_partials ? arena.take<float>(row_blocks * p.width) : nullptr;
-  if (measure) {
-    *measure = arena.peak();
-    return cudaSuccess;
-  }
-  if (!arena.ok()) return cudaErrorInvalidValue;
+  const PartialRows partial = partial_rows(workspace, measure, wants_partials ? row_blocks * p.width : 0);
+  if (!partial.launch) return partial.status;
   const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_blocks));
-  kernel<<<grid, dim3(threads_x, threads_y), 0, stream>>>(p, partial);
+  kernel<<<grid, dim3(threads_x, threads_y), 0, stream>>>(p, partial.data);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  if (wants_partials) return launch_column_sum<T>(partial, row_blocks, p.width, p.width, p.dbias, stream);
+  if (wants_partials) return launch_column_sum<T>(partial.data, row_blocks, p.width, p.width, p.dbias, stream);
   return cudaSuccess;
-}
-
-template <typename T, FusedKernel kKind>
-cudaError_t launch_kind(const FusedParams& p, const Workspace& workspace, cudaStream_t stream, size_t* measure) {
-  if (fused_rows_aligned(p)) return launch_instance<T, kVec16<T>, kKind>(p, workspace, stream, measure);
-  return launch_instance<T, 1, kKind>(p, workspace, stream, measure);
 }
 
 }  // namespace
@@ -166,13 +155,10 @@ cudaError_t fused_elementwise_dtype(const FusedParams& p, const Workspace& works
                                     size_t* measure) {
   using T = kernels::cuda_type_t<kDType>;
   using fused::FusedKernel;
-  switch (fused::fused_kernel_of(p)) {
-    case FusedKernel::kGeluFwd: return fused::launch_kind<T, FusedKernel::kGeluFwd>(p, workspace, stream, measure);
-    case FusedKernel::kGeluBwd: return fused::launch_kind<T, FusedKernel::kGeluBwd>(p, workspace, stream, measure);
-    case FusedKernel::kSiluFwd: return fused::launch_kind<T, FusedKernel::kSiluFwd>(p, workspace, stream, measure);
-    case FusedKernel::kSiluBwd: return fused::launch_kind<T, FusedKernel::kSiluBwd>(p, workspace, stream, measure);
-    default: return cudaErrorInvalidValue;  // row-reducing ops: fused_streaming / fused_registers
-  }
+  return fused::dispatch_kernel<T, FusedKernel::kGeluFwd, FusedKernel::kGeluBwd, FusedKernel::kSiluFwd,
+                                FusedKernel::kSiluBwd>(p, [&]<FusedKernel kKind, int kVec>() {
+    return fused::launch_instance<T, kVec, kKind>(p, workspace, stream, measure);
+  });
 }
 
 }  // namespace optimized::cuda

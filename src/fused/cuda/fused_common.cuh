@@ -67,10 +67,44 @@ cudaError_t resident_blocks(Kernel kernel, int threads, size_t dynamic_smem, int
   return cudaSuccess;
 }
 
+// Runs body.template operator()<kKind, kVec>() with kKind the kernel of p among kKinds (else
+// cudaErrorInvalidValue: another design runs it) and kVec the elements per vector: 16 bytes when
+// every row is aligned (fused_rows_aligned), else 1.
+template <typename T, FusedKernel... kKinds, typename Body>
+cudaError_t dispatch_kernel(const FusedParams& p, Body&& body) {
+  const FusedKernel kind = fused_kernel_of(p);
+  const bool aligned = fused_rows_aligned(p);
+  cudaError_t result = cudaErrorInvalidValue;
+  (void)((kind == kKinds ? (result = aligned ? body.template operator()<kKinds, kVec16<T>>()
+                                             : body.template operator()<kKinds, 1>(),
+                            true)
+                         : false) ||
+         ...);
+  return result;
+}
+
 // ---- workspace ------------------------------------------------------------------------------
 // The arena of one launcher call: counting when measuring (dtype_entries.h), carving otherwise.
 inline WorkspaceArena arena_for(const Workspace& workspace, size_t* measure) {
   return measure ? WorkspaceArena() : WorkspaceArena(workspace);
+}
+
+// The fp32 partial-sum rows of one launch (dweight / dbias per block), `floats` of the workspace.
+// launch false: return `status` (measuring: the bytes are in *measure; or the workspace is too small).
+struct PartialRows {
+  float* data;
+  bool launch;
+  cudaError_t status;
+};
+inline PartialRows partial_rows(const Workspace& workspace, size_t* measure, int64_t floats) {
+  WorkspaceArena arena = arena_for(workspace, measure);
+  float* data = floats > 0 ? arena.take<float>(floats) : nullptr;
+  if (measure) {
+    *measure = arena.peak();
+    return {nullptr, false, cudaSuccess};
+  }
+  if (!arena.ok()) return {nullptr, false, cudaErrorInvalidValue};
+  return {data, true, cudaSuccess};
 }
 
 // ---- column sums ---------------------------------------------------------------------------
@@ -101,6 +135,21 @@ cudaError_t launch_column_sum(const float* partial, int64_t parts, int64_t width
   const dim3 grid(static_cast<unsigned>(ceil_div(width, 32)));
   column_sum_kernel<T><<<grid, block, 0, stream>>>(partial, parts, width, row_stride, static_cast<T*>(out));
   return cudaGetLastError();
+}
+
+}  // namespace optimized::cuda::fused
+
+namespace optimized::cuda::fused {
+
+// dweight and dbias (when p asks for them) from `parts` partial rows laid out (part, which, column):
+// dweight at which 0, dbias at which 1.
+template <typename T>
+cudaError_t launch_parameter_sums(const float* partial, int64_t parts, const FusedParams& p, cudaStream_t stream) {
+  if (p.dweight)
+    if (cudaError_t e = launch_column_sum<T>(partial, parts, p.width, 2 * p.width, p.dweight, stream); e != cudaSuccess)
+      return e;
+  if (p.dbias) return launch_column_sum<T>(partial + p.width, parts, p.width, 2 * p.width, p.dbias, stream);
+  return cudaSuccess;
 }
 
 }  // namespace optimized::cuda::fused

@@ -415,13 +415,8 @@ cudaError_t launch_instance(const FusedParams& p, const Plan& plan, const Worksp
 
   // Partial rows alternate dweight, dbias: (group, which, column).
   const bool wants_partials = kKind == FusedKernel::kNormBwd && (p.dweight || p.dbias);
-  WorkspaceArena arena = arena_for(workspace, measure);
-  float* partial = wants_partials ? arena.take<float>(groups * 2 * p.width) : nullptr;
-  if (measure) {
-    *measure = arena.peak();
-    return cudaSuccess;
-  }
-  if (!arena.ok()) return cudaErrorInvalidValue;
+  const PartialRows partial = partial_rows(workspace, measure, wants_partials ? groups * 2 * p.width : 0);
+  if (!partial.launch) return partial.status;
 
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(groups * plan.cluster));
@@ -437,17 +432,9 @@ cudaError_t launch_instance(const FusedParams& p, const Plan& plan, const Worksp
     config.attrs = attribute;
     config.numAttrs = 1;
   }
-  if (cudaError_t e = cudaLaunchKernelEx(&config, kernel, p, plan, scalars_f32(p), partial); e != cudaSuccess) return e;
-  if (wants_partials) {
-    if (p.dweight)
-      if (cudaError_t e = launch_column_sum<T>(partial, groups, p.width, 2 * p.width, p.dweight, stream); e != cudaSuccess)
-        return e;
-    if (p.dbias)
-      if (cudaError_t e = launch_column_sum<T>(partial + p.width, groups, p.width, 2 * p.width, p.dbias, stream);
-          e != cudaSuccess)
-        return e;
-  }
-  return cudaSuccess;
+  if (cudaError_t e = cudaLaunchKernelEx(&config, kernel, p, plan, scalars_f32(p), partial.data); e != cudaSuccess)
+    return e;
+  return wants_partials ? launch_parameter_sums<T>(partial.data, groups, p, stream) : cudaSuccess;
 }
 
 template <typename T, int kVec, FusedKernel kKind>
@@ -472,12 +459,6 @@ cudaError_t launch_with_vec(const FusedParams& p, const Workspace& workspace, cu
   return cudaErrorInvalidValue;  // no kernel for this many vectors per thread (make_plan caps kv)
 }
 
-template <typename T, FusedKernel kKind>
-cudaError_t launch_kind(const FusedParams& p, const Workspace& workspace, cudaStream_t stream, size_t* measure) {
-  if (fused_rows_aligned(p)) return launch_with_vec<T, kVec16<T>, kKind>(p, workspace, stream, measure);
-  return launch_with_vec<T, 1, kKind>(p, workspace, stream, measure);
-}
-
 }  // namespace
 
 }  // namespace optimized::cuda::fused
@@ -489,13 +470,10 @@ cudaError_t fused_registers_dtype(const FusedParams& p, const Workspace& workspa
                                   size_t* measure) {
   using T = kernels::cuda_type_t<kDType>;
   using fused::FusedKernel;
-  switch (fused::fused_kernel_of(p)) {
-    case FusedKernel::kSoftmaxFwd: return fused::launch_kind<T, FusedKernel::kSoftmaxFwd>(p, workspace, stream, measure);
-    case FusedKernel::kNormFwd: return fused::launch_kind<T, FusedKernel::kNormFwd>(p, workspace, stream, measure);
-    case FusedKernel::kSoftmaxBwd: return fused::launch_kind<T, FusedKernel::kSoftmaxBwd>(p, workspace, stream, measure);
-    case FusedKernel::kNormBwd: return fused::launch_kind<T, FusedKernel::kNormBwd>(p, workspace, stream, measure);
-    default: return cudaErrorInvalidValue;  // element-wise ops: fused_elementwise
-  }
+  return fused::dispatch_kernel<T, FusedKernel::kSoftmaxFwd, FusedKernel::kNormFwd, FusedKernel::kSoftmaxBwd,
+                                FusedKernel::kNormBwd>(p, [&]<FusedKernel kKind, int kVec>() {
+    return fused::launch_with_vec<T, kVec, kKind>(p, workspace, stream, measure);
+  });
 }
 
 }  // namespace optimized::cuda

@@ -209,31 +209,11 @@ cudaError_t launch_instance(const FusedParams& p, const Workspace& workspace, cu
   const int64_t blocks = std::min<int64_t>(p.rows, resident);
   // dweight / dbias: one fp32 partial row each per block, (block, which, column).
   const bool wants_partials = kKind == FusedKernel::kNormBwd && (p.dweight || p.dbias);
-  WorkspaceArena arena = arena_for(workspace, measure);
-  float* partial = wants_partials ? arena.take<float>(blocks * 2 * p.width) : nullptr;
-  if (measure) {
-    *measure = arena.peak();
-    return cudaSuccess;
-  }
-  if (!arena.ok()) return cudaErrorInvalidValue;
-  kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, scalars_f32(p), partial);
+  const PartialRows partial = partial_rows(workspace, measure, wants_partials ? blocks * 2 * p.width : 0);
+  if (!partial.launch) return partial.status;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, scalars_f32(p), partial.data);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  if (wants_partials) {
-    if (p.dweight)
-      if (cudaError_t e = launch_column_sum<T>(partial, blocks, p.width, 2 * p.width, p.dweight, stream); e != cudaSuccess)
-        return e;
-    if (p.dbias)
-      if (cudaError_t e = launch_column_sum<T>(partial + p.width, blocks, p.width, 2 * p.width, p.dbias, stream);
-          e != cudaSuccess)
-        return e;
-  }
-  return cudaSuccess;
-}
-
-template <typename T, FusedKernel kKind>
-cudaError_t launch_kind(const FusedParams& p, const Workspace& workspace, cudaStream_t stream, size_t* measure) {
-  if (fused_rows_aligned(p)) return launch_instance<T, kVec16<T>, kKind>(p, workspace, stream, measure);
-  return launch_instance<T, 1, kKind>(p, workspace, stream, measure);
+  return wants_partials ? launch_parameter_sums<T>(partial.data, blocks, p, stream) : cudaSuccess;
 }
 
 }  // namespace
@@ -247,13 +227,10 @@ cudaError_t fused_streaming_dtype(const FusedParams& p, const Workspace& workspa
                                   size_t* measure) {
   using T = kernels::cuda_type_t<kDType>;
   using fused::FusedKernel;
-  switch (fused::fused_kernel_of(p)) {
-    case FusedKernel::kSoftmaxFwd: return fused::launch_kind<T, FusedKernel::kSoftmaxFwd>(p, workspace, stream, measure);
-    case FusedKernel::kNormFwd: return fused::launch_kind<T, FusedKernel::kNormFwd>(p, workspace, stream, measure);
-    case FusedKernel::kSoftmaxBwd: return fused::launch_kind<T, FusedKernel::kSoftmaxBwd>(p, workspace, stream, measure);
-    case FusedKernel::kNormBwd: return fused::launch_kind<T, FusedKernel::kNormBwd>(p, workspace, stream, measure);
-    default: return cudaErrorInvalidValue;  // element-wise ops: fused_elementwise
-  }
+  return fused::dispatch_kernel<T, FusedKernel::kSoftmaxFwd, FusedKernel::kNormFwd, FusedKernel::kSoftmaxBwd,
+                                FusedKernel::kNormBwd>(p, [&]<FusedKernel kKind, int kVec>() {
+    return fused::launch_instance<T, kVec, kKind>(p, workspace, stream, measure);
+  });
 }
 
 }  // namespace optimized::cuda
