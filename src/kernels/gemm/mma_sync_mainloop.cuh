@@ -252,8 +252,8 @@ __device__ __forceinline__ void mma_sync_mainloop(float (&acc)[Tile::kMT][Tile::
                              stage_addr + b_lane + ks * 16 * C::kBRowBytes + (((2 * q) ^ lane_xor) << 4));
   };
 
-  RingIndex<C::kStages> read{0};
-  RingIndex<C::kStages> write{C::kStages - 1};
+  int read_stage = 0;                 // the ring's stage the fragments come from
+  int write_stage = C::kStages - 1;   // the ring's stage the copies go to
   load_frags(0, smem_base, 0);
 
   // Main loop, CUTLASS-multistage order: the fragments of k-step ks+1 are loaded before the mma
@@ -262,7 +262,7 @@ __device__ __forceinline__ void mma_sync_mainloop(float (&acc)[Tile::kMT][Tile::
   // mma of tile kt are still in the tensor pipe.
   for (int kt = 0; kt < ktiles; ++kt) {
     const bool issue = kt + C::kStages - 1 < ktiles;
-    const uint32_t woff = write.stage * C::kStageBytes;
+    const uint32_t woff = write_stage * C::kStageBytes;
 #pragma unroll
     for (int ks = 0; ks < C::kKSteps; ++ks) {
       if (ks == C::kKSteps - 1) {
@@ -270,9 +270,9 @@ __device__ __forceinline__ void mma_sync_mainloop(float (&acc)[Tile::kMT][Tile::
         // also tells the next iteration that every warp is done with the stage it will refill.
         ptx::cp_async_wait<C::kStages - 2>();
         __syncthreads();
-        read.advance();
+        read_stage = ring_next<C::kStages>(read_stage);
       }
-      load_frags((ks + 1) & 1, smem_base + read.stage * C::kStageBytes, (ks + 1) % C::kKSteps);
+      load_frags((ks + 1) & 1, smem_base + read_stage * C::kStageBytes, (ks + 1) % C::kKSteps);
 
       if (ks == 0 && issue) loader.load_a(p, a, m0, kt + C::kStages - 1, tid, smem_base + woff, smem + woff);
       if (ks == 1 && issue)
@@ -283,7 +283,7 @@ __device__ __forceinline__ void mma_sync_mainloop(float (&acc)[Tile::kMT][Tile::
           loader.template load_b<C::kBChunksPerThread / 2, C::kBChunksPerThread>(p, b, n0, kt + C::kStages - 1, tid,
                                                                                  smem_base + woff, smem + woff);
         ptx::cp_async_commit();
-        write.advance();
+        write_stage = ring_next<C::kStages>(write_stage);
       }
 
 #pragma unroll

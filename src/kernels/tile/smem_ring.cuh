@@ -6,12 +6,11 @@
 
 namespace optimized::kernels {
 
+// The stage after `stage` in a ring of kStages (a compare and a select, no division).
 template <int kStages>
-struct RingIndex {
+__device__ __forceinline__ int ring_next(int stage) {
   static_assert(kStages >= 2, "a ring needs two stages at least");
-  int stage;
-
-  __device__ __forceinline__ void advance() { stage = stage + 1 == kStages ? 0 : stage + 1; }
-};
+  return stage + 1 == kStages ? 0 : stage + 1;
+}
 
 }  // namespace optimized::kernels
