@@ -17,7 +17,7 @@
 set(_optimized_family_dir "${CMAKE_CURRENT_LIST_DIR}")
 
 # OPTIMIZED_DTYPES (root CMakeLists): checked once, handed to the sources as OPTIMIZED_BUILT_<DTYPE>
-# and OPTIMIZED_DTYPES_LIST (src/core/dtypes_built.h).
+# and OPTIMIZED_DTYPES_LIST (the option's text); src/core/dtypes_built.h reads them.
 set(_optimized_dtype_enum_f32 kF32)
 set(_optimized_dtype_enum_f16 kF16)
 set(_optimized_dtype_enum_bf16 kBF16)
@@ -31,7 +31,8 @@ foreach(dtype IN LISTS OPTIMIZED_DTYPES)
   string(TOUPPER "${dtype}" upper)
   target_compile_definitions(optimized_ops PRIVATE OPTIMIZED_BUILT_${upper}=1)
 endforeach()
-string(REPLACE ";" "," _optimized_dtypes_list "${OPTIMIZED_DTYPES}")
+# No comma in a definition: nvcc splits -D values at commas.
+string(REPLACE ";" "+" _optimized_dtypes_list "${OPTIMIZED_DTYPES}")
 target_compile_definitions(optimized_ops PRIVATE "OPTIMIZED_DTYPES_LIST=\"${_optimized_dtypes_list}\"")
 
 # Generates the translation units of DTYPE_SOURCES (split FALSE) or PER_DTYPE_SOURCES (split TRUE)

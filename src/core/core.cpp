@@ -1,4 +1,5 @@
 // Core types: dtype and device names, tensor view helpers, and what the build and machine offer.
+#include <algorithm>
 #include <sstream>
 
 #include "core/dtypes_built.h"
@@ -184,25 +185,15 @@ std::string TensorView::describe() const {
 }
 
 bool cuda_dtype_built(DType dtype) {
-  switch (dtype) {
-#ifdef OPTIMIZED_BUILT_F32
-    case DType::kF32: return true;
-#endif
-#ifdef OPTIMIZED_BUILT_F16
-    case DType::kF16: return true;
-#endif
-#ifdef OPTIMIZED_BUILT_BF16
-    case DType::kBF16: return true;
-#endif
-    default: return false;
-  }
+  return dispatch_built_dtype(dtype, false, []<DType>() { return true; });
 }
 
 std::string cuda_dtype_not_built(std::string_view family, DType dtype) {
   if (cuda_dtype_built(dtype)) return "";
+  std::string built = OPTIMIZED_DTYPES_LIST;  // "f32+bf16": CMake's list, ';' passed as '+'
+  std::replace(built.begin(), built.end(), '+', ';');
   return std::string(family) + " CUDA kernels for " + std::string(dtype_name(dtype)) +
-         " were not built (OPTIMIZED_DTYPES=" + OPTIMIZED_DTYPES_LIST +
-         "; reconfigure with the dtype in that list)";
+         " were not built (OPTIMIZED_DTYPES=" + built + "); add it to OPTIMIZED_DTYPES and rebuild";
 }
 
 bool built_with_cuda() {

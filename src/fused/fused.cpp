@@ -126,6 +126,18 @@ class Operands {
     }
   }
 
+  // A caller's workspace is scratch the kernels write: it may not overlap any operand.
+  void check_workspace(const Workspace& ws) const {
+    if (!ws.data || ws.bytes == 0) return;
+    const auto w0 = reinterpret_cast<uintptr_t>(ws.data), w1 = w0 + ws.bytes;
+    for (const auto* list : {&inputs_, &outputs_})
+      for (const auto& [t, name] : *list) {
+        auto [b0, b1] = byte_range(*t, name);
+        if (w0 < b1 && b0 < w1)
+          invalid(std::string("workspace: expected memory that does not overlap ") + name + "; given overlapping memory");
+      }
+  }
+
  private:
   void check_common(const TensorView& t, const char* name, DType want) {
     // Sizes, strides and the byte span fit int64 (and the address space): the extents below are exact.
@@ -240,9 +252,11 @@ void run(FusedParams& p, const Operands& ops, FusedVariant variant, const Execut
                                             "; given width " + std::to_string(p.width) +
                                             " (use fused_streaming or auto)");
   }
-  if (device.is_cuda())
+  if (device.is_cuda()) {
     if (std::string why = cuda_dtype_not_built("fused", p.dtype); !why.empty())
       throw Error(Status::kUnsupported, what + ": " + why);
+    ops.check_workspace(ctx.workspace);
+  }
   // After the argument checks, so that a bad argument is named on machines without a GPU too.
   if (device.is_cuda() && cuda_device_count() == 0)
     throw Error(Status::kUnsupported, what + ": operands on " + device_name(device) +

@@ -6,19 +6,20 @@
 //
 // A dtype outside the list returns cudaErrorInvalidValue: launchers never throw, and the C++ API
 // refuses such dtypes first with a message naming what is supported (the family's variant table).
+// Built on core/dtype_dispatch.h's visit_dtype, the one DType dispatch.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include "core/dtype_dispatch.h"
 #include "kernels/dtype.cuh"
 
 namespace optimized::kernels {
 
 template <typename... Ts, typename Body>
 cudaError_t dispatch_dtype(DType dtype, Body&& body) {
-  cudaError_t result = cudaErrorInvalidValue;
-  (void)((dtype == kDTypeOf<Ts> ? (result = body.template operator()<Ts>(), true) : false) || ...);
-  return result;
+  return visit_dtype<kDTypeOf<Ts>...>(dtype, cudaErrorInvalidValue,
+                                      [&]<DType kDType>() { return body.template operator()<cuda_type_t<kDType>>(); });
 }
 
 // fp32, fp16, bf16: what the CUDA-core kernels take.

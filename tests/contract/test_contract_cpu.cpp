@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "core/dtypes_built.h"
 #include "core/workspace.h"
@@ -97,6 +98,21 @@ TEST(WorkspaceQueries, RefuseWhatTheOpsRefuse) {
   e = caught([&] { matmul_workspace_bytes(4, 4, 4, 1, DType::kF32, gpu, GemmVariant::kCudaWmma); });
   EXPECT_EQ(e.status(), Status::kUnsupported);
   EXPECT_TRUE(contains(e.what(), "wmma supports fp16, bf16 (tensor cores); given fp32")) << e.what();
+}
+
+// A caller's workspace overlapping an operand is refused before any device is touched (host memory
+// labelled CUDA).
+TEST(WorkspaceChecks, OverlappingAnOperandIsRefused) {
+  alignas(256) static float x[1024], y[1024];
+  const TensorView xv(x, DType::kF32, Device::cuda(0), {16, 64}), yv(y, DType::kF32, Device::cuda(0), {16, 64});
+  for (auto [data, name] : {std::pair<void*, const char*>{x + 512, "x"}, std::pair<void*, const char*>{y, "y"}}) {
+    ExecutionContext ctx;
+    ctx.workspace = {data, 1024};
+    const Error e = caught([&] { softmax_forward(xv, yv, 1.0, false, FusedVariant::kAuto, ctx); });
+    EXPECT_EQ(e.status(), Status::kInvalidArgument);
+    EXPECT_EQ(std::string(e.what()),
+              std::string("workspace: expected memory that does not overlap ") + name + "; given overlapping memory");
+  }
 }
 
 // ---- what the variant tables generate --------------------------------------------------------
