@@ -119,6 +119,9 @@ __global__ void __launch_bounds__(kThreads) elementwise_kernel(const FusedParams
 
 template <typename T, int kVec, FusedKernel kKind>
 cudaError_t launch_instance(const FusedParams& p, const Workspace& workspace, cudaStream_t stream, size_t* measure) {
+  // dbias: one fp32 partial row per block row of the grid.
+  const bool wants_partials = kKind == FusedKernel::kGeluBwd && p.dbias;
+  if (measured_without_scratch(wants_partials, measure)) return cudaSuccess;
   auto kernel = elementwise_kernel<T, kVec, kKind>;
   const int64_t vecs = p.width / kVec;
   int threads_x = 1;
@@ -133,8 +136,6 @@ cudaError_t launch_instance(const FusedParams& p, const Workspace& workspace, cu
   const int64_t row_blocks_needed = (p.rows + threads_y - 1) / threads_y;
   const int64_t row_blocks = std::clamp<int64_t>(want_blocks / std::max<int64_t>(col_blocks, 1), 1,
                                                  std::min<int64_t>(row_blocks_needed, kMaxGridY));
-  // dbias: one fp32 partial row per block row of the grid.
-  const bool wants_partials = kKind == FusedKernel::kGeluBwd && p.dbias;
   const PartialRows partial = partial_rows(workspace, measure, wants_partials ? row_blocks * p.width : 0);
   if (!partial.launch) return partial.status;
   const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_blocks));

@@ -89,6 +89,14 @@ inline WorkspaceArena arena_for(const Workspace& workspace, size_t* measure) {
   return measure ? WorkspaceArena() : WorkspaceArena(workspace);
 }
 
+// Measuring a launch that takes no workspace: 0 bytes, found without asking the device anything
+// (the occupancy query of the grid is for the launch alone).
+inline bool measured_without_scratch(bool needs_scratch, size_t* measure) {
+  if (!measure || needs_scratch) return false;
+  *measure = 0;
+  return true;
+}
+
 // The fp32 partial-sum rows of one launch (dweight / dbias per block), `floats` of the workspace.
 // launch false: return `status` (measuring: the bytes are in *measure; or the workspace is too small).
 struct PartialRows {

@@ -398,6 +398,9 @@ cudaError_t make_plan(const FusedParams& p, int vec, Plan* out) {
 template <typename T, int kVec, int kV, FusedKernel kKind, bool kCluster>
 cudaError_t launch_instance(const FusedParams& p, const Plan& plan, const Workspace& workspace, cudaStream_t stream,
                             size_t* measure) {
+  // Partial rows alternate dweight, dbias: (group, which, column).
+  const bool wants_partials = kKind == FusedKernel::kNormBwd && (p.dweight || p.dbias);
+  if (measured_without_scratch(wants_partials, measure)) return cudaSuccess;
   auto kernel = row_registers_kernel<T, kVec, kV, kKind, kCluster>;
   const int block = plan.tpr * plan.rows_per_block;
   const bool collects = (kKind == FusedKernel::kNormBwd) && plan.rows_per_block > 1 && (p.dweight || p.dbias);
@@ -413,8 +416,6 @@ cudaError_t launch_instance(const FusedParams& p, const Plan& plan, const Worksp
   const int64_t groups_needed = (p.rows + plan.rows_per_block - 1) / plan.rows_per_block;
   const int64_t groups = std::min(groups_needed, std::max<int64_t>(1, resident / plan.cluster));
 
-  // Partial rows alternate dweight, dbias: (group, which, column).
-  const bool wants_partials = kKind == FusedKernel::kNormBwd && (p.dweight || p.dbias);
   const PartialRows partial = partial_rows(workspace, measure, wants_partials ? groups * 2 * p.width : 0);
   if (!partial.launch) return partial.status;
 

@@ -203,12 +203,13 @@ __global__ void __launch_bounds__(kThreads) row_streaming_kernel(const FusedPara
 
 template <typename T, int kVec, FusedKernel kKind>
 cudaError_t launch_instance(const FusedParams& p, const Workspace& workspace, cudaStream_t stream, size_t* measure) {
+  // dweight / dbias: one fp32 partial row each per block, (block, which, column).
+  const bool wants_partials = kKind == FusedKernel::kNormBwd && (p.dweight || p.dbias);
+  if (measured_without_scratch(wants_partials, measure)) return cudaSuccess;
   auto kernel = row_streaming_kernel<T, kVec, kKind>;
   int64_t resident = 0;
   if (cudaError_t e = resident_blocks(kernel, kThreads, 0, &resident); e != cudaSuccess) return e;
   const int64_t blocks = std::min<int64_t>(p.rows, resident);
-  // dweight / dbias: one fp32 partial row each per block, (block, which, column).
-  const bool wants_partials = kKind == FusedKernel::kNormBwd && (p.dweight || p.dbias);
   const PartialRows partial = partial_rows(workspace, measure, wants_partials ? blocks * 2 * p.width : 0);
   if (!partial.launch) return partial.status;
   kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, scalars_f32(p), partial.data);
