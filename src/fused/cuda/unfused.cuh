@@ -3,7 +3,7 @@
 // Every op is spelled out as the chain of elementary kernels a naive PyTorch-style program runs:
 // each kernel reads its operands from global memory and writes its result to global memory, so
 // the chain pays one full read + write of the (rows, width) tensor per step. That traffic is what
-// the fused rungs (row_streaming.cu, row_registers.cu, elementwise.cu) remove; this file is the
+// the fused rungs (row_streaming.cuh, row_registers.cuh, elementwise.cuh) remove; this file is the
 // "before" of that comparison, so each step is simple but not artificially slow: coalesced, 64-bit
 // indexing, grid-stride, one block per row for row reductions.
 //
