@@ -70,10 +70,14 @@ struct NormBackward {
         rstd(device_f32(std::vector<float>(static_cast<size_t>(rows_), 0.75f))),
         dx(DType::kF32, rows_ * width_, kGpu), dweight(DType::kF32, width_, kGpu), dbias(DType::kF32, width_, kGpu) {}
 
-  // Outputs poisoned: what a call leaves unwritten shows as NaN. (Not inside a stream capture:
-  // cudaMemset runs on the legacy stream.)
+  // Outputs poisoned: what a call leaves unwritten shows as NaN. cudaMemset runs on the legacy
+  // stream, which a non-blocking stream does not wait for: the device is synchronized after it (so
+  // never inside a stream capture).
   void poison() {
     for (Buffer* out : {&dx, &dweight, &dbias}) out->fill_bytes(0xFF);
+#if OPTIMIZED_WITH_CUDA
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+#endif
   }
   void run(FusedVariant v, const ExecutionContext& ctx) {
     layer_norm_backward(dy.view({rows, width}), h.view({rows, width}), weight.view({width}), mean.view({rows}),
