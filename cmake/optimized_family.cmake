@@ -5,11 +5,75 @@
 #                               OPTIMIZED_WITH_TORCH (with torch's include paths and ABI flag)
 #     [ISA_SOURCES <file> "<flags>" ...]  CPU sources compiled for one ISA alone (flags separated
 #                               by spaces); the family picks one at run time
+#     [DTYPE_SOURCES <header> <function> ...]  CUDA templates instantiated for the dtypes of
+#                               OPTIMIZED_DTYPES: per pair, a generated translation unit includes
+#                               <header> and holds OPTIMIZED_DTYPE_INSTANCE(<function>, <kDType>) for
+#                               each dtype (cmake/dtype_instance.cu.in); a trimmed build skips the others
+#     [PER_DTYPE_SOURCES <header> <function> ...]  the same, one translation unit per dtype: for the
+#                               heavy templates, so that each dtype's kernels compile in parallel
 #
 # Each family's folder has one CMakeLists.txt that calls this once; the root CMakeLists lists the
 # family folders, never their files. Paths are relative to the calling folder.
+set(_optimized_family_dir "${CMAKE_CURRENT_LIST_DIR}")
+
+# OPTIMIZED_DTYPES (root CMakeLists): checked once, handed to the sources as OPTIMIZED_BUILT_<DTYPE>
+# and OPTIMIZED_DTYPES_LIST (the option's text); src/core/dtypes_built.h reads them.
+set(_optimized_dtype_enum_f32 kF32)
+set(_optimized_dtype_enum_f16 kF16)
+set(_optimized_dtype_enum_bf16 kBF16)
+if(NOT OPTIMIZED_DTYPES)
+  message(FATAL_ERROR "OPTIMIZED_DTYPES is empty: expected a list of f32, f16, bf16 (default f32;f16;bf16)")
+endif()
+foreach(dtype IN LISTS OPTIMIZED_DTYPES)
+  if(NOT DEFINED _optimized_dtype_enum_${dtype})
+    message(FATAL_ERROR "OPTIMIZED_DTYPES: expected a list of f32, f16, bf16; given '${dtype}' in '${OPTIMIZED_DTYPES}'")
+  endif()
+  string(TOUPPER "${dtype}" upper)
+  target_compile_definitions(optimized_ops PRIVATE OPTIMIZED_BUILT_${upper}=1)
+endforeach()
+# No comma in a definition: nvcc splits -D values at commas.
+string(REPLACE ";" "+" _optimized_dtypes_list "${OPTIMIZED_DTYPES}")
+target_compile_definitions(optimized_ops PRIVATE "OPTIMIZED_DTYPES_LIST=\"${_optimized_dtypes_list}\"")
+
+# Generates the translation units of DTYPE_SOURCES (split FALSE) or PER_DTYPE_SOURCES (split TRUE)
+# in the calling family's binary folder and adds them to the library.
+function(_optimized_dtype_instances pairs split)
+  list(LENGTH pairs n)
+  if(n EQUAL 0)
+    return()
+  endif()
+  file(RELATIVE_PATH folder "${CMAKE_SOURCE_DIR}/src" "${CMAKE_CURRENT_SOURCE_DIR}")
+  math(EXPR last "${n} - 1")
+  foreach(i RANGE 0 ${last} 2)
+    math(EXPR j "${i} + 1")
+    list(GET pairs ${i} header)
+    list(GET pairs ${j} function)
+    set(OPTIMIZED_INSTANCE_HEADER "${folder}/${header}")
+    set(OPTIMIZED_INSTANCE_FUNCTION "${function}")
+    set(groups "${OPTIMIZED_DTYPES}")
+    if(NOT split)
+      string(REPLACE ";" "," groups "${OPTIMIZED_DTYPES}")  # one group: every dtype
+    endif()
+    foreach(group IN LISTS groups)
+      string(REPLACE "," ";" dtypes "${group}")
+      set(OPTIMIZED_INSTANCES "")
+      foreach(dtype IN LISTS dtypes)
+        string(APPEND OPTIMIZED_INSTANCES "OPTIMIZED_DTYPE_INSTANCE(${function}, ${_optimized_dtype_enum_${dtype}})\n")
+      endforeach()
+      set(OPTIMIZED_INSTANCE_DTYPES "${group}")
+      if(split)
+        set(out "${CMAKE_CURRENT_BINARY_DIR}/generated/${function}_${group}.cu")
+      else()
+        set(out "${CMAKE_CURRENT_BINARY_DIR}/generated/${function}.cu")
+      endif()
+      configure_file("${_optimized_family_dir}/dtype_instance.cu.in" "${out}" @ONLY)
+      target_sources(optimized_ops PRIVATE "${out}")
+    endforeach()
+  endforeach()
+endfunction()
+
 function(optimized_add_family family)
-  cmake_parse_arguments(F "" "" "SOURCES;CUDA_SOURCES;TORCH_SOURCES;ISA_SOURCES" ${ARGN})
+  cmake_parse_arguments(F "" "" "SOURCES;CUDA_SOURCES;TORCH_SOURCES;ISA_SOURCES;DTYPE_SOURCES;PER_DTYPE_SOURCES" ${ARGN})
   if(F_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "optimized_add_family(${family}): unknown arguments ${F_UNPARSED_ARGUMENTS}")
   endif()
@@ -31,6 +95,10 @@ function(optimized_add_family family)
   if(OPTIMIZED_HAS_CUDA AND F_CUDA_SOURCES)
     list(TRANSFORM F_CUDA_SOURCES PREPEND "${CMAKE_CURRENT_SOURCE_DIR}/")
     target_sources(optimized_ops PRIVATE ${F_CUDA_SOURCES})
+  endif()
+  if(OPTIMIZED_HAS_CUDA)
+    _optimized_dtype_instances("${F_DTYPE_SOURCES}" FALSE)
+    _optimized_dtype_instances("${F_PER_DTYPE_SOURCES}" TRUE)
   endif()
   if(OPTIMIZED_WITH_TORCH AND F_TORCH_SOURCES)
     list(TRANSFORM F_TORCH_SOURCES PREPEND "${CMAKE_CURRENT_SOURCE_DIR}/")

@@ -99,11 +99,24 @@ struct ViewExtent {
 // byte span (overlap checks, copies, memsets) goes through here.
 ViewExtent view_extent(const TensorView& t, std::string_view name);
 
+// Device memory an op may use as scratch (partial sums, temporaries). Each op says how much it
+// needs: <op>_workspace_bytes (matmul_workspace_bytes in gemm.h, fused_workspace_bytes in fused.h).
+struct Workspace {
+  void* data = nullptr;  // on the op's CUDA device, aligned to 256 bytes (cudaMalloc's alignment)
+  size_t bytes = 0;
+};
+
 // Where and how an op runs. cuda_stream is a cudaStream_t (nullptr: the legacy default stream);
 // cpu_threads = 0 lets the CPU backend use all hardware threads.
+// workspace: scratch the caller provides (e.g. from its own allocator, or once for a CUDA graph).
+// The op uses it on cuda_stream only, so the caller may reuse it for work ordered after the op on
+// that stream. Given but smaller than the op needs: Error kInvalidArgument naming "workspace".
+// Absent (data == nullptr): an op that needs scratch allocates it on cuda_stream (cudaMallocAsync)
+// and frees it there after its last kernel (cudaFreeAsync); ops that need none never allocate.
 struct ExecutionContext {
   void* cuda_stream = nullptr;
   int cpu_threads = 0;
+  Workspace workspace;
 };
 
 // Build and machine facts.

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "optimized/core.h"
@@ -41,6 +42,12 @@ std::string_view fused_variant_name(FusedVariant variant);  // "cpu", "unfused",
 FusedVariant parse_fused_variant(std::string_view name);    // throws Error naming the choices
 std::span<const FusedVariant> all_fused_variants();          // every variant but kAuto, in order
 bool fused_variant_is_cuda(FusedVariant variant);
+// Empty when `variant` can run this dtype; otherwise why not ("unfused supports fp32, fp16, bf16
+// (fp64 runs on cpu); given fp64"). kAuto: whatever some variant runs.
+std::string fused_variant_rejects_dtype(FusedVariant variant, DType dtype);
+bool fused_variant_supports_dtype(FusedVariant variant, DType dtype);
+// The CUDA compute capability (major * 10 + minor) a variant needs; 0 for cpu and kAuto.
+int fused_variant_min_compute_capability(FusedVariant variant);
 
 // The ops of the family (for the benchmark, for describing and for error messages).
 enum class FusedOp : uint8_t {
@@ -71,6 +78,16 @@ int64_t fused_registers_max_width(FusedOp op, DType dtype, bool backward, bool a
 // each message names the argument.
 FusedVariant resolve_fused_variant(FusedOp op, DType dtype, Device device, int64_t width,
                                    bool backward, bool aligned_rows = true);
+
+// Bytes of ExecutionContext::workspace an op needs on (rows, width) rows of `dtype` on `device`
+// (forward or backward, `variant`; kAuto: what it resolves to). The most any call of these sizes
+// needs, whichever optional operands it has (the unfused rung's temporaries, the fused designs'
+// per-block dweight / dbias partial sums); 0 on the CPU and for zero rows. aligned_rows = false: the
+// most over aligned and unaligned rows (valid for any call); true: for calls whose rows are 16-byte
+// aligned (fused_rows_aligned). The size depends on the device (grids follow its SM count): ask for
+// the device the op will run on. Throws Error as the ops do for a bad width, dtype or device.
+size_t fused_workspace_bytes(FusedOp op, bool backward, DType dtype, Device device, int64_t rows, int64_t width,
+                             FusedVariant variant = FusedVariant::kAuto, bool aligned_rows = false);
 
 // ---- softmax -------------------------------------------------------------------------------
 // y = softmax(scale * x) (log_softmax when `log`). x, y: (rows, width).

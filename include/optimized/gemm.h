@@ -35,9 +35,17 @@ std::span<const GemmVariant> all_gemm_variants();          // every variant but 
 bool gemm_variant_is_cuda(GemmVariant variant);
 // Empty when `variant` can run this dtype; otherwise why not ("wmma supports fp16, bf16; given fp32").
 std::string gemm_variant_rejects_dtype(GemmVariant variant, DType dtype);
+bool gemm_variant_supports_dtype(GemmVariant variant, DType dtype);
+// The CUDA compute capability (major * 10 + minor) a variant needs; 0 for the CPU rungs and kAuto.
+int gemm_variant_min_compute_capability(GemmVariant variant);
 
 // The variant kAuto resolves to for these operands.
 GemmVariant resolve_gemm_variant(const TensorView& a, const TensorView& b, const TensorView& c);
+
+// Bytes of ExecutionContext::workspace a matmul of (batch, m, k) @ (batch, k, n) needs on `device`
+// (0 on the CPU, and for every rung today). Throws Error for sizes < 1 or a dtype the variant refuses.
+size_t matmul_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batch, DType dtype, Device device,
+                              GemmVariant variant = GemmVariant::kAuto);
 
 // C = alpha * A @ B + beta * C. Validates every argument (throws Error with kInvalidArgument or
 // kUnsupported), then runs on the device of the operands. CUDA work is enqueued on

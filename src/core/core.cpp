@@ -1,6 +1,8 @@
 // Core types: dtype and device names, tensor view helpers, and what the build and machine offer.
+#include <algorithm>
 #include <sstream>
 
+#include "core/dtypes_built.h"
 #include "optimized/core.h"
 
 #if OPTIMIZED_WITH_CUDA
@@ -180,6 +182,18 @@ std::string TensorView::describe() const {
   for (int i = 0; i < rank; ++i) s << (i ? ", " : "") << strides[i];
   s << "] on " << device_name(device);
   return s.str();
+}
+
+bool cuda_dtype_built(DType dtype) {
+  return dispatch_built_dtype(dtype, false, []<DType>() { return true; });
+}
+
+std::string cuda_dtype_not_built(std::string_view family, DType dtype) {
+  if (cuda_dtype_built(dtype)) return "";
+  std::string built = OPTIMIZED_DTYPES_LIST;  // "f32+bf16": CMake's list, ';' passed as '+'
+  std::replace(built.begin(), built.end(), '+', ';');
+  return std::string(family) + " CUDA kernels for " + std::string(dtype_name(dtype)) +
+         " were not built (OPTIMIZED_DTYPES=" + built + "); add it to OPTIMIZED_DTYPES and rebuild";
 }
 
 bool built_with_cuda() {

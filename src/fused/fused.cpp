@@ -1,6 +1,6 @@
 // Public entry of the fused memory-bound family: validates the operands of every op (messages name
 // the argument, what was expected and what was given), fills FusedParams, resolves the variant and
-// dispatches to the CPU backend or a CUDA launcher.
+// dispatches through the variant table (fused_variants.h) to the CPU backend or a CUDA launcher.
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -9,22 +9,19 @@
 #include <utility>
 #include <vector>
 
+#include "core/dtypes_built.h"
 #include "fused/fused_params.h"
+#include "fused/fused_variants.h"
 #include "optimized/fused.h"
 
 #if OPTIMIZED_WITH_CUDA
 #include "core/cuda_device_guard.h"
+#include "core/cuda_launch.h"
 #endif
 
 namespace optimized {
 
 namespace {
-
-constexpr std::array kVariants = {FusedVariant::kCpu, FusedVariant::kCudaUnfused,
-                                  FusedVariant::kCudaFusedStreaming, FusedVariant::kCudaFusedRegisters};
-constexpr std::array kOps = {FusedOp::kSoftmax,     FusedOp::kLogSoftmax,   FusedOp::kLayerNorm,
-                             FusedOp::kRmsNorm,     FusedOp::kAddLayerNorm, FusedOp::kAddRmsNorm,
-                             FusedOp::kBiasGelu,    FusedOp::kSiluAndMul};
 
 [[noreturn]] void invalid(const std::string& message) { throw Error(Status::kInvalidArgument, message); }
 
@@ -61,8 +58,6 @@ bool same_view(const TensorView& a, const TensorView& b) {
 // device and (rows, width) are what the others must match.
 class Operands {
  public:
-  Operands(FusedOp op, bool backward) : op_(op), backward_(backward) {}
-
   // A required (rows, width) operand; the first one fixes rows and dtype/device.
   // `width_factor`: 2 for silu_and_mul's x and dx, whose rows hold both halves.
   const void* rows_in(const TensorView& t, const char* name, int64_t* ld, int64_t width_factor = 1) {
@@ -131,6 +126,18 @@ class Operands {
     }
   }
 
+  // A caller's workspace is scratch the kernels write: it may not overlap any operand.
+  void check_workspace(const Workspace& ws) const {
+    if (!ws.data || ws.bytes == 0) return;
+    const auto w0 = reinterpret_cast<uintptr_t>(ws.data), w1 = w0 + ws.bytes;
+    for (const auto* list : {&inputs_, &outputs_})
+      for (const auto& [t, name] : *list) {
+        auto [b0, b1] = byte_range(*t, name);
+        if (w0 < b1 && b0 < w1)
+          invalid(std::string("workspace: expected memory that does not overlap ") + name + "; given overlapping memory");
+      }
+  }
+
  private:
   void check_common(const TensorView& t, const char* name, DType want) {
     // Sizes, strides and the byte span fit int64 (and the address space): the extents below are exact.
@@ -193,8 +200,6 @@ class Operands {
       invalid(std::string(name) + ": expected a contiguous vector; given " + t.describe());
   }
 
-  FusedOp op_;
-  bool backward_;
   bool first_ = true;
   DType dtype_ = DType::kF32;
   Device device_ = Device::cpu();
@@ -229,9 +234,10 @@ void run(FusedParams& p, const Operands& ops, FusedVariant variant, const Execut
   const Device device = ops.device();
   const bool aligned = fused_rows_aligned(p);
   const std::string what = std::string(fused_op_name(p.op)) + (p.backward ? " backward" : " forward");
-  if (device.is_cuda() && p.dtype == DType::kF64)
-    throw Error(Status::kUnsupported, what + ": x: fp64 runs on the cpu variant only; given fp64 on " +
-                                          device_name(device));
+  if (device.is_cuda() && !fused_variant_supports_dtype(FusedVariant::kCudaFusedStreaming, p.dtype))
+    throw Error(Status::kUnsupported, what + ": x: " + std::string(dtype_name(p.dtype)) + " runs on the " +
+                                          variants_running(kFusedVariants, p.dtype) + " variant only; given " +
+                                          std::string(dtype_name(p.dtype)) + " on " + device_name(device));
   if (variant == FusedVariant::kAuto)
     variant = resolve_fused_variant(p.op, p.dtype, device, p.width, p.backward, aligned);
   if (fused_variant_is_cuda(variant) != device.is_cuda())
@@ -246,6 +252,11 @@ void run(FusedParams& p, const Operands& ops, FusedVariant variant, const Execut
                                             "; given width " + std::to_string(p.width) +
                                             " (use fused_streaming or auto)");
   }
+  if (device.is_cuda()) {
+    if (std::string why = cuda_dtype_not_built("fused", p.dtype); !why.empty())
+      throw Error(Status::kUnsupported, what + ": " + why);
+    ops.check_workspace(ctx.workspace);
+  }
   // After the argument checks, so that a bad argument is named on machines without a GPU too.
   if (device.is_cuda() && cuda_device_count() == 0)
     throw Error(Status::kUnsupported, what + ": operands on " + device_name(device) +
@@ -254,23 +265,13 @@ void run(FusedParams& p, const Operands& ops, FusedVariant variant, const Execut
     zero_parameter_gradients(p, device, ctx);  // a sum over no rows is 0, as torch gives
     return;
   }
-  if (variant == FusedVariant::kCpu) {
-    cpu_fused(p, ctx.cpu_threads);
+  const FusedVariantInfo& row = fused_variant_info(variant);
+  if (row.backend == Backend::kCpu) {
+    row.cpu(p, ctx.cpu_threads);
     return;
   }
 #if OPTIMIZED_WITH_CUDA
-  DeviceGuard guard(device.index);
-  const bool reduces = p.has_row_reduction();
-  switch (variant) {
-    case FusedVariant::kCudaUnfused: launch_fused_unfused(p, ctx.cuda_stream); break;
-    case FusedVariant::kCudaFusedStreaming:
-      reduces ? launch_fused_streaming(p, ctx.cuda_stream) : launch_fused_elementwise(p, ctx.cuda_stream);
-      break;
-    case FusedVariant::kCudaFusedRegisters:
-      reduces ? launch_fused_registers(p, ctx.cuda_stream) : launch_fused_elementwise(p, ctx.cuda_stream);
-      break;
-    default: throw Error(Status::kInternal, "unreachable: unresolved fused variant");
-  }
+  launch_on_cuda(row, p, device.index, ctx, what + " (" + std::string(row.name) + ")");
 #else
   throw Error(Status::kUnsupported, what + ": this build has no CUDA backend (built without CUDA)");
 #endif
@@ -278,109 +279,13 @@ void run(FusedParams& p, const Operands& ops, FusedVariant variant, const Execut
 
 }  // namespace
 
-// ---- names ---------------------------------------------------------------------------------
-
-std::string_view fused_variant_name(FusedVariant variant) {
-  switch (variant) {
-    case FusedVariant::kAuto: return "auto";
-    case FusedVariant::kCpu: return "cpu";
-    case FusedVariant::kCudaUnfused: return "unfused";
-    case FusedVariant::kCudaFusedStreaming: return "fused_streaming";
-    case FusedVariant::kCudaFusedRegisters: return "fused_registers";
-  }
-  return "?";
-}
-
-FusedVariant parse_fused_variant(std::string_view name) {
-  if (name == "auto") return FusedVariant::kAuto;
-  std::string choices = "auto";
-  for (FusedVariant v : kVariants) {
-    if (fused_variant_name(v) == name) return v;
-    choices += ", " + std::string(fused_variant_name(v));
-  }
-  invalid("variant: expected one of " + choices + "; given '" + std::string(name) + "'");
-}
-
-std::span<const FusedVariant> all_fused_variants() { return kVariants; }
-
-bool fused_variant_is_cuda(FusedVariant variant) {
-  return variant == FusedVariant::kCudaUnfused || variant == FusedVariant::kCudaFusedStreaming ||
-         variant == FusedVariant::kCudaFusedRegisters;
-}
-
-std::string_view fused_op_name(FusedOp op) {
-  switch (op) {
-    case FusedOp::kSoftmax: return "softmax";
-    case FusedOp::kLogSoftmax: return "log_softmax";
-    case FusedOp::kLayerNorm: return "layer_norm";
-    case FusedOp::kRmsNorm: return "rms_norm";
-    case FusedOp::kAddLayerNorm: return "add_layer_norm";
-    case FusedOp::kAddRmsNorm: return "add_rms_norm";
-    case FusedOp::kBiasGelu: return "bias_gelu";
-    case FusedOp::kSiluAndMul: return "silu_and_mul";
-  }
-  return "?";
-}
-
-FusedOp parse_fused_op(std::string_view name) {
-  std::string choices;
-  for (FusedOp op : kOps) {
-    if (fused_op_name(op) == name) return op;
-    choices += (choices.empty() ? "" : ", ") + std::string(fused_op_name(op));
-  }
-  invalid("op: expected one of " + choices + "; given '" + std::string(name) + "'");
-}
-
-std::span<const FusedOp> all_fused_ops() { return kOps; }
-
-// The short-row kernel keeps up to 4 (forward) or 2 (backward) 16-byte vectors of the row per
-// thread, on up to 512 threads per block and a cluster of up to 8 blocks per row
-// (src/fused/cuda/row_registers.cu).
-int64_t fused_registers_max_width(FusedOp op, DType dtype, bool backward, bool aligned_rows) {
-  if (op == FusedOp::kBiasGelu || op == FusedOp::kSiluAndMul) return 0;
-  if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16) return 0;
-  const int64_t per_vector = aligned_rows ? 16 / static_cast<int64_t>(dtype_size(dtype)) : 1;
-  const int64_t vectors_per_thread = backward ? 2 : 4;
-  constexpr int64_t kThreads = 512, kClusterBlocks = 8;
-  return kThreads * kClusterBlocks * vectors_per_thread * per_vector;
-}
-
-// Which design kAuto runs, from the H100 measurements in docs/perf-notes/fused.md (bf16, 4096 and
-// 16384 rows): the streaming design won wherever a row did not start on a 16-byte boundary (the
-// registers design then loads element by element over a cluster), for the norms' forward from
-// 4096 columns up, and for softmax backward from 16384 columns up; the registers design won
-// everywhere else, and by 3-6x on the norms' backward (the streaming design's dweight partials
-// cost more traffic than the row itself).
-FusedVariant resolve_fused_variant(FusedOp op, DType dtype, Device device, int64_t width, bool backward,
-                                   bool aligned_rows) {
-  if (device.type != DeviceType::kCpu && device.type != DeviceType::kCuda)
-    invalid("device: expected cpu or cuda; given device type " + std::to_string(static_cast<int>(device.type)));
-  if (device.is_cuda() && device.index < 0)
-    invalid("device: expected a CUDA ordinal >= 0; given cuda:" + std::to_string(device.index));
-  if (width < 0) invalid("width: expected a row length >= 0; given " + std::to_string(width));
-  if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16 && dtype != DType::kF64)
-    throw Error(Status::kUnsupported, "dtype: expected fp32, fp16, bf16 (or fp64 on the cpu variant); given " +
-                                          std::string(dtype_name(dtype)));
-  if (device.is_cuda() && dtype == DType::kF64)
-    throw Error(Status::kUnsupported, "dtype: fp64 runs on the cpu variant only; given fp64 on " + device_name(device));
-  if (!device.is_cuda()) return FusedVariant::kCpu;
-  const int64_t max_width = fused_registers_max_width(op, dtype, backward, aligned_rows);
-  if (max_width == 0) return FusedVariant::kCudaFusedRegisters;  // elementwise: one fused kernel
-  if (width > max_width) return FusedVariant::kCudaFusedStreaming;
-  const bool softmax = op == FusedOp::kSoftmax || op == FusedOp::kLogSoftmax;
-  if (!aligned_rows && width > 64) return FusedVariant::kCudaFusedStreaming;
-  if (!softmax && !backward && width >= 4096) return FusedVariant::kCudaFusedStreaming;
-  if (softmax && backward && width >= 16384) return FusedVariant::kCudaFusedStreaming;
-  return FusedVariant::kCudaFusedRegisters;
-}
-
 // ---- softmax -------------------------------------------------------------------------------
 
 void softmax_forward(const TensorView& x, const TensorView& y, double scale, bool log, FusedVariant variant,
                      const ExecutionContext& ctx) {
   FusedParams p;
   p.op = log ? FusedOp::kLogSoftmax : FusedOp::kSoftmax;
-  Operands ops(p.op, false);
+  Operands ops;
   p.x = ops.rows_in(x, "x", &p.ld_x);
   p.y = ops.rows_out(y, "y", &p.ld_y);
   ops.check_overlaps(true);
@@ -393,7 +298,7 @@ void softmax_backward(const TensorView& y, const TensorView& dy, const TensorVie
   FusedParams p;
   p.op = log ? FusedOp::kLogSoftmax : FusedOp::kSoftmax;
   p.backward = true;
-  Operands ops(p.op, true);
+  Operands ops;
   p.x = ops.rows_in(y, "y", &p.ld_x);
   p.dy = ops.rows_in(dy, "dy", &p.ld_dy);
   p.dx = ops.rows_out(dx, "dx", &p.ld_dx);
@@ -406,7 +311,7 @@ void softmax_backward(const TensorView& y, const TensorView& dy, const TensorVie
 
 namespace {
 
-void norm_forward(bool layer, const TensorView& x, const TensorView& residual, const TensorView& weight,
+void layer_or_rms_norm_forward(bool layer, const TensorView& x, const TensorView& residual, const TensorView& weight,
                   const TensorView& bias, double eps, const TensorView& y, const TensorView& residual_out,
                   const TensorView& mean, const TensorView& rstd, FusedVariant variant,
                   const ExecutionContext& ctx) {
@@ -414,7 +319,7 @@ void norm_forward(bool layer, const TensorView& x, const TensorView& residual, c
   const bool add = present(residual);
   p.op = layer ? (add ? FusedOp::kAddLayerNorm : FusedOp::kLayerNorm)
                : (add ? FusedOp::kAddRmsNorm : FusedOp::kRmsNorm);
-  Operands ops(p.op, false);
+  Operands ops;
   p.x = ops.rows_in(x, "x", &p.ld_x);
   if (add) {
     p.residual = ops.rows_in(residual, "residual", &p.ld_residual);
@@ -435,7 +340,7 @@ void norm_forward(bool layer, const TensorView& x, const TensorView& residual, c
   run(p, ops, variant, ctx);
 }
 
-void norm_backward(bool layer, const TensorView& dy, const TensorView& h, const TensorView& weight,
+void layer_or_rms_norm_backward(bool layer, const TensorView& dy, const TensorView& h, const TensorView& weight,
                    const TensorView& mean, const TensorView& rstd, const TensorView& dresidual_out,
                    const TensorView& dx, const TensorView& dweight, const TensorView& dbias, FusedVariant variant,
                    const ExecutionContext& ctx) {
@@ -444,7 +349,7 @@ void norm_backward(bool layer, const TensorView& dy, const TensorView& h, const 
   p.op = layer ? (add ? FusedOp::kAddLayerNorm : FusedOp::kLayerNorm)
                : (add ? FusedOp::kAddRmsNorm : FusedOp::kRmsNorm);
   p.backward = true;
-  Operands ops(p.op, true);
+  Operands ops;
   p.dy = ops.rows_in(dy, "dy", &p.ld_dy);
   p.x = ops.rows_in(h, "h", &p.ld_x);
   if (add) p.dresidual_out = ops.rows_in(dresidual_out, "dresidual_out", &p.ld_dresidual_out);
@@ -465,26 +370,26 @@ void layer_norm_forward(const TensorView& x, const TensorView& residual, const T
                         const TensorView& bias, double eps, const TensorView& y, const TensorView& residual_out,
                         const TensorView& mean, const TensorView& rstd, FusedVariant variant,
                         const ExecutionContext& ctx) {
-  norm_forward(true, x, residual, weight, bias, eps, y, residual_out, mean, rstd, variant, ctx);
+  layer_or_rms_norm_forward(true, x, residual, weight, bias, eps, y, residual_out, mean, rstd, variant, ctx);
 }
 
 void layer_norm_backward(const TensorView& dy, const TensorView& h, const TensorView& weight,
                          const TensorView& mean, const TensorView& rstd, const TensorView& dresidual_out,
                          const TensorView& dx, const TensorView& dweight, const TensorView& dbias,
                          FusedVariant variant, const ExecutionContext& ctx) {
-  norm_backward(true, dy, h, weight, mean, rstd, dresidual_out, dx, dweight, dbias, variant, ctx);
+  layer_or_rms_norm_backward(true, dy, h, weight, mean, rstd, dresidual_out, dx, dweight, dbias, variant, ctx);
 }
 
 void rms_norm_forward(const TensorView& x, const TensorView& residual, const TensorView& weight, double eps,
                       const TensorView& y, const TensorView& residual_out, const TensorView& rstd,
                       FusedVariant variant, const ExecutionContext& ctx) {
-  norm_forward(false, x, residual, weight, TensorView{}, eps, y, residual_out, TensorView{}, rstd, variant, ctx);
+  layer_or_rms_norm_forward(false, x, residual, weight, TensorView{}, eps, y, residual_out, TensorView{}, rstd, variant, ctx);
 }
 
 void rms_norm_backward(const TensorView& dy, const TensorView& h, const TensorView& weight, const TensorView& rstd,
                        const TensorView& dresidual_out, const TensorView& dx, const TensorView& dweight,
                        FusedVariant variant, const ExecutionContext& ctx) {
-  norm_backward(false, dy, h, weight, TensorView{}, rstd, dresidual_out, dx, dweight, TensorView{}, variant, ctx);
+  layer_or_rms_norm_backward(false, dy, h, weight, TensorView{}, rstd, dresidual_out, dx, dweight, TensorView{}, variant, ctx);
 }
 
 // ---- bias + GELU, SiLU-and-mul -------------------------------------------------------------
@@ -493,7 +398,7 @@ void bias_gelu_forward(const TensorView& x, const TensorView& bias, GeluApproxim
                        const TensorView& y, FusedVariant variant, const ExecutionContext& ctx) {
   FusedParams p;
   p.op = FusedOp::kBiasGelu;
-  Operands ops(p.op, false);
+  Operands ops;
   p.x = ops.rows_in(x, "x", &p.ld_x);
   p.bias = ops.vector_in(bias, "bias");
   p.y = ops.rows_out(y, "y", &p.ld_y);
@@ -508,7 +413,7 @@ void bias_gelu_backward(const TensorView& dy, const TensorView& x, const TensorV
   FusedParams p;
   p.op = FusedOp::kBiasGelu;
   p.backward = true;
-  Operands ops(p.op, true);
+  Operands ops;
   p.dy = ops.rows_in(dy, "dy", &p.ld_dy);
   p.x = ops.rows_in(x, "x", &p.ld_x);
   p.bias = ops.vector_in(bias, "bias");
@@ -523,7 +428,7 @@ void silu_and_mul_forward(const TensorView& x, const TensorView& y, FusedVariant
                           const ExecutionContext& ctx) {
   FusedParams p;
   p.op = FusedOp::kSiluAndMul;
-  Operands ops(p.op, false);
+  Operands ops;
   p.x = ops.rows_in(x, "x", &p.ld_x, 2);
   p.y = ops.rows_out(y, "y", &p.ld_y);
   ops.check_overlaps(true);
@@ -535,12 +440,86 @@ void silu_and_mul_backward(const TensorView& dy, const TensorView& x, const Tens
   FusedParams p;
   p.op = FusedOp::kSiluAndMul;
   p.backward = true;
-  Operands ops(p.op, true);
+  Operands ops;
   p.x = ops.rows_in(x, "x", &p.ld_x, 2);
   p.dy = ops.rows_in(dy, "dy", &p.ld_dy);
   p.dx = ops.rows_out(dx, "dx", &p.ld_dx, 2);
   ops.check_overlaps(true);
   run(p, ops, variant, ctx);
+}
+
+// ---- workspace -----------------------------------------------------------------------------
+
+namespace {
+
+// The params of a call with every optional operand that can grow a launcher's workspace: weight,
+// bias, dweight, dbias, dresidual_out present, forward statistics absent (the unfused rung then
+// keeps them in temporaries). Pointers are placeholders (launchers measure without reading them):
+// 16-byte aligned or, for `aligned` false, one element off.
+FusedParams worst_case_params(FusedOp op, bool backward, DType dtype, int64_t rows, int64_t width, bool aligned) {
+  FusedParams p;
+  p.op = op;
+  p.backward = backward;
+  p.dtype = dtype;
+  p.rows = rows;
+  p.width = width;
+  const int64_t ld = op == FusedOp::kSiluAndMul ? 2 * width : width;
+  void* at = reinterpret_cast<void*>(uintptr_t{4096} + (aligned ? 0 : dtype_size(dtype)));
+  p.x = at;
+  p.ld_x = ld;
+  p.weight = p.bias = at;
+  if (backward) {
+    p.dy = at;
+    p.ld_dy = width;
+    p.dx = at;
+    p.ld_dx = ld;
+    p.dweight = p.dbias = at;
+    p.dresidual_out = at;
+    p.ld_dresidual_out = width;
+    p.mean = p.rstd = static_cast<float*>(at);
+  } else {
+    p.y = at;
+    p.ld_y = width;
+    if (p.is_add_form()) {
+      p.residual = p.residual_out = at;
+      p.ld_residual = p.ld_residual_out = width;
+    }
+  }
+  return p;
+}
+
+}  // namespace
+
+size_t fused_workspace_bytes(FusedOp op, bool backward, DType dtype, Device device, int64_t rows, int64_t width,
+                             FusedVariant variant, bool aligned_rows) {
+  if (rows < 0) invalid("rows: expected >= 0; given " + std::to_string(rows));
+  if (width < 1) invalid("width: expected >= 1; given " + std::to_string(width));
+  resolve_fused_variant(op, dtype, device, width, backward, aligned_rows);  // checks the device and the dtype
+  if (variant != FusedVariant::kAuto && fused_variant_is_cuda(variant) != device.is_cuda())
+    invalid("variant " + std::string(fused_variant_name(variant)) + " runs on " +
+            (device.is_cuda() ? "the CPU" : "CUDA devices") + "; given " + device_name(device));
+  if (!device.is_cuda() || rows == 0) return 0;
+#if OPTIMIZED_WITH_CUDA
+  if (std::string why = cuda_dtype_not_built("fused", dtype); !why.empty())
+    throw Error(Status::kUnsupported, "fused_workspace_bytes: " + why);
+  DeviceGuard guard(device.index);
+  size_t need = 0;
+  // Rows that may not be aligned: the larger of both layouts (kAuto may pick another design too).
+  for (bool aligned : {true, false}) {
+    if (!aligned && aligned_rows) break;
+    const FusedVariant v =
+        variant == FusedVariant::kAuto ? resolve_fused_variant(op, dtype, device, width, backward, aligned) : variant;
+    const int64_t max_width = fused_registers_max_width(op, dtype, backward, aligned);
+    if (v == FusedVariant::kCudaFusedRegisters && max_width > 0 && width > max_width) continue;  // refused anyway
+    const FusedVariantInfo& row = fused_variant_info(v);
+    const FusedParams p = worst_case_params(op, backward, dtype, rows, width, aligned);
+    need = std::max(need, launcher_workspace_bytes(row, p, "fused_workspace_bytes (" + std::string(row.name) + ")"));
+  }
+  return need;
+#else
+  throw Error(Status::kUnsupported, "fused_workspace_bytes: " + device_name(device) +
+                                        " given but this build has no CUDA backend (built without CUDA)");
+#endif
 }
 
 }  // namespace optimized

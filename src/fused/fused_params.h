@@ -8,15 +8,9 @@
 
 #include <cstdint>
 
+#include "core/host_device.h"  // the predicates below are used by the kernels too
 #include "optimized/core.h"
 #include "optimized/fused.h"
-
-// The predicates below are used by the kernels too.
-#ifdef __CUDACC__
-#define OPTIMIZED_HOST_DEVICE __host__ __device__
-#else
-#define OPTIMIZED_HOST_DEVICE
-#endif
 
 namespace optimized {
 
@@ -87,18 +81,5 @@ inline bool fused_rows_aligned(const FusedParams& p) {
          ok(p.dx, p.ld_dx) && ok(p.weight, 0) && ok(p.bias, 0) && ok(p.dweight, 0) && ok(p.dbias, 0) && w % 16 == 0;
 }
 
-// ---- backends (each runs forward or backward by params.backward) ---------------------------
-// CPU (src/fused/cpu/fused_cpu.cpp): host pointers; `threads` as ExecutionContext::cpu_threads.
-void cpu_fused(const FusedParams& params, int threads);
-
-#ifdef OPTIMIZED_WITH_CUDA
-// CUDA launchers (src/fused/cuda/); cudaStream_t passed as void* so this header stays CUDA-free.
-// Each throws Error on a failed launch or allocation (temporaries come from cudaMallocAsync on the
-// stream).
-void launch_fused_unfused(const FusedParams& params, void* stream);    // unfused.cu
-void launch_fused_streaming(const FusedParams& params, void* stream);  // row_streaming.cu
-void launch_fused_registers(const FusedParams& params, void* stream);  // row_registers.cu
-void launch_fused_elementwise(const FusedParams& params, void* stream);// elementwise.cu: bias_gelu, silu_and_mul (both fused variants)
-#endif
-
 }  // namespace optimized
+

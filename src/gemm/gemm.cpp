@@ -1,29 +1,25 @@
-// Public GEMM entry: validates the operands, builds GemmParams, and dispatches by device and
-// variant to the CPU backend or a CUDA launcher.
+// Public GEMM entry: validates the operands, builds GemmParams, and dispatches through the variant
+// table (gemm_variants.h) to the CPU backend or a CUDA launcher.
 #include <algorithm>
 #include <array>
 #include <cstring>
 #include <sstream>
+#include <type_traits>
+#include <utility>
 
-#include "gemm/cpu/cpu_gemm.h"
+#include "gemm/gemm_config.h"
 #include "gemm/gemm_params.h"
+#include "gemm/gemm_variants.h"
 #include "optimized/gemm.h"
 
 #if OPTIMIZED_WITH_CUDA
-#include "core/cuda_device_guard.h"
-#include "gemm/cuda/gemm_launchers.h"
+#include "core/cuda_launch.h"
 #include "gemm/gemm_describe.h"
 #endif
 
 namespace optimized {
 
 namespace {
-
-constexpr std::array kVariants = {
-    GemmVariant::kCpuNaive,       GemmVariant::kCpuBlocked,        GemmVariant::kCpuPacked,
-    GemmVariant::kCudaNaive,      GemmVariant::kCudaCoalesced,     GemmVariant::kCudaSmemTiled,
-    GemmVariant::kCudaRegisterTiled, GemmVariant::kCudaWmma,       GemmVariant::kCudaMmaPipeline,
-};
 
 [[noreturn]] void invalid(const std::string& message) { throw Error(Status::kInvalidArgument, message); }
 
@@ -124,92 +120,14 @@ GemmParams make_params(const TensorView& a, const TensorView& b, const TensorVie
   return p;
 }
 
-#if OPTIMIZED_WITH_CUDA
-// Each CUDA rung: its launcher and the report of the kernel that launcher would run.
-struct CudaRung {
-  cudaError_t (*launch)(const GemmParams&, cudaStream_t);
-  cudaError_t (*resources)(const GemmParams&, cuda::KernelResources*);
-};
-
-CudaRung cuda_rung(GemmVariant variant) {
-  switch (variant) {
-    case GemmVariant::kCudaNaive: return {cuda::gemm_naive, cuda::gemm_naive_resources};
-    case GemmVariant::kCudaCoalesced: return {cuda::gemm_coalesced, cuda::gemm_coalesced_resources};
-    case GemmVariant::kCudaSmemTiled: return {cuda::gemm_smem_tiled, cuda::gemm_smem_tiled_resources};
-    case GemmVariant::kCudaRegisterTiled:
-      return {cuda::gemm_register_tiled, cuda::gemm_register_tiled_resources};
-    case GemmVariant::kCudaWmma: return {cuda::gemm_wmma, cuda::gemm_wmma_resources};
-    case GemmVariant::kCudaMmaPipeline: return {cuda::gemm_mma_pipeline, cuda::gemm_mma_pipeline_resources};
-    default: break;
-  }
-  throw Error(Status::kInternal, "variant: " + std::string(gemm_variant_name(variant)) + " is not a CUDA rung");
-}
-
-#endif
-
-}  // namespace
-
-std::string_view gemm_variant_name(GemmVariant variant) {
-  switch (variant) {
-    case GemmVariant::kAuto: return "auto";
-    case GemmVariant::kCpuNaive: return "cpu_naive";
-    case GemmVariant::kCpuBlocked: return "cpu_blocked";
-    case GemmVariant::kCpuPacked: return "cpu_packed";
-    case GemmVariant::kCudaNaive: return "naive";
-    case GemmVariant::kCudaCoalesced: return "coalesced";
-    case GemmVariant::kCudaSmemTiled: return "smem_tiled";
-    case GemmVariant::kCudaRegisterTiled: return "register_tiled";
-    case GemmVariant::kCudaWmma: return "wmma";
-    case GemmVariant::kCudaMmaPipeline: return "mma_pipeline";
-  }
-  return "unknown";
-}
-
-GemmVariant parse_gemm_variant(std::string_view name) {
-  if (name == "auto") return GemmVariant::kAuto;
-  std::string choices = "auto";
-  for (GemmVariant v : kVariants) {
-    if (gemm_variant_name(v) == name) return v;
-    choices += ", " + std::string(gemm_variant_name(v));
-  }
-  throw Error(Status::kInvalidArgument,
-              "variant: expected one of " + choices + "; given '" + std::string(name) + "'");
-}
-
-std::span<const GemmVariant> all_gemm_variants() { return kVariants; }
-
-bool gemm_variant_is_cuda(GemmVariant variant) {
-  return variant != GemmVariant::kAuto && variant != GemmVariant::kCpuNaive &&
-         variant != GemmVariant::kCpuBlocked && variant != GemmVariant::kCpuPacked;
-}
-
-std::string gemm_variant_rejects_dtype(GemmVariant variant, DType dtype) {
-  const bool float_type = dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
-  if (dtype == DType::kF64) {
-    if (variant == GemmVariant::kAuto || variant == GemmVariant::kCpuNaive || variant == GemmVariant::kCpuBlocked)
-      return "";
-    return std::string(gemm_variant_name(variant)) +
-           " supports fp32, fp16, bf16 (fp64 runs on cpu_naive and cpu_blocked); given fp64";
-  }
-  if (!float_type) return "matmul supports fp32, fp16, bf16, fp64; given " + std::string(dtype_name(dtype));
-  if ((variant == GemmVariant::kCudaWmma || variant == GemmVariant::kCudaMmaPipeline) && dtype == DType::kF32)
-    return std::string(gemm_variant_name(variant)) + " supports fp16, bf16 (tensor cores); given fp32";
-  return "";
-}
-
-GemmVariant resolve_gemm_variant(const TensorView& a, const TensorView&, const TensorView&) {
-  if (!a.device.is_cuda()) return a.dtype == DType::kF64 ? GemmVariant::kCpuBlocked : GemmVariant::kCpuPacked;
-  return a.dtype == DType::kF32 ? GemmVariant::kCudaRegisterTiled : GemmVariant::kCudaMmaPipeline;
-}
-
-namespace {
 // The concrete variant for these (already validated) operands: kAuto resolved, then checked
 // against the dtype and the device.
 GemmVariant checked_variant(GemmVariant variant, const TensorView& a, const TensorView& b, const TensorView& c) {
   if (variant == GemmVariant::kAuto) variant = resolve_gemm_variant(a, b, c);
-  if (std::string why = gemm_variant_rejects_dtype(variant, a.dtype); !why.empty())
+  const GemmVariantInfo& row = gemm_variant_info(variant);
+  if (std::string why = variant_rejects_dtype(kGemmVariants, row, a.dtype, "matmul"); !why.empty())
     throw Error(Status::kUnsupported, "variant: " + why);
-  const bool cuda_variant = gemm_variant_is_cuda(variant);
+  const bool cuda_variant = row.backend == Backend::kCuda;
   if (cuda_variant != a.device.is_cuda())
     invalid("variant: " + std::string(gemm_variant_name(variant)) + " runs on " +
             (cuda_variant ? "CUDA" : "the CPU") + " tensors; given tensors on " + device_name(a.device));
@@ -220,37 +138,43 @@ GemmVariant checked_variant(GemmVariant variant, const TensorView& a, const Tens
 void matmul(const TensorView& a, const TensorView& b, const TensorView& c, float alpha, float beta,
             GemmVariant variant, const ExecutionContext& ctx) {
   const GemmParams p = make_params(a, b, c, alpha, beta);
-  variant = checked_variant(variant, a, b, c);
-  const bool cuda_variant = gemm_variant_is_cuda(variant);
-  if (!cuda_variant) {
-    switch (variant) {
-      case GemmVariant::kCpuNaive: cpu::gemm_naive(p); return;
-      case GemmVariant::kCpuBlocked: cpu::gemm_blocked(p, ctx.cpu_threads); return;
-      default: cpu::gemm_packed(p, ctx.cpu_threads); return;
-    }
+  const GemmVariantInfo& row = gemm_variant_info(checked_variant(variant, a, b, c));
+  if (row.backend == Backend::kCpu) {
+    row.cpu(p, ctx.cpu_threads);
+    return;
   }
 #if OPTIMIZED_WITH_CUDA
   // Asked once per process (devices do not come and go), not on every call.
   static const std::string no_cuda = cuda_unavailable_reason();
   if (!no_cuda.empty()) throw Error(Status::kUnsupported, "a: CUDA tensors given but " + no_cuda);
-  const CudaRung rung = cuda_rung(variant);
-  DeviceGuard guard(a.device.index);
-  if (cudaError_t e = rung.launch(p, static_cast<cudaStream_t>(ctx.cuda_stream)); e != cudaSuccess)
-    check_cuda(e, "matmul (" + std::string(gemm_variant_name(variant)) + ")");
+  launch_on_cuda(row, p, a.device.index, ctx, "matmul (" + std::string(row.name) + ")");
 #else
   throw Error(Status::kUnsupported, "a: CUDA tensors given but this build is CPU-only (built without CUDA)");
 #endif
+}
+
+size_t matmul_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batch, DType dtype, Device device,
+                              GemmVariant variant) {
+  for (const auto& [value, name] : {std::pair{m, "m"}, std::pair{n, "n"}, std::pair{k, "k"}, std::pair{batch, "batch"}})
+    if (value < 1) invalid(std::string(name) + ": expected >= 1; given " + std::to_string(value));
+  if (variant == GemmVariant::kAuto) variant = gemm_auto_variant(dtype, device.is_cuda());
+  const GemmVariantInfo& row = gemm_variant_info(variant);
+  if (std::string why = variant_rejects_dtype(kGemmVariants, row, dtype, "matmul"); !why.empty())
+    throw Error(Status::kUnsupported, "variant: " + why);
+  if (row.backend == Backend::kCpu || !device.is_cuda()) return 0;
+  static_assert(std::is_null_pointer_v<GemmWorkspaceFn>,
+                "a rung with a workspace: build GemmParams from the sizes and ask launcher_workspace_bytes");
+  return 0;
 }
 
 #if OPTIMIZED_WITH_CUDA
 cuda::KernelResources describe_gemm_kernel(const TensorView& a, const TensorView& b, const TensorView& c,
                                            float alpha, float beta, GemmVariant variant) {
   const GemmParams p = make_params(a, b, c, alpha, beta);
-  variant = checked_variant(variant, a, b, c);
+  const GemmVariantInfo& row = gemm_variant_info(checked_variant(variant, a, b, c));
   cuda::KernelResources out;
   DeviceGuard guard(a.device.index);
-  if (cudaError_t e = cuda_rung(variant).resources(p, &out); e != cudaSuccess)
-    check_cuda(e, "describe_gemm_kernel (" + std::string(gemm_variant_name(variant)) + ")");
+  check_cuda(row.resources(p, &out), "describe_gemm_kernel (" + std::string(row.name) + ")");
   return out;
 }
 #endif

@@ -2,7 +2,7 @@
 // occupancy), for the benchmark's report. Internal: CUDA builds only.
 #pragma once
 
-#include "gemm/cuda/gemm_launchers.h"
+#include "gemm/launchers.h"
 #include "optimized/gemm.h"
 
 namespace optimized {

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "common/test_util.h"
+#include "fused/cpu/fused_cpu.h"
 #include "fused/fused_params.h"
 #include "optimized/buffer.h"
 #include "optimized/core.h"

@@ -1,83 +1,29 @@
-// Device helpers shared by the fused memory-bound kernels: dtype <-> fp32 conversion, 16-byte
-// vectors of a row, the math of GELU / SiLU, a dtype dispatch, and the column-sum kernel that
-// turns per-block partial sums (dweight, dbias) into the gradient.
+// What the fused family's CUDA designs share beyond src/kernels: the fp32 scalars, which kernel an
+// op runs, the number of resident blocks a row-striding grid needs, the column sum that turns
+// per-block partial sums (dweight, dbias) into the gradient, and the workspace arena of a launch.
+// Namespace optimized::cuda::fused (the family's CUDA internals), which sees the ground floor.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <cmath>
+#include <cstddef>
 #include <cstdint>
-#include <string>
 
-#include "core/cuda_device_guard.h"
+#include "core/device_facts.h"
+#include "core/workspace.h"
+#include "fused/cuda/dtype_entries.h"
+#include "fused/fused_config.h"
 #include "fused/fused_params.h"
+#include "kernels/common.cuh"
+#include "kernels/dtype.cuh"
+#include "kernels/math.cuh"
+#include "kernels/reduce.cuh"
 
-namespace optimized::fused_cuda {
+namespace optimized::cuda::fused {
 
-// ---- conversions ---------------------------------------------------------------------------
-template <typename T> __device__ __forceinline__ float to_float(T v);
-template <> __device__ __forceinline__ float to_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
-template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+using namespace optimized::kernels;
 
-template <typename T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
-// ---- vectors -------------------------------------------------------------------------------
-// kVec elements of T loaded or stored as one access: 16 bytes when rows are aligned, else 1
-// element (the fallback for rows that do not start on a 16-byte boundary).
-template <typename T, int kVec>
-struct alignas(sizeof(T) * kVec) Vec {
-  T v[kVec];
-};
-
-template <typename T, int kVec>
-__device__ __forceinline__ Vec<T, kVec> load_vec(const T* p) {
-  return *reinterpret_cast<const Vec<T, kVec>*>(p);
-}
-// Streaming (evict-first) load for data read exactly once, so that it does not push out of L2 what
-// will be read again.
-template <typename T, int kVec>
-__device__ __forceinline__ Vec<T, kVec> load_vec_once(const T* p) {
-  if constexpr (sizeof(T) * kVec == 16) {
-    uint4 u = __ldcs(reinterpret_cast<const uint4*>(p));
-    return *reinterpret_cast<Vec<T, kVec>*>(&u);
-  } else {
-    return *reinterpret_cast<const Vec<T, kVec>*>(p);
-  }
-}
-template <typename T, int kVec>
-__device__ __forceinline__ void store_vec(T* p, const Vec<T, kVec>& v) {
-  *reinterpret_cast<Vec<T, kVec>*>(p) = v;
-}
-
-// 16 bytes of T, in elements.
-template <typename T> constexpr int kVec16 = 16 / static_cast<int>(sizeof(T));
-
-// ---- activation math (fp32) ----------------------------------------------------------------
-constexpr float kSqrt1_2 = 0.70710678118654752440f;
-constexpr float kSqrt2OverPi = 0.79788456080286535588f;
-constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
-constexpr float kGeluCubic = 0.044715f;
-
-__device__ __forceinline__ float gelu(float x, bool tanh_form) {
-  if (tanh_form) return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kGeluCubic * x * x * x)));
-  return 0.5f * x * (1.0f + erff(x * kSqrt1_2));
-}
-__device__ __forceinline__ float gelu_grad(float x, bool tanh_form) {
-  if (tanh_form) {
-    const float inner = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
-    const float t = tanhf(inner);
-    const float dinner = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
-    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * dinner;
-  }
-  return 0.5f * (1.0f + erff(x * kSqrt1_2)) + x * kInvSqrt2Pi * expf(-0.5f * x * x);
-}
-__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+constexpr FusedConfig kConfig = kFusedConfig;
 
 // ---- scalars --------------------------------------------------------------------------------
 // eps and scale as every kernel computes with them: fp32, rounded once on the host at the launch
@@ -91,38 +37,82 @@ inline FusedScalarsF32 scalars_f32(const FusedParams& p) {
   return {static_cast<float>(p.eps), static_cast<float>(p.scale)};
 }
 
-// ---- dispatch ------------------------------------------------------------------------------
-// Calls f(T{}) with the CUDA element type of `dtype`.
-template <typename F>
-void dispatch_dtype(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::kF32: f(float{}); return;
-    case DType::kF16: f(__half{}); return;
-    case DType::kBF16: f(__nv_bfloat16{}); return;
-    default: break;
-  }
-  throw Error(Status::kUnsupported, "fused CUDA kernels: unsupported dtype " + std::string(dtype_name(dtype)));
+// ---- which kernel ---------------------------------------------------------------------------
+// The kernels of the fused designs: one per (op group, direction). The row designs (streaming,
+// registers) have the first four, the element-wise kernel the last four.
+enum class FusedKernel : int { kSoftmaxFwd, kNormFwd, kSoftmaxBwd, kNormBwd, kGeluFwd, kGeluBwd, kSiluFwd, kSiluBwd };
+inline FusedKernel fused_kernel_of(const FusedParams& p) {
+  if (p.is_softmax()) return p.backward ? FusedKernel::kSoftmaxBwd : FusedKernel::kSoftmaxFwd;
+  if (p.is_norm()) return p.backward ? FusedKernel::kNormBwd : FusedKernel::kNormFwd;
+  if (p.op == FusedOp::kBiasGelu) return p.backward ? FusedKernel::kGeluBwd : FusedKernel::kGeluFwd;
+  return p.backward ? FusedKernel::kSiluBwd : FusedKernel::kSiluFwd;
+}
+constexpr bool is_backward(FusedKernel k) {
+  return k == FusedKernel::kSoftmaxBwd || k == FusedKernel::kNormBwd || k == FusedKernel::kGeluBwd ||
+         k == FusedKernel::kSiluBwd;
 }
 
-inline void check_launch(const char* what) { check_cuda(cudaGetLastError(), what); }
-
+// ---- grids ----------------------------------------------------------------------------------
 // Blocks of `kernel` (with this block size and dynamic shared memory) that the current device
 // holds at once: what a grid that strides over rows needs to fill the GPU, no more.
 template <typename Kernel>
-int64_t resident_blocks(Kernel kernel, int threads, size_t dynamic_smem, const char* what) {
-  int device = 0, sms = 0, per_sm = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, dynamic_smem),
-             std::string("cudaOccupancyMaxActiveBlocksPerMultiprocessor (") + what + ")");
-  return static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+cudaError_t resident_blocks(Kernel kernel, int threads, size_t dynamic_smem, int64_t* out) {
+  const DeviceFacts* facts = nullptr;
+  if (cudaError_t e = current_device_facts(&facts); e != cudaSuccess) return e;
+  int per_sm = 0;
+  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, dynamic_smem);
+      e != cudaSuccess)
+    return e;
+  *out = static_cast<int64_t>(facts->sm_count) * (per_sm > 0 ? per_sm : 1);
+  return cudaSuccess;
 }
 
-// The four kernels of the row designs (fused_streaming and fused_registers).
-enum class RowKind : int { kSoftmaxFwd, kNormFwd, kSoftmaxBwd, kNormBwd };
-inline RowKind row_kind_of(const FusedParams& p) {
-  if (p.is_softmax()) return p.backward ? RowKind::kSoftmaxBwd : RowKind::kSoftmaxFwd;
-  return p.backward ? RowKind::kNormBwd : RowKind::kNormFwd;
+// Runs body.template operator()<kKind, kVec>() with kKind the kernel of p among kKinds (else
+// cudaErrorInvalidValue: another design runs it) and kVec the elements per vector: 16 bytes when
+// every row is aligned (fused_rows_aligned), else 1.
+template <typename T, FusedKernel... kKinds, typename Body>
+cudaError_t dispatch_kernel(const FusedParams& p, Body&& body) {
+  const FusedKernel kind = fused_kernel_of(p);
+  const bool aligned = fused_rows_aligned(p);
+  cudaError_t result = cudaErrorInvalidValue;
+  (void)((kind == kKinds ? (result = aligned ? body.template operator()<kKinds, kVec16<T>>()
+                                             : body.template operator()<kKinds, 1>(),
+                            true)
+                         : false) ||
+         ...);
+  return result;
+}
+
+// ---- workspace ------------------------------------------------------------------------------
+// The arena of one launcher call: counting when measuring (dtype_entries.h), carving otherwise.
+inline WorkspaceArena arena_for(const Workspace& workspace, size_t* measure) {
+  return measure ? WorkspaceArena() : WorkspaceArena(workspace);
+}
+
+// Measuring a launch that takes no workspace: 0 bytes, found without asking the device anything
+// (the occupancy query of the grid is for the launch alone).
+inline bool measured_without_scratch(bool needs_scratch, size_t* measure) {
+  if (!measure || needs_scratch) return false;
+  *measure = 0;
+  return true;
+}
+
+// The fp32 partial-sum rows of one launch (dweight / dbias per block), `floats` of the workspace.
+// launch false: return `status` (measuring: the bytes are in *measure; or the workspace is too small).
+struct PartialRows {
+  float* data;
+  bool launch;
+  cudaError_t status;
+};
+inline PartialRows partial_rows(const Workspace& workspace, size_t* measure, int64_t floats) {
+  WorkspaceArena arena = arena_for(workspace, measure);
+  float* data = floats > 0 ? arena.take<float>(floats) : nullptr;
+  if (measure) {
+    *measure = arena.peak();
+    return {nullptr, false, cudaSuccess};
+  }
+  if (!arena.ok()) return {nullptr, false, cudaErrorInvalidValue};
+  return {data, true, cudaSuccess};
 }
 
 // ---- column sums ---------------------------------------------------------------------------
@@ -145,35 +135,29 @@ __global__ void __launch_bounds__(1024) column_sum_kernel(const float* __restric
   }
 }
 
-// Sums `parts` fp32 rows of `width` columns spaced `row_stride` apart into `out` (dtype elements).
-inline void launch_column_sum(const float* partial, int64_t parts, int64_t width, int64_t row_stride, void* out,
-                              DType dtype, cudaStream_t stream) {
-  dispatch_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    const dim3 block(32, 32);
-    const dim3 grid(static_cast<unsigned>((width + 31) / 32));
-    column_sum_kernel<T><<<grid, block, 0, stream>>>(partial, parts, width, row_stride, static_cast<T*>(out));
-    check_launch("column_sum_kernel launch");
-  });
+// Sums `parts` fp32 rows of `width` columns spaced `row_stride` apart into `out` (T elements).
+template <typename T>
+cudaError_t launch_column_sum(const float* partial, int64_t parts, int64_t width, int64_t row_stride, void* out,
+                              cudaStream_t stream) {
+  const dim3 block(32, 32);
+  const dim3 grid(static_cast<unsigned>(ceil_div(width, 32)));
+  column_sum_kernel<T><<<grid, block, 0, stream>>>(partial, parts, width, row_stride, static_cast<T*>(out));
+  return cudaGetLastError();
 }
 
-// Stream-ordered scratch memory (cudaMallocAsync), freed on the stream when the scope ends:
-// graph-capturable and cheap once the pool is warm.
-class StreamScratch {
- public:
-  StreamScratch(size_t bytes, cudaStream_t stream) : stream_(stream) {
-    if (bytes) check_cuda(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync (fused scratch)");
-  }
-  ~StreamScratch() {
-    if (ptr_) cudaFreeAsync(ptr_, stream_);
-  }
-  StreamScratch(const StreamScratch&) = delete;
-  StreamScratch& operator=(const StreamScratch&) = delete;
-  float* floats() const { return static_cast<float*>(ptr_); }
+}  // namespace optimized::cuda::fused
 
- private:
-  void* ptr_ = nullptr;
-  cudaStream_t stream_;
-};
+namespace optimized::cuda::fused {
 
-}  // namespace optimized::fused_cuda
+// dweight and dbias (when p asks for them) from `parts` partial rows laid out (part, which, column):
+// dweight at which 0, dbias at which 1.
+template <typename T>
+cudaError_t launch_parameter_sums(const float* partial, int64_t parts, const FusedParams& p, cudaStream_t stream) {
+  if (p.dweight)
+    if (cudaError_t e = launch_column_sum<T>(partial, parts, p.width, 2 * p.width, p.dweight, stream); e != cudaSuccess)
+      return e;
+  if (p.dbias) return launch_column_sum<T>(partial + p.width, parts, p.width, 2 * p.width, p.dbias, stream);
+  return cudaSuccess;
+}
+
+}  // namespace optimized::cuda::fused

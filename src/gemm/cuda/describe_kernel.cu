@@ -1,6 +1,7 @@
 // Kernel resource report shared by every GEMM launcher: what the compiler allotted (registers,
 // shared and local memory) and what the occupancy calculator makes of it on the current device.
-#include "gemm/cuda/gemm_launchers.h"
+#include "core/device_facts.h"
+#include "gemm/launchers.h"
 
 namespace optimized::cuda {
 
@@ -8,10 +9,8 @@ cudaError_t describe_kernel(const void* kernel, const char* name, int threads_pe
                             int dynamic_smem_bytes, KernelResources* out) {
   cudaFuncAttributes attr{};
   if (cudaError_t e = cudaFuncGetAttributes(&attr, kernel); e != cudaSuccess) return e;
-  int device = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  cudaDeviceProp prop{};
-  if (cudaError_t e = cudaGetDeviceProperties(&prop, device); e != cudaSuccess) return e;
+  const DeviceFacts* facts = nullptr;
+  if (cudaError_t e = current_device_facts(&facts); e != cudaSuccess) return e;
   int blocks = 0;
   if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel,
                                                                     threads_per_block,
@@ -24,9 +23,9 @@ cudaError_t describe_kernel(const void* kernel, const char* name, int threads_pe
   out->dynamic_smem_bytes = dynamic_smem_bytes;
   out->threads_per_block = threads_per_block;
   out->blocks_per_sm = blocks;
-  const int warps_per_block = (threads_per_block + prop.warpSize - 1) / prop.warpSize;
+  const int warps_per_block = (threads_per_block + facts->warp_size - 1) / facts->warp_size;
   out->theoretical_occupancy = static_cast<double>(blocks * warps_per_block) /
-                               (prop.maxThreadsPerMultiProcessor / prop.warpSize);
+                               (facts->max_threads_per_sm / facts->warp_size);
   out->local_bytes_per_thread = static_cast<int>(attr.localSizeBytes);
   return cudaSuccess;
 }

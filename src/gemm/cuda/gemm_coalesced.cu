@@ -20,7 +20,7 @@
 #include <cstdint>
 
 #include "gemm/cuda/gemm_common.cuh"
-#include "gemm/cuda/gemm_launchers.h"
+#include "gemm/launchers.h"
 
 namespace optimized::cuda {
 namespace {
@@ -28,7 +28,6 @@ namespace {
 constexpr int kBlockX = 32;  // columns of C per block (the lanes of a warp)
 constexpr int kBlockY = 8;   // rows of C per block
 constexpr int kThreads = kBlockX * kBlockY;
-constexpr int64_t kMaxGridY = 65535;
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -43,7 +42,7 @@ __global__ void __launch_bounds__(kThreads)
     const T* a_row = ops.a + row * p.lda;  // int64: row * lda may exceed 2^31
     float acc = 0.0f;
     for (int64_t k = 0; k < p.k; ++k) acc = fmaf(to_float(a_row[k]), to_float(b_col[k * p.ldb]), acc);
-    store_epilogue(ops.c + row * p.ldc + col, acc, p.alpha, p.beta);
+    store_alpha_beta(ops.c + row * p.ldc + col, acc, p.alpha, p.beta);
   }
 }
 
@@ -55,7 +54,7 @@ template <> constexpr const char* kKernelName<__nv_bfloat16> =
 
 }  // namespace
 
-cudaError_t gemm_coalesced(const GemmParams& p, cudaStream_t stream) {
+cudaError_t gemm_coalesced(const GemmParams& p, const Workspace&, cudaStream_t stream) {
   return dispatch_float_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
     const int64_t blocks_x = ceil_div(p.n, kBlockX);
     if (blocks_x > INT32_MAX) return cudaErrorInvalidConfiguration;  // grid.x limit (N > 6.8e10)

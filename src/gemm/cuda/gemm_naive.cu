@@ -22,7 +22,7 @@
 #include <cstdint>
 
 #include "gemm/cuda/gemm_common.cuh"
-#include "gemm/cuda/gemm_launchers.h"
+#include "gemm/launchers.h"
 
 namespace optimized::cuda {
 namespace {
@@ -30,7 +30,6 @@ namespace {
 constexpr int kBlockX = 32;  // rows of C per block (the lanes of a warp)
 constexpr int kBlockY = 8;   // columns of C per block
 constexpr int kThreads = kBlockX * kBlockY;
-constexpr int64_t kMaxGridY = 65535;
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) gemm_naive_kernel(GemmParams p, int64_t batch_offset) {
@@ -44,7 +43,7 @@ __global__ void __launch_bounds__(kThreads) gemm_naive_kernel(GemmParams p, int6
     const T* b_col = ops.b + col;
     float acc = 0.0f;
     for (int64_t k = 0; k < p.k; ++k) acc = fmaf(to_float(a_row[k]), to_float(b_col[k * p.ldb]), acc);
-    store_epilogue(ops.c + row * p.ldc + col, acc, p.alpha, p.beta);
+    store_alpha_beta(ops.c + row * p.ldc + col, acc, p.alpha, p.beta);
   }
 }
 
@@ -55,7 +54,7 @@ template <> constexpr const char* kKernelName<__nv_bfloat16> = "naive<bf16, 32x8
 
 }  // namespace
 
-cudaError_t gemm_naive(const GemmParams& p, cudaStream_t stream) {
+cudaError_t gemm_naive(const GemmParams& p, const Workspace&, cudaStream_t stream) {
   return dispatch_float_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
     const int64_t blocks_x = ceil_div(p.m, kBlockX);
     if (blocks_x > INT32_MAX) return cudaErrorInvalidConfiguration;  // grid.x limit (M > 6.8e10)

@@ -43,7 +43,8 @@
 #include <cstdint>
 
 #include "gemm/cuda/gemm_common.cuh"
-#include "gemm/cuda/gemm_launchers.h"
+#include "gemm/launchers.h"
+#include "kernels/tile/raster.cuh"
 
 namespace optimized::cuda {
 namespace {
@@ -167,18 +168,11 @@ __global__ void __launch_bounds__(kThreads, 2)  // <= 128 registers: 2 blocks (1
 
   // Block -> tile of C, in groups of kGroupM tile rows: consecutive blocks walk down a group's
   // column of tiles before moving right, so the blocks running at the same time share A row
-  // panels and B column panels in L2.
-  uint32_t tile_m, tile_n;
-  {
-    const uint32_t per_group = kGroupM * tiles_n;
-    const uint32_t group = blockIdx.x / per_group, in_group = blockIdx.x % per_group;
-    const uint32_t first_m = group * kGroupM;
-    const uint32_t group_rows = min(tiles_m - first_m, static_cast<uint32_t>(kGroupM));
-    tile_m = first_m + in_group % group_rows;
-    tile_n = in_group / group_rows;
-  }
-  const int64_t m0 = static_cast<int64_t>(tile_m) * kBlockM;
-  const int64_t n0 = static_cast<int64_t>(tile_n) * kBlockN;
+  // panels and B column panels in L2 (kernels/tile/raster.cuh).
+  const kernels::TileCoord<uint32_t> tile =
+      kernels::grouped_tile<uint32_t>(blockIdx.x, tiles_m, tiles_n, static_cast<uint32_t>(kGroupM));
+  const int64_t m0 = static_cast<int64_t>(tile.m) * kBlockM;
+  const int64_t n0 = static_cast<int64_t>(tile.n) * kBlockN;
   const int rows_left = static_cast<int>(min(p.m - m0, static_cast<int64_t>(kBlockM)));  // 1..128
   const int cols_left = static_cast<int>(min(p.n - n0, static_cast<int64_t>(kBlockN)));  // 1..128
 
@@ -289,7 +283,7 @@ __global__ void __launch_bounds__(kThreads, 2)  // <= 128 registers: 2 blocks (1
 #pragma unroll
     for (int j = 0; j < kThreadN; ++j) {
       const int c = tn + j / kQuad * kQuadStrideN + j % kQuad;
-      if (c < cols_left) store_epilogue(c_row + c, acc[i][j], p.alpha, p.beta);
+      if (c < cols_left) store_alpha_beta(c_row + c, acc[i][j], p.alpha, p.beta);
     }
   }
 }
@@ -352,7 +346,7 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 }  // namespace
 
 // ---- launcher --------------------------------------------------------------------------------
-cudaError_t gemm_register_tiled(const GemmParams& p, cudaStream_t stream) {
+cudaError_t gemm_register_tiled(const GemmParams& p, const Workspace&, cudaStream_t stream) {
   return dispatch_float_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
     return use_vector_loads<T>(p) ? launch<T, true>(p, stream) : launch<T, false>(p, stream);
   });

@@ -28,14 +28,13 @@
 #include <cstdint>
 
 #include "gemm/cuda/gemm_common.cuh"
-#include "gemm/cuda/gemm_launchers.h"
+#include "gemm/launchers.h"
 
 namespace optimized::cuda {
 namespace {
 
 constexpr int kTile = 32;  // C tile per block is kTile x kTile; K advances kTile per step
 constexpr int kThreads = kTile * kTile;  // 1024: one thread per element of the C tile
-constexpr int64_t kMaxGridY = 65535;
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -63,7 +62,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int kk = 0; kk < kTile; ++kk) acc = fmaf(As[ty][kk], Bs[kk][tx], acc);
       __syncthreads();  // everyone done reading before the next step overwrites the tiles
     }
-    if (row < p.m && col < p.n) store_epilogue(ops.c + row * p.ldc + col, acc, p.alpha, p.beta);
+    if (row < p.m && col < p.n) store_alpha_beta(ops.c + row * p.ldc + col, acc, p.alpha, p.beta);
   }
 }
 
@@ -74,7 +73,7 @@ template <> constexpr const char* kKernelName<__nv_bfloat16> = "smem_tiled<bf16,
 
 }  // namespace
 
-cudaError_t gemm_smem_tiled(const GemmParams& p, cudaStream_t stream) {
+cudaError_t gemm_smem_tiled(const GemmParams& p, const Workspace&, cudaStream_t stream) {
   return dispatch_float_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
     const int64_t tiles_n = ceil_div(p.n, kTile);
     if (tiles_n > INT32_MAX) return cudaErrorInvalidConfiguration;  // grid.x limit

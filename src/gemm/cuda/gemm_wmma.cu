@@ -24,7 +24,7 @@
 #include <type_traits>
 
 #include "gemm/cuda/gemm_common.cuh"
-#include "gemm/cuda/gemm_launchers.h"
+#include "gemm/launchers.h"
 
 namespace optimized::cuda {
 namespace {
@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int r = 0; r < kFrag; ++r) {
       const int64_t row = row0 + r;
       if (row < p.m && col < p.n)
-        store_epilogue(ops.c + row * p.ldc + col, staging[r * kLdC + lane], p.alpha, p.beta);
+        store_alpha_beta(ops.c + row * p.ldc + col, staging[r * kLdC + lane], p.alpha, p.beta);
     }
     __syncwarp();  // the next fragment row overwrites the staging area
   }
@@ -292,7 +292,7 @@ template <> constexpr const char* kKernelName<__nv_bfloat16> =
 }  // namespace
 
 // ---- launcher --------------------------------------------------------------------------------
-cudaError_t gemm_wmma(const GemmParams& p, cudaStream_t stream) {
+cudaError_t gemm_wmma(const GemmParams& p, const Workspace&, cudaStream_t stream) {
   return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
     const int64_t tiles_m = ceil_div(p.m, kBlockM);
     const int64_t tiles_n = ceil_div(p.n, kBlockN);

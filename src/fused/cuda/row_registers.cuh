@@ -15,26 +15,31 @@
 //
 // Measured (docs/perf-notes/fused.md): 0.5-0.87x of the copy bandwidth on the H100; a block does
 // not load its next row group before the current one is written, which is the next thing to fix.
-#include <cooperative_groups.h>
+//
+// This header holds the whole story (config, reductions, kernel, launch); the build instantiates
+// fused_registers_dtype once per dtype of OPTIMIZED_DTYPES, each in its own generated translation
+// unit (cmake/dtype_instance.cu.in), so the ~40 kernels of a dtype compile in parallel with the
+// others' and a developer can build one dtype alone.
+#pragma once
 
 #include <algorithm>
 #include <type_traits>
 
 #include "fused/cuda/fused_common.cuh"
+#include "kernels/ptx/cluster.cuh"
 
-namespace optimized::fused_cuda {
-
-namespace cg = cooperative_groups;
+namespace optimized::cuda::fused {
 
 namespace {
 
-// ---- config --------------------------------------------------------------------------------
-constexpr int kMaxThreadsPerRow = 512;  // per block; longer rows take a cluster
-constexpr int kMaxCluster = 8;          // the portable cluster size
-constexpr int kShortRowBlock = 256;     // threads of a block holding several short rows
+// ---- config (src/fused/fused_config.h) -----------------------------------------------------
+constexpr int kMaxThreadsPerRow = kConfig.registers_max_threads_per_row;  // per block; longer rows take a cluster
+constexpr int kMaxCluster = kConfig.registers_max_cluster;
+constexpr int kShortRowBlock = kConfig.registers_short_row_block;  // threads of a block holding several short rows
 constexpr int kMaxWarpsPerRow = kMaxThreadsPerRow / 32;
-
-using Kind = RowKind;  // what each kernel computes
+static_assert(kMaxThreadsPerRow % 32 == 0 && kShortRowBlock % 32 == 0, "whole warps");
+static_assert(kShortRowBlock <= kMaxThreadsPerRow, "__launch_bounds__ covers the short-row block");
+static_assert(kMaxCluster <= 8, "a portable cluster holds at most 8 blocks");
 
 struct Plan {
   int tpr = 32;            // threads per row in one block
@@ -45,13 +50,6 @@ struct Plan {
 };
 
 // ---- reductions ----------------------------------------------------------------------------
-struct SumOp {
-  __device__ static float apply(float a, float b) { return a + b; }
-};
-struct MaxOp {
-  __device__ static float apply(float a, float b) { return fmaxf(a, b); }
-};
-
 // Shared state of the row reductions of one block: per-warp partials and (clusters) the partials
 // of every block of the cluster, each double-buffered by reduction parity.
 template <int N>
@@ -67,72 +65,32 @@ struct ReduceState {
   bool cluster_started = false;
 };
 
-// A block may write into a peer's shared memory only once that peer has started: every block
-// arrives on the cluster barrier when it starts (relaxed: it orders no memory) and waits on it
-// right before its first write into a peer (racecheck: "block that might not have entered yet").
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory"); }
-
 // Reduces v[0..N) over the threads of one row (all of them: every thread of the block must call
-// it, the same number of times). Returns with every thread of the row holding the totals.
+// it, the same number of times). Returns with every thread of the row holding the totals. The
+// slots alternate by parity (kernels/reduce.cuh): one barrier per reduction.
 template <int N, typename Op, bool kCluster>
 __device__ __forceinline__ void row_reduce(float (&v)[N], int tpr, int cluster, ReduceSmem<N>& smem,
                                            ReduceState& state) {
-  int& parity = state.parity;
-  const int width = tpr < 32 ? tpr : 32;
-#pragma unroll
-  for (int k = 0; k < N; ++k)
-    for (int o = width / 2; o > 0; o /= 2) v[k] = Op::apply(v[k], __shfl_xor_sync(0xffffffffu, v[k], o));
-  const int buf = parity;
-  parity ^= 1;
-  if (tpr > 32) {  // the warps of each row meet in shared memory
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int row_slot = threadIdx.x / tpr, warps_per_row = tpr / 32;
-    const int first_warp = row_slot * warps_per_row;
-    if (lane == 0)
-#pragma unroll
-      for (int k = 0; k < N; ++k) smem.warp[buf][warp][k] = v[k];
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < N; ++k) {
-      float t = smem.warp[buf][first_warp][k];
-      for (int w = 1; w < warps_per_row; ++w) t = Op::apply(t, smem.warp[buf][first_warp + w][k]);
-      v[k] = t;
-    }
-  }
+  const int buf = state.parity;
+  state.parity ^= 1;
+  segment_reduce<Op, N>(v, tpr, smem.warp[buf]);
   if constexpr (kCluster) {
-    // Every block of the cluster holds one row slice (rows_per_block == 1): thread p < cluster
-    // sends this block's partial to block p, then everyone combines what it received.
-    cg::cluster_group cl = cg::this_cluster();
-    const int rank = static_cast<int>(cl.block_rank());
+    // Every block of the cluster holds one row slice (rows_per_block == 1). The first write into a
+    // peer waits until every block of the cluster has started (kernels/ptx/cluster.cuh).
     if (!state.cluster_started) {  // uniform: every thread of the block reaches it together
-      cluster_wait();
+      ptx::cluster_wait();
       state.cluster_started = true;
     }
-    if (threadIdx.x < static_cast<unsigned>(cluster)) {
-      float* peer = cl.map_shared_rank(&smem.cluster[buf][rank][0], static_cast<int>(threadIdx.x));
-#pragma unroll
-      for (int k = 0; k < N; ++k) peer[k] = v[k];
-    }
-    cl.sync();
-#pragma unroll
-    for (int k = 0; k < N; ++k) {
-      float t = smem.cluster[buf][0][k];
-      for (int r = 1; r < cluster; ++r) t = Op::apply(t, smem.cluster[buf][r][k]);
-      v[k] = t;
-    }
+    cluster_reduce<Op, N>(v, cluster, smem.cluster[buf]);
   }
 }
 
 // One row of `out` (width floats) per block: the rows a block holds meet in shared memory first
 // (row slot 0 collects), then row slot 0 writes its columns. Called by every thread of the block.
 template <int kV, int kVec, typename ColOf, typename InRow>
-__device__ __forceinline__ void write_partial(float (&acc)[kV][kVec], int which, const Plan& plan, int row_slot,
+__device__ __forceinline__ void write_partial(float (&acc)[kV][kVec], const Plan& plan, int row_slot,
                                               int lane, int tpr, float* out, ColOf col_of, InRow in_row) {
   extern __shared__ float collect[];  // rows_per_block * tpr * kV * kVec floats when > 1 row
-  (void)which;
   if (plan.rows_per_block > 1) {
     __syncthreads();  // the previous use of `collect` is over
 #pragma unroll
@@ -157,24 +115,23 @@ __device__ __forceinline__ void write_partial(float (&acc)[kV][kVec], int which,
 
 // ---- the kernel ----------------------------------------------------------------------------
 // T: element type; kVec: elements per vector (16 bytes, or 1 for unaligned rows); kV: vectors
-// per thread; kKind: which op family and direction; kCluster: rows span a cluster.
-template <typename T, int kVec, int kV, Kind kKind, bool kCluster>
+// per thread; kKind: which op group and direction; kCluster: rows span a cluster.
+template <typename T, int kVec, int kV, FusedKernel kKind, bool kCluster>
 __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const FusedParams p, const Plan plan,
                                                                           const FusedScalarsF32 sc,
                                                                           float* __restrict__ partial) {
-  constexpr bool kBackward = kKind == Kind::kSoftmaxBwd || kKind == Kind::kNormBwd;
-  constexpr bool kNorm = kKind == Kind::kNormFwd || kKind == Kind::kNormBwd;
+  constexpr bool kBackward = kKind == FusedKernel::kSoftmaxBwd || kKind == FusedKernel::kNormBwd;
+  constexpr bool kNorm = kKind == FusedKernel::kNormFwd || kKind == FusedKernel::kNormBwd;
   __shared__ ReduceSmem<2> smem;
   ReduceState reduce_state;  // the reductions' buffer parity and cluster start
-  if constexpr (kCluster) cluster_arrive_relaxed();  // waited on before the first write into a peer
+  if constexpr (kCluster) ptx::cluster_arrive_relaxed();  // waited on before the first write into a peer
 
   const int tpr = plan.tpr;
   const int lane = threadIdx.x % tpr;
   const int row_slot = threadIdx.x / tpr;
   int rank = 0, num_groups = gridDim.x, group = blockIdx.x;
   if constexpr (kCluster) {
-    cg::cluster_group cl = cg::this_cluster();
-    rank = static_cast<int>(cl.block_rank());
+    rank = static_cast<int>(ptx::cluster_block_rank());
     num_groups = gridDim.x / plan.cluster;
     group = blockIdx.x / plan.cluster;
   }
@@ -210,7 +167,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
     const int64_t row = (it * num_groups + group) * rows_per_group + row_slot;
     const bool live = row < p.rows;  // dead rows still join the reductions (barriers)
 
-    if constexpr (kKind == Kind::kSoftmaxFwd) {
+    if constexpr (kKind == FusedKernel::kSoftmaxFwd) {
       const T* xr = static_cast<const T*>(p.x) + row * p.ld_x;
       float v[kV][kVec];
       float m = -INFINITY;
@@ -222,7 +179,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           v[i][j] = ok ? sc.scale * to_float(xv.v[j]) : -INFINITY;
-          m = fmaxf(m, v[i][j]);
+          m = MaxOp::apply(m, v[i][j]);  // NaN propagates
         }
       }
       float red[2] = {m, 0.0f};
@@ -233,7 +190,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
       for (int i = 0; i < kV; ++i)
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          // exp(-inf - m) = 0 for padding; a row of all -inf gives NaN, as torch does.
+          // exp(-inf - m) = 0 for padding; a row of all -inf, or with a NaN, gives NaN, as torch does.
           const float e = expf(v[i][j] - m);
           if (in_row(i)) s += e;
           // softmax keeps e; log_softmax keeps scale * x and writes (scale * x - m) - log(s), which
@@ -254,7 +211,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
           yv.v[j] = from_float<T>(log ? (v[i][j] - m) - log_s : v[i][j] * inv_s);
         store_vec<T, kVec>(yr + col_of(i), yv);
       }
-    } else if constexpr (kKind == Kind::kNormFwd) {
+    } else if constexpr (kKind == FusedKernel::kNormFwd) {
       const T* xr = static_cast<const T*>(p.x) + row * p.ld_x;
       const T* rr = static_cast<const T*>(p.residual) + row * p.ld_residual;
       T* ror = static_cast<T*>(p.residual_out) + row * p.ld_residual_out;
@@ -316,7 +273,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
         for (int j = 0; j < kVec; ++j) yv.v[j] = from_float<T>((h[i][j] - mean) * rstd * w[j] + b[j]);
         store_vec<T, kVec>(yr + col_of(i), yv);
       }
-    } else if constexpr (kKind == Kind::kSoftmaxBwd) {
+    } else if constexpr (kKind == FusedKernel::kSoftmaxBwd) {
       const T* yr = static_cast<const T*>(p.x) + row * p.ld_x;  // the forward output
       const T* dyr = static_cast<const T*>(p.dy) + row * p.ld_dy;
       float y[kV][kVec], g[kV][kVec];
@@ -401,8 +358,8 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
   }
 
   if constexpr (kBackward && kNorm) {
-    if (p.dweight) write_partial<kV, kVec>(dw, 0, plan, row_slot, lane, tpr, partial + 2 * group * width, col_of, in_row);
-    if (p.dbias) write_partial<kV, kVec>(db, 1, plan, row_slot, lane, tpr, partial + 2 * group * width + width, col_of, in_row);
+    if (p.dweight) write_partial<kV, kVec>(dw, plan, row_slot, lane, tpr, partial + 2 * group * width, col_of, in_row);
+    if (p.dbias) write_partial<kV, kVec>(db, plan, row_slot, lane, tpr, partial + 2 * group * width + width, col_of, in_row);
   }
 }
 
@@ -414,52 +371,53 @@ int pow2_ceil(int64_t v) {
   return r;
 }
 
-// Threads, cluster and vectors per thread for a row of `vecs` vectors. Targets kTarget vectors per
-// thread (enough bytes in flight per thread without starving occupancy of registers), one block
-// per row up to kMaxThreadsPerRow threads, then clusters; throws when the row does not fit.
-Plan make_plan(const FusedParams& p, int vec) {
-  // Forward holds one row (8 vectors spilled: 64 fp32 values and the softmax temporaries exceed the
-  // 128 registers of a 512-thread block); backward holds two rows and the dweight/dbias sums.
-  const int max_kv = p.backward ? 2 : 4;
-  const int target_kv = p.backward ? 2 : 4;
+// Threads, cluster and vectors per thread for a row of `vecs` vectors: targets the config's vectors
+// per thread, one block per row up to kMaxThreadsPerRow threads, then clusters.
+// cudaErrorInvalidValue when the row does not fit a cluster (the C++ API refuses such widths first:
+// fused_registers_max_width).
+cudaError_t make_plan(const FusedParams& p, int vec, Plan* out) {
+  const int kv_per_thread = p.backward ? kConfig.registers_backward_vectors : kConfig.registers_forward_vectors;
   Plan plan;
   plan.vecs = (p.width + vec - 1) / vec;
-  const int64_t threads = (plan.vecs + target_kv - 1) / target_kv;
+  const int64_t threads = (plan.vecs + kv_per_thread - 1) / kv_per_thread;
   if (threads <= kMaxThreadsPerRow) {
     plan.tpr = pow2_ceil(threads);
   } else {
     plan.tpr = kMaxThreadsPerRow;
-    const int64_t per_block = static_cast<int64_t>(kMaxThreadsPerRow) * max_kv;
+    const int64_t per_block = static_cast<int64_t>(kMaxThreadsPerRow) * kv_per_thread;
     plan.cluster = pow2_ceil((plan.vecs + per_block - 1) / per_block);
-    if (plan.cluster > kMaxCluster)
-      throw Error(Status::kUnsupported, "fused_registers: row of " + std::to_string(p.width) +
-                                            " elements does not fit a cluster of " + std::to_string(kMaxCluster) +
-                                            " blocks (use fused_streaming)");
+    if (plan.cluster > kMaxCluster) return cudaErrorInvalidValue;
   }
   const int64_t span = static_cast<int64_t>(plan.tpr) * plan.cluster;
   plan.kv = pow2_ceil((plan.vecs + span - 1) / span);
   plan.rows_per_block = plan.tpr < kShortRowBlock ? kShortRowBlock / plan.tpr : 1;
-  return plan;
+  *out = plan;
+  return cudaSuccess;
 }
 
-template <typename T, int kVec, int kV, Kind kKind, bool kCluster>
-void launch_instance(const FusedParams& p, const Plan& plan, cudaStream_t stream) {
+template <typename T, int kVec, int kV, FusedKernel kKind, bool kCluster>
+cudaError_t launch_instance(const FusedParams& p, const Plan& plan, const Workspace& workspace, cudaStream_t stream,
+                            size_t* measure) {
+  // Partial rows alternate dweight, dbias: (group, which, column).
+  const bool wants_partials = kKind == FusedKernel::kNormBwd && (p.dweight || p.dbias);
+  if (measured_without_scratch(wants_partials, measure)) return cudaSuccess;
   auto kernel = row_registers_kernel<T, kVec, kV, kKind, kCluster>;
   const int block = plan.tpr * plan.rows_per_block;
-  const bool collects = (kKind == Kind::kNormBwd) && plan.rows_per_block > 1 && (p.dweight || p.dbias);
+  const bool collects = (kKind == FusedKernel::kNormBwd) && plan.rows_per_block > 1 && (p.dweight || p.dbias);
   const size_t dyn_smem = collects ? static_cast<size_t>(block) * kV * kVec * sizeof(float) : 0;
   if (dyn_smem > 48 * 1024)
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dyn_smem)),
-               "cudaFuncSetAttribute (row_registers)");
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dyn_smem));
+        e != cudaSuccess)
+      return e;
   // Enough row groups to fill the GPU, no more (a group strides over the rows): the number of
   // dweight / dbias partials stays small.
+  int64_t resident = 0;
+  if (cudaError_t e = resident_blocks(kernel, block, dyn_smem, &resident); e != cudaSuccess) return e;
   const int64_t groups_needed = (p.rows + plan.rows_per_block - 1) / plan.rows_per_block;
-  const int64_t groups_resident =
-      std::max<int64_t>(1, resident_blocks(kernel, block, dyn_smem, "row_registers") / plan.cluster);
-  const int64_t groups = std::min(groups_needed, groups_resident);
+  const int64_t groups = std::min(groups_needed, std::max<int64_t>(1, resident / plan.cluster));
 
-  const bool wants_partials = kKind == Kind::kNormBwd && (p.dweight || p.dbias);
-  StreamScratch partial(wants_partials ? static_cast<size_t>(groups) * 2 * p.width * sizeof(float) : 0, stream);
+  const PartialRows partial = partial_rows(workspace, measure, wants_partials ? groups * 2 * p.width : 0);
+  if (!partial.launch) return partial.status;
 
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(groups * plan.cluster));
@@ -475,66 +433,48 @@ void launch_instance(const FusedParams& p, const Plan& plan, cudaStream_t stream
     config.attrs = attribute;
     config.numAttrs = 1;
   }
-  check_cuda(cudaLaunchKernelEx(&config, kernel, p, plan, scalars_f32(p), partial.floats()), "row_registers_kernel launch");
-  if (wants_partials) {
-    // partial rows alternate dweight, dbias: (group, which, column).
-    const float* base = partial.floats();
-    if (p.dweight) launch_column_sum(base, groups, p.width, 2 * p.width, p.dweight, p.dtype, stream);
-    if (p.dbias) launch_column_sum(base + p.width, groups, p.width, 2 * p.width, p.dbias, p.dtype, stream);
-  }
+  if (cudaError_t e = cudaLaunchKernelEx(&config, kernel, p, plan, scalars_f32(p), partial.data); e != cudaSuccess)
+    return e;
+  return wants_partials ? launch_parameter_sums<T>(partial.data, groups, p, stream) : cudaSuccess;
 }
 
-template <typename T, int kVec, Kind kKind>
-void launch_with_vec(const FusedParams& p, cudaStream_t stream) {
-  const Plan plan = make_plan(p, kVec);
-  const bool cluster = plan.cluster > 1;
+template <typename T, int kVec, FusedKernel kKind>
+cudaError_t launch_with_vec(const FusedParams& p, const Workspace& workspace, cudaStream_t stream, size_t* measure) {
+  Plan plan;
+  if (cudaError_t e = make_plan(p, kVec, &plan); e != cudaSuccess) return e;
   auto go = [&](auto kv_tag) {
     constexpr int kV = decltype(kv_tag)::value;
-    if (cluster)
-      launch_instance<T, kVec, kV, kKind, true>(p, plan, stream);
-    else
-      launch_instance<T, kVec, kV, kKind, false>(p, plan, stream);
+    return plan.cluster > 1 ? launch_instance<T, kVec, kV, kKind, true>(p, plan, workspace, stream, measure)
+                            : launch_instance<T, kVec, kV, kKind, false>(p, plan, workspace, stream, measure);
   };
-  constexpr bool kBackward = kKind == Kind::kSoftmaxBwd || kKind == Kind::kNormBwd;
+  static_assert(kConfig.registers_forward_vectors == 4 && kConfig.registers_backward_vectors == 2,
+                "the instantiated vectors per thread (1, 2, 4 forward; 1, 2 backward) follow the config");
   switch (plan.kv) {
-    case 1: go(std::integral_constant<int, 1>{}); return;
-    case 2: go(std::integral_constant<int, 2>{}); return;
+    case 1: return go(std::integral_constant<int, 1>{});
+    case 2: return go(std::integral_constant<int, 2>{});
     case 4:
-      if constexpr (!kBackward) {
-        go(std::integral_constant<int, 4>{});
-        return;
-      }
+      if constexpr (!is_backward(kKind)) return go(std::integral_constant<int, 4>{});
       break;
     default: break;
   }
-  throw Error(Status::kInternal, "fused_registers: no kernel for " + std::to_string(plan.kv) + " vectors per thread");
-}
-
-template <typename T, Kind kKind>
-void launch_kind(const FusedParams& p, cudaStream_t stream) {
-  if (fused_rows_aligned(p))
-    launch_with_vec<T, kVec16<T>, kKind>(p, stream);
-  else
-    launch_with_vec<T, 1, kKind>(p, stream);
+  return cudaErrorInvalidValue;  // no kernel for this many vectors per thread (make_plan caps kv)
 }
 
 }  // namespace
 
-}  // namespace optimized::fused_cuda
+}  // namespace optimized::cuda::fused
 
-namespace optimized {
+namespace optimized::cuda {
 
-void launch_fused_registers(const FusedParams& p, void* stream_ptr) {
-  auto stream = static_cast<cudaStream_t>(stream_ptr);
-  fused_cuda::dispatch_dtype(p.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    switch (fused_cuda::row_kind_of(p)) {
-      case fused_cuda::Kind::kSoftmaxFwd: fused_cuda::launch_kind<T, fused_cuda::Kind::kSoftmaxFwd>(p, stream); break;
-      case fused_cuda::Kind::kNormFwd: fused_cuda::launch_kind<T, fused_cuda::Kind::kNormFwd>(p, stream); break;
-      case fused_cuda::Kind::kSoftmaxBwd: fused_cuda::launch_kind<T, fused_cuda::Kind::kSoftmaxBwd>(p, stream); break;
-      case fused_cuda::Kind::kNormBwd: fused_cuda::launch_kind<T, fused_cuda::Kind::kNormBwd>(p, stream); break;
-    }
+template <DType kDType>
+cudaError_t fused_registers_dtype(const FusedParams& p, const Workspace& workspace, cudaStream_t stream,
+                                  size_t* measure) {
+  using T = kernels::cuda_type_t<kDType>;
+  using fused::FusedKernel;
+  return fused::dispatch_kernel<T, FusedKernel::kSoftmaxFwd, FusedKernel::kNormFwd, FusedKernel::kSoftmaxBwd,
+                                FusedKernel::kNormBwd>(p, [&]<FusedKernel kKind, int kVec>() {
+    return fused::launch_with_vec<T, kVec, kKind>(p, workspace, stream, measure);
   });
 }
 
-}  // namespace optimized
+}  // namespace optimized::cuda

@@ -11,19 +11,25 @@
 // dbias accumulates in registers over every row the thread visits; the threads_y rows of a block
 // meet in shared memory and each block row of the grid leaves one fp32 partial row, summed by
 // column_sum_kernel.
+//
+// The build instantiates fused_elementwise_dtype once per dtype of OPTIMIZED_DTYPES, each in its
+// own generated translation unit (cmake/dtype_instance.cu.in).
+#pragma once
+
 #include <algorithm>
 
 #include "fused/cuda/fused_common.cuh"
 
-namespace optimized::fused_cuda {
+namespace optimized::cuda::fused {
 
 namespace {
 
-constexpr int kThreads = 256;
+// ---- config (src/fused/fused_config.h) -----------------------------------------------------
+constexpr int kThreads = kConfig.elementwise_threads;
+constexpr int kWaves = kConfig.elementwise_waves;
+static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps, one block");
 
-enum class Kind : int { kGeluFwd, kGeluBwd, kSiluFwd, kSiluBwd };
-
-template <typename T, int kVec, Kind kKind>
+template <typename T, int kVec, FusedKernel kKind>
 __global__ void __launch_bounds__(kThreads) elementwise_kernel(const FusedParams p, float* __restrict__ partial) {
   const int64_t vecs = p.width / kVec;
   const int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -36,7 +42,7 @@ __global__ void __launch_bounds__(kThreads) elementwise_kernel(const FusedParams
     bias[j] = 0.0f;
     dbias[j] = 0.0f;
   }
-  if constexpr (kKind == Kind::kGeluFwd || kKind == Kind::kGeluBwd) {
+  if constexpr (kKind == FusedKernel::kGeluFwd || kKind == FusedKernel::kGeluBwd) {
     if (p.bias && live_col) {
       const Vec<T, kVec> bv = load_vec<T, kVec>(static_cast<const T*>(p.bias) + col);
 #pragma unroll
@@ -47,13 +53,13 @@ __global__ void __launch_bounds__(kThreads) elementwise_kernel(const FusedParams
   for (int64_t row = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; live_col && row < p.rows;
        row += row_step) {
     const T* xr = static_cast<const T*>(p.x) + row * p.ld_x;
-    if constexpr (kKind == Kind::kGeluFwd) {
+    if constexpr (kKind == FusedKernel::kGeluFwd) {
       const Vec<T, kVec> xv = load_vec_once<T, kVec>(xr + col);
       Vec<T, kVec> yv;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) yv.v[j] = from_float<T>(gelu(to_float(xv.v[j]) + bias[j], tanh_form));
       store_vec<T, kVec>(static_cast<T*>(p.y) + row * p.ld_y + col, yv);
-    } else if constexpr (kKind == Kind::kGeluBwd) {
+    } else if constexpr (kKind == FusedKernel::kGeluBwd) {
       const Vec<T, kVec> xv = load_vec_once<T, kVec>(xr + col);
       const Vec<T, kVec> gv = load_vec_once<T, kVec>(static_cast<const T*>(p.dy) + row * p.ld_dy + col);
       Vec<T, kVec> dv;
@@ -64,7 +70,7 @@ __global__ void __launch_bounds__(kThreads) elementwise_kernel(const FusedParams
         dbias[j] += d;
       }
       store_vec<T, kVec>(static_cast<T*>(p.dx) + row * p.ld_dx + col, dv);
-    } else if constexpr (kKind == Kind::kSiluFwd) {
+    } else if constexpr (kKind == FusedKernel::kSiluFwd) {
       const Vec<T, kVec> av = load_vec_once<T, kVec>(xr + col);
       const Vec<T, kVec> bv = load_vec_once<T, kVec>(xr + p.width + col);
       Vec<T, kVec> yv;
@@ -91,7 +97,7 @@ __global__ void __launch_bounds__(kThreads) elementwise_kernel(const FusedParams
       store_vec<T, kVec>(dxr + p.width + col, dbv);
     }
   }
-  if constexpr (kKind == Kind::kGeluBwd) {
+  if constexpr (kKind == FusedKernel::kGeluBwd) {
     if (partial) {
       // The block's rows meet in shared memory; row 0 of the block writes the block's partial.
       __shared__ float collect[kThreads * (16 / sizeof(T))];
@@ -111,60 +117,49 @@ __global__ void __launch_bounds__(kThreads) elementwise_kernel(const FusedParams
   }
 }
 
-Kind kind_of(const FusedParams& p) {
-  if (p.op == FusedOp::kBiasGelu) return p.backward ? Kind::kGeluBwd : Kind::kGeluFwd;
-  return p.backward ? Kind::kSiluBwd : Kind::kSiluFwd;
-}
-
-template <typename T, int kVec, Kind kKind>
-void launch_instance(const FusedParams& p, cudaStream_t stream) {
+template <typename T, int kVec, FusedKernel kKind>
+cudaError_t launch_instance(const FusedParams& p, const Workspace& workspace, cudaStream_t stream, size_t* measure) {
+  // dbias: one fp32 partial row per block row of the grid.
+  const bool wants_partials = kKind == FusedKernel::kGeluBwd && p.dbias;
+  if (measured_without_scratch(wants_partials, measure)) return cudaSuccess;
   auto kernel = elementwise_kernel<T, kVec, kKind>;
   const int64_t vecs = p.width / kVec;
   int threads_x = 1;
   while (threads_x < vecs && threads_x < kThreads) threads_x *= 2;
   const int threads_y = kThreads / threads_x;
   const int64_t col_blocks = (vecs + threads_x - 1) / threads_x;
+  if (col_blocks > 0x7fffffff) return cudaErrorInvalidValue;  // grid.x (a width of 2^31 vectors)
   // Rows split so that the grid fills the GPU a few times over (grid.y <= 65535).
-  const int64_t want_blocks = resident_blocks(kernel, kThreads, 0, "elementwise") * 4;
+  int64_t resident = 0;
+  if (cudaError_t e = resident_blocks(kernel, kThreads, 0, &resident); e != cudaSuccess) return e;
+  const int64_t want_blocks = resident * kWaves;
   const int64_t row_blocks_needed = (p.rows + threads_y - 1) / threads_y;
-  const int64_t row_blocks =
-      std::clamp<int64_t>(want_blocks / std::max<int64_t>(col_blocks, 1), 1, std::min<int64_t>(row_blocks_needed, 65535));
-  if (col_blocks > 0x7fffffff)
-    throw Error(Status::kUnsupported, "fused elementwise: width " + std::to_string(p.width) + " is too large");
-  const bool wants_partials = kKind == Kind::kGeluBwd && p.dbias;
-  StreamScratch partial(wants_partials ? static_cast<size_t>(row_blocks) * p.width * sizeof(float) : 0, stream);
+  const int64_t row_blocks = std::clamp<int64_t>(want_blocks / std::max<int64_t>(col_blocks, 1), 1,
+                                                 std::min<int64_t>(row_blocks_needed, kMaxGridY));
+  const PartialRows partial = partial_rows(workspace, measure, wants_partials ? row_blocks * p.width : 0);
+  if (!partial.launch) return partial.status;
   const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_blocks));
-  kernel<<<grid, dim3(threads_x, threads_y), 0, stream>>>(p, partial.floats());
-  check_launch("elementwise_kernel launch");
-  if (wants_partials) launch_column_sum(partial.floats(), row_blocks, p.width, p.width, p.dbias, p.dtype, stream);
-}
-
-template <typename T, Kind kKind>
-void launch_kind(const FusedParams& p, cudaStream_t stream) {
-  if (fused_rows_aligned(p))
-    launch_instance<T, kVec16<T>, kKind>(p, stream);
-  else
-    launch_instance<T, 1, kKind>(p, stream);
+  kernel<<<grid, dim3(threads_x, threads_y), 0, stream>>>(p, partial.data);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  if (wants_partials) return launch_column_sum<T>(partial.data, row_blocks, p.width, p.width, p.dbias, stream);
+  return cudaSuccess;
 }
 
 }  // namespace
 
-}  // namespace optimized::fused_cuda
+}  // namespace optimized::cuda::fused
 
-namespace optimized {
+namespace optimized::cuda {
 
-void launch_fused_elementwise(const FusedParams& p, void* stream_ptr) {
-  using fused_cuda::Kind;
-  auto stream = static_cast<cudaStream_t>(stream_ptr);
-  fused_cuda::dispatch_dtype(p.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    switch (fused_cuda::kind_of(p)) {
-      case Kind::kGeluFwd: fused_cuda::launch_kind<T, Kind::kGeluFwd>(p, stream); break;
-      case Kind::kGeluBwd: fused_cuda::launch_kind<T, Kind::kGeluBwd>(p, stream); break;
-      case Kind::kSiluFwd: fused_cuda::launch_kind<T, Kind::kSiluFwd>(p, stream); break;
-      case Kind::kSiluBwd: fused_cuda::launch_kind<T, Kind::kSiluBwd>(p, stream); break;
-    }
+template <DType kDType>
+cudaError_t fused_elementwise_dtype(const FusedParams& p, const Workspace& workspace, cudaStream_t stream,
+                                    size_t* measure) {
+  using T = kernels::cuda_type_t<kDType>;
+  using fused::FusedKernel;
+  return fused::dispatch_kernel<T, FusedKernel::kGeluFwd, FusedKernel::kGeluBwd, FusedKernel::kSiluFwd,
+                                FusedKernel::kSiluBwd>(p, [&]<FusedKernel kKind, int kVec>() {
+    return fused::launch_instance<T, kVec, kKind>(p, workspace, stream, measure);
   });
 }
 
-}  // namespace optimized
+}  // namespace optimized::cuda

@@ -14,68 +14,33 @@
 // dweight / dbias: each block keeps an fp32 row of partial sums in global memory for its columns
 // (read-modify-write per row it visits: acceptable because this design serves long rows, which
 // are few), summed by column_sum_kernel at the end.
+//
+// The build instantiates fused_streaming_dtype once per dtype of OPTIMIZED_DTYPES, each in its own
+// generated translation unit (cmake/dtype_instance.cu.in).
+#pragma once
+
 #include <algorithm>
 
 #include "fused/cuda/fused_common.cuh"
+#include "kernels/online_softmax.cuh"
 
-namespace optimized::fused_cuda {
+namespace optimized::cuda::fused {
 
 namespace {
 
-constexpr int kThreads = 512;
+// ---- config (src/fused/fused_config.h) -----------------------------------------------------
+constexpr int kThreads = kConfig.streaming_threads;
 constexpr int kWarps = kThreads / 32;
+static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps, one block");
 
-using Kind = RowKind;
-
-// Block-wide reduction of N values (sum, or max for `kMax` on value 0); every thread gets the
-// totals. `scratch` holds kWarps * N floats; the trailing barrier makes it reusable at once.
+// Block-wide sums of N values (kernels/reduce.cuh); every thread gets the totals, and `scratch`
+// (kWarps * N floats) is reusable at once.
 template <int N>
 __device__ __forceinline__ void block_sum(float (&v)[N], float* scratch) {
-#pragma unroll
-  for (int k = 0; k < N; ++k)
-    for (int o = 16; o > 0; o /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0)
-#pragma unroll
-    for (int k = 0; k < N; ++k) scratch[warp * N + k] = v[k];
-  __syncthreads();
-#pragma unroll
-  for (int k = 0; k < N; ++k) {
-    float t = 0.0f;
-    for (int w = 0; w < kWarps; ++w) t += scratch[w * N + k];
-    v[k] = t;
-  }
-  __syncthreads();
+  block_reduce<SumOp, N>(v, kThreads, reinterpret_cast<float(*)[N]>(scratch));
 }
 
-// Online-softmax state: running max m and sum s of exp(x - m).
-struct MaxSum {
-  float m = -INFINITY, s = 0.0f;
-};
-__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
-  const float m = fmaxf(a.m, b.m);
-  if (m == -INFINITY) return {m, a.s + b.s};  // only -inf so far (0), or NaN seen: exp(-inf - -inf) is NaN
-  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
-}
-
-__device__ __forceinline__ MaxSum block_max_sum(MaxSum v, float* scratch) {
-  for (int o = 16; o > 0; o /= 2) {
-    MaxSum other{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)};
-    v = combine(v, other);
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    scratch[2 * warp] = v.m;
-    scratch[2 * warp + 1] = v.s;
-  }
-  __syncthreads();
-  MaxSum t;
-  for (int w = 0; w < kWarps; ++w) t = combine(t, {scratch[2 * w], scratch[2 * w + 1]});
-  __syncthreads();
-  return t;
-}
-
-template <typename T, int kVec, Kind kKind>
+template <typename T, int kVec, FusedKernel kKind>
 __global__ void __launch_bounds__(kThreads) row_streaming_kernel(const FusedParams p, const FusedScalarsF32 sc,
                                                                   float* __restrict__ partial) {
   __shared__ float scratch[kWarps * 2];
@@ -90,27 +55,17 @@ __global__ void __launch_bounds__(kThreads) row_streaming_kernel(const FusedPara
   bool first_row_of_block = true;
 
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    if constexpr (kKind == Kind::kSoftmaxFwd) {
+    if constexpr (kKind == FusedKernel::kSoftmaxFwd) {
       const T* xr = static_cast<const T*>(p.x) + row * p.ld_x;
-      MaxSum ms;
+      MaxSum ms;  // online softmax (kernels/online_softmax.cuh): NaN propagates through m and s
       for (int64_t v = threadIdx.x; v < vecs; v += kThreads) {
         const Vec<T, kVec> xv = load_vec<T, kVec>(xr + v * kVec);
-        float x[kVec], vmax = -INFINITY;
-        bool nan = false;
+        float x[kVec];
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          x[j] = __fmul_rn(sc.scale, to_float(xv.v[j]));
-          vmax = fmaxf(vmax, x[j]);  // fmaxf drops NaN: it is carried in the sum instead
-          nan |= isnan(x[j]);
-        }
-        MaxSum chunk{vmax, 0.0f};
-        if (vmax != -INFINITY)
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) chunk.s += expf(x[j] - vmax);  // +inf - +inf: NaN, as torch
-        if (nan) chunk.s = NAN;
-        ms = combine(ms, chunk);
+        for (int j = 0; j < kVec; ++j) x[j] = __fmul_rn(sc.scale, to_float(xv.v[j]));
+        ms = merge(ms, max_sum_of<kVec>(x));
       }
-      ms = block_max_sum(ms, scratch);
+      ms = block_merge(ms, kThreads, scratch);
       const float inv_s = 1.0f / ms.s, log_s = logf(ms.s);
       T* yr = static_cast<T*>(p.y) + row * p.ld_y;
       for (int64_t v = threadIdx.x; v < vecs; v += kThreads) {
@@ -123,7 +78,7 @@ __global__ void __launch_bounds__(kThreads) row_streaming_kernel(const FusedPara
         }
         store_vec<T, kVec>(yr + v * kVec, yv);
       }
-    } else if constexpr (kKind == Kind::kNormFwd) {
+    } else if constexpr (kKind == FusedKernel::kNormFwd) {
       const T* xr = static_cast<const T*>(p.x) + row * p.ld_x;
       const T* rr = static_cast<const T*>(p.residual) + row * p.ld_residual;
       T* hr = static_cast<T*>(p.residual_out) + row * p.ld_residual_out;
@@ -179,7 +134,7 @@ __global__ void __launch_bounds__(kThreads) row_streaming_kernel(const FusedPara
         }
         store_vec<T, kVec>(yr + v * kVec, yv);
       }
-    } else if constexpr (kKind == Kind::kSoftmaxBwd) {
+    } else if constexpr (kKind == FusedKernel::kSoftmaxBwd) {
       const T* yr = static_cast<const T*>(p.x) + row * p.ld_x;  // the forward output
       const T* dyr = static_cast<const T*>(p.dy) + row * p.ld_dy;
       float s[1] = {0.0f};
@@ -246,47 +201,37 @@ __global__ void __launch_bounds__(kThreads) row_streaming_kernel(const FusedPara
   }
 }
 
-template <typename T, int kVec, Kind kKind>
-void launch_instance(const FusedParams& p, cudaStream_t stream) {
+template <typename T, int kVec, FusedKernel kKind>
+cudaError_t launch_instance(const FusedParams& p, const Workspace& workspace, cudaStream_t stream, size_t* measure) {
+  // dweight / dbias: one fp32 partial row each per block, (block, which, column).
+  const bool wants_partials = kKind == FusedKernel::kNormBwd && (p.dweight || p.dbias);
+  if (measured_without_scratch(wants_partials, measure)) return cudaSuccess;
   auto kernel = row_streaming_kernel<T, kVec, kKind>;
-  const int64_t blocks = std::min<int64_t>(p.rows, resident_blocks(kernel, kThreads, 0, "row_streaming"));
-  const bool wants_partials = kKind == Kind::kNormBwd && (p.dweight || p.dbias);
-  StreamScratch partial(wants_partials ? static_cast<size_t>(blocks) * 2 * p.width * sizeof(float) : 0, stream);
-  kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, scalars_f32(p), partial.floats());
-  check_launch("row_streaming_kernel launch");
-  if (wants_partials) {
-    if (p.dweight) launch_column_sum(partial.floats(), blocks, p.width, 2 * p.width, p.dweight, p.dtype, stream);
-    if (p.dbias)
-      launch_column_sum(partial.floats() + p.width, blocks, p.width, 2 * p.width, p.dbias, p.dtype, stream);
-  }
-}
-
-template <typename T, Kind kKind>
-void launch_kind(const FusedParams& p, cudaStream_t stream) {
-  if (fused_rows_aligned(p))
-    launch_instance<T, kVec16<T>, kKind>(p, stream);
-  else
-    launch_instance<T, 1, kKind>(p, stream);
+  int64_t resident = 0;
+  if (cudaError_t e = resident_blocks(kernel, kThreads, 0, &resident); e != cudaSuccess) return e;
+  const int64_t blocks = std::min<int64_t>(p.rows, resident);
+  const PartialRows partial = partial_rows(workspace, measure, wants_partials ? blocks * 2 * p.width : 0);
+  if (!partial.launch) return partial.status;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, scalars_f32(p), partial.data);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  return wants_partials ? launch_parameter_sums<T>(partial.data, blocks, p, stream) : cudaSuccess;
 }
 
 }  // namespace
 
-}  // namespace optimized::fused_cuda
+}  // namespace optimized::cuda::fused
 
-namespace optimized {
+namespace optimized::cuda {
 
-void launch_fused_streaming(const FusedParams& p, void* stream_ptr) {
-  using fused_cuda::Kind;
-  auto stream = static_cast<cudaStream_t>(stream_ptr);
-  fused_cuda::dispatch_dtype(p.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    switch (fused_cuda::row_kind_of(p)) {
-      case Kind::kSoftmaxFwd: fused_cuda::launch_kind<T, Kind::kSoftmaxFwd>(p, stream); break;
-      case Kind::kNormFwd: fused_cuda::launch_kind<T, Kind::kNormFwd>(p, stream); break;
-      case Kind::kSoftmaxBwd: fused_cuda::launch_kind<T, Kind::kSoftmaxBwd>(p, stream); break;
-      case Kind::kNormBwd: fused_cuda::launch_kind<T, Kind::kNormBwd>(p, stream); break;
-    }
+template <DType kDType>
+cudaError_t fused_streaming_dtype(const FusedParams& p, const Workspace& workspace, cudaStream_t stream,
+                                  size_t* measure) {
+  using T = kernels::cuda_type_t<kDType>;
+  using fused::FusedKernel;
+  return fused::dispatch_kernel<T, FusedKernel::kSoftmaxFwd, FusedKernel::kNormFwd, FusedKernel::kSoftmaxBwd,
+                                FusedKernel::kNormBwd>(p, [&]<FusedKernel kKind, int kVec>() {
+    return fused::launch_instance<T, kVec, kKind>(p, workspace, stream, measure);
   });
 }
 
-}  // namespace optimized
+}  // namespace optimized::cuda

@@ -1,13 +1,21 @@
-// CUDA backend for GEMM: one launcher per rung of the ladder. Launchers take validated
-// GemmParams and a stream, enqueue the kernel, and return the launch's cudaError_t (they never
-// exit or throw). Compiled only when the build has CUDA.
+// The GEMM family's backends, one launcher per CUDA rung of the ladder (CUDA builds only), under
+// the launcher contract (src/core/cuda_launch.h). No GEMM rung needs a workspace today (split-K
+// will); each also reports the kernel it would run (KernelResources, for the benchmark).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include "gemm/gemm_params.h"
+#include "optimized/core.h"
 
 namespace optimized::cuda {
+
+cudaError_t gemm_naive(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);
+cudaError_t gemm_coalesced(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);
+cudaError_t gemm_smem_tiled(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);
+cudaError_t gemm_register_tiled(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);
+cudaError_t gemm_wmma(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);          // fp16/bf16
+cudaError_t gemm_mma_pipeline(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);  // fp16/bf16
 
 // What the compiler and the occupancy calculator say of the kernel a launcher would run for p.
 struct KernelResources {
@@ -20,13 +28,6 @@ struct KernelResources {
   double theoretical_occupancy = 0;  // active warps per SM / max warps per SM
   int local_bytes_per_thread = 0;    // spills show up here
 };
-
-cudaError_t gemm_naive(const GemmParams& p, cudaStream_t stream);
-cudaError_t gemm_coalesced(const GemmParams& p, cudaStream_t stream);
-cudaError_t gemm_smem_tiled(const GemmParams& p, cudaStream_t stream);
-cudaError_t gemm_register_tiled(const GemmParams& p, cudaStream_t stream);
-cudaError_t gemm_wmma(const GemmParams& p, cudaStream_t stream);          // fp16/bf16 only
-cudaError_t gemm_mma_pipeline(const GemmParams& p, cudaStream_t stream);  // fp16/bf16 only
 
 cudaError_t gemm_naive_resources(const GemmParams& p, KernelResources* out);
 cudaError_t gemm_coalesced_resources(const GemmParams& p, KernelResources* out);

@@ -1,0 +1,54 @@
+// Every tuning constant of the GEMM family that depends on the GPU, and the choice of kAuto, for
+// each architecture: one function per (family, architecture). The lower CUDA rungs (naive ..
+// wmma) keep their tile shapes in their own files: those are the lesson of each rung, not tuning.
+// Host and device code read these (constexpr); CUDA-free.
+#pragma once
+
+#include "optimized/core.h"
+#include "optimized/gemm.h"
+
+namespace optimized {
+
+// The mma_pipeline rung (src/gemm/cuda/gemm_mma_pipeline.cu): block tile, ring depth, warps, and
+// the grouped rasterization's group height.
+struct GemmMmaPipelineConfig {
+  int block_m, block_n, block_k;
+  int stages;
+  int warps_m, warps_n;
+  int group_m;
+};
+
+// Hopper (sm_90; measured on an H100 80GB HBM3 at 1980 MHz, 4096^3 bf16, where this config runs
+// at ~460 TFLOP/s in a standalone harness; docs/perf-notes/gemm.md, "mma_pipeline"):
+//  * 128x256 block / 64x64 warp tile: per 16-wide k-step a warp issues 8 ldmatrix.x4 (4 KiB of
+//    smem reads) for 32 mma = 128 KFLOP, i.e. 32 FLOP per smem byte. A 64x32 or 32x64 warp tile
+//    needs 6 ldmatrix.x4 for 16 mma (21 FLOP/B), and with cp.async writes on top the smem port
+//    (128 B/clk/SM) would sit close to the mma.sync rate; 128x128 blocks of 4 such warps halve the
+//    warps per scheduler (2 is already the least that hides HMMA/ldmatrix latency). 64x64 is the
+//    largest warp tile whose 128 accumulators + double-buffered fragments (64 regs) fit in 255.
+//  * block_k = 64: rows of A are exactly one 128-byte line, so one XOR swizzle serves A and B; one
+//    __syncthreads per 4 k-steps (32 doubles the barriers per FLOP).
+//  * 4 stages: 3 tiles (192 of K) in flight, ~3.5 us of math per SM, well above DRAM/L2 latency
+//    under load. Measured: 3 stages within noise of 4; 4 kept as margin, free in occupancy
+//    (registers cap it at 1 block per SM) and the fp32 epilogue staging (132 KiB) reuses the ring.
+//  * group_m = 8: 132 resident blocks cover ~8 block-rows of A and all of B at 4096^2, ~40 MiB,
+//    inside the 50 MiB L2. Measured 4 / 8 / 16: within noise at 4096; 4 ~2% slower at 8192.
+constexpr GemmMmaPipelineConfig gemm_mma_pipeline_config_sm90() {
+  return {.block_m = 128, .block_n = 256, .block_k = 64, .stages = 4, .warps_m = 2, .warps_n = 4, .group_m = 8};
+}
+
+// What kAuto runs (docs/perf-notes/gemm.md, "Measured: the H100 ladder at a glance", 4096^3):
+// on CUDA, fp32 -> register_tiled (45.5 TFLOP/s, the only fp32 rung past 6; the tensor-core rungs
+// take no fp32), fp16/bf16 -> mma_pipeline (466 TFLOP/s bf16 against wmma's 253); on the CPU,
+// cpu_packed (the SIMD microkernel), fp64 -> cpu_blocked (cpu_packed takes no fp64).
+constexpr GemmVariant gemm_auto_variant_sm90(DType dtype, bool cuda) {
+  if (!cuda) return dtype == DType::kF64 ? GemmVariant::kCpuBlocked : GemmVariant::kCpuPacked;
+  return dtype == DType::kF32 ? GemmVariant::kCudaRegisterTiled : GemmVariant::kCudaMmaPipeline;
+}
+
+// The configuration the kernels are compiled with: the build's target architecture (sm_90a,
+// CMAKE_CUDA_ARCHITECTURES). A second architecture adds its functions and a choice here.
+constexpr GemmMmaPipelineConfig kGemmMmaPipelineConfig = gemm_mma_pipeline_config_sm90();
+constexpr GemmVariant gemm_auto_variant(DType dtype, bool cuda) { return gemm_auto_variant_sm90(dtype, cuda); }
+
+}  // namespace optimized

@@ -1,0 +1,64 @@
+// The GEMM family's variants: one constexpr table, the only place a rung's name, backend, dtypes,
+// minimum compute capability and launcher are written. gemm_variants.cpp generates the public name
+// / parse / list / dtype functions from it, gemm.cpp dispatches through it.
+#pragma once
+
+#include <array>
+#include <cstddef>
+
+#include "core/variant_table.h"
+#include "gemm/cpu/cpu_gemm.h"
+#include "gemm/gemm_params.h"
+#include "optimized/gemm.h"
+
+#if OPTIMIZED_WITH_CUDA
+#include "gemm/launchers.h"
+#endif
+
+namespace optimized {
+
+namespace cuda {
+struct KernelResources;  // launchers.h (CUDA builds)
+}
+using GemmVariantInfo = VariantInfo<GemmVariant, CpuBackendFn<GemmParams>, LauncherFn<GemmParams>,
+                                    std::nullptr_t,  // no rung needs scratch yet (split-K will)
+                                    ResourcesFn<GemmParams, cuda::KernelResources>>;
+using GemmWorkspaceFn = decltype(GemmVariantInfo::workspace);
+
+namespace gemm_table {
+constexpr DTypeSet kFloat = {DType::kF32, DType::kF16, DType::kBF16};
+constexpr DTypeSet kFloatAndF64 = {DType::kF32, DType::kF16, DType::kBF16, DType::kF64};
+constexpr DTypeSet kHalf = {DType::kF16, DType::kBF16};
+constexpr CpuBackendFn<GemmParams> kNoCpu = nullptr;
+}  // namespace gemm_table
+
+// In ladder order (all_gemm_variants() and the benchmark's --variant all list them so).
+// Compute capabilities: the CUDA-core rungs run anywhere (5.0); wmma's bf16 fragments and
+// mma_pipeline's cp.async / ldmatrix / bf16 mma.sync need 8.0. (The build targets sm_90a.)
+inline constexpr std::array<GemmVariantInfo, 9> kGemmVariants = {{
+    {GemmVariant::kCpuNaive, "cpu_naive", Backend::kCpu, gemm_table::kFloatAndF64, 0, "",
+     [](const GemmParams& p, int) { cpu::gemm_naive(p); }, nullptr, nullptr, nullptr},
+    {GemmVariant::kCpuBlocked, "cpu_blocked", Backend::kCpu, gemm_table::kFloatAndF64, 0, "",
+     [](const GemmParams& p, int threads) { cpu::gemm_blocked(p, threads); }, nullptr, nullptr, nullptr},
+    {GemmVariant::kCpuPacked, "cpu_packed", Backend::kCpu, gemm_table::kFloat, 0, "",
+     [](const GemmParams& p, int threads) { cpu::gemm_packed(p, threads); }, nullptr, nullptr, nullptr},
+    {GemmVariant::kCudaNaive, "naive", Backend::kCuda, gemm_table::kFloat, 50, "", gemm_table::kNoCpu,
+     OPTIMIZED_CUDA_FN(cuda::gemm_naive), nullptr, OPTIMIZED_CUDA_FN(cuda::gemm_naive_resources)},
+    {GemmVariant::kCudaCoalesced, "coalesced", Backend::kCuda, gemm_table::kFloat, 50, "", gemm_table::kNoCpu,
+     OPTIMIZED_CUDA_FN(cuda::gemm_coalesced), nullptr, OPTIMIZED_CUDA_FN(cuda::gemm_coalesced_resources)},
+    {GemmVariant::kCudaSmemTiled, "smem_tiled", Backend::kCuda, gemm_table::kFloat, 50, "", gemm_table::kNoCpu,
+     OPTIMIZED_CUDA_FN(cuda::gemm_smem_tiled), nullptr, OPTIMIZED_CUDA_FN(cuda::gemm_smem_tiled_resources)},
+    {GemmVariant::kCudaRegisterTiled, "register_tiled", Backend::kCuda, gemm_table::kFloat, 50, "",
+     gemm_table::kNoCpu, OPTIMIZED_CUDA_FN(cuda::gemm_register_tiled), nullptr,
+     OPTIMIZED_CUDA_FN(cuda::gemm_register_tiled_resources)},
+    {GemmVariant::kCudaWmma, "wmma", Backend::kCuda, gemm_table::kHalf, 80, "tensor cores", gemm_table::kNoCpu,
+     OPTIMIZED_CUDA_FN(cuda::gemm_wmma), nullptr, OPTIMIZED_CUDA_FN(cuda::gemm_wmma_resources)},
+    {GemmVariant::kCudaMmaPipeline, "mma_pipeline", Backend::kCuda, gemm_table::kHalf, 80, "tensor cores",
+     gemm_table::kNoCpu, OPTIMIZED_CUDA_FN(cuda::gemm_mma_pipeline), nullptr,
+     OPTIMIZED_CUDA_FN(cuda::gemm_mma_pipeline_resources)},
+}};
+
+// The row of `variant` (not kAuto).
+const GemmVariantInfo& gemm_variant_info(GemmVariant variant);
+
+}  // namespace optimized
