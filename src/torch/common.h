@@ -168,8 +168,20 @@ inline void* current_cuda_stream(const at::Device& device) {
 struct Launch {
   c10::OptionalDeviceGuard guard;
   ExecutionContext ctx;
+  at::Device device;
+  at::Tensor workspace_buffer;  // the memory behind ctx.workspace, alive until the op is queued
 
-  explicit Launch(const at::Device& device) {
+  // CUDA: `bytes` of scratch from torch's caching allocator, on the current stream, handed to the op
+  // as ExecutionContext::workspace (so the C++ API allocates nothing itself: no cudaMallocAsync per
+  // call, and a CUDA graph capture records no allocation node). Freed when the Launch goes: the
+  // caching allocator reuses a block only in stream order after the op it was queued with.
+  void provide_workspace(size_t bytes) {
+    if (!device.is_cuda() || bytes == 0) return;
+    workspace_buffer = at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(device));
+    ctx.workspace = {workspace_buffer.data_ptr(), bytes};
+  }
+
+  explicit Launch(const at::Device& on) : device(on) {
     if (device.is_cuda()) {
       guard.reset_device(device);
       ctx.cuda_stream = current_cuda_stream(device);

@@ -81,10 +81,24 @@ struct Op {
     return call_api(op_name(name), std::forward<F>(f));
   }
 
+  // The op's scratch from torch's caching allocator (CUDA): what fused_workspace_bytes says for these
+  // rows, handed over as the context's workspace, so that the C++ API allocates nothing itself.
+  void workspace(Launch& launch, FusedOp fop, bool backward, const TensorView& rows, int64_t width,
+                 FusedVariant v) const {
+    if (rows.device.is_cuda())
+      launch.provide_workspace(fused_workspace_bytes(fop, backward, rows.dtype, rows.device, rows.shape[0], width, v));
+  }
+
   FusedVariant variant(c10::string_view v) const {
     return api([&] { return parse_fused_variant(std::string_view(v.data(), v.size())); });
   }
 };
+
+// The norm op of a call: layer or RMS, with or without the residual add.
+FusedOp norm_op(bool layer, bool add) {
+  if (layer) return add ? FusedOp::kAddLayerNorm : FusedOp::kLayerNorm;
+  return add ? FusedOp::kAddRmsNorm : FusedOp::kRmsNorm;
+}
 
 // torch's approximate= strings (the C++ API has the enum, not a parser).
 GeluApproximation parse_approximate(const Op& op, c10::string_view name) {
@@ -145,9 +159,10 @@ at::Tensor softmax_fwd_impl(const Op& op, bool log, const at::Tensor& x, int64_t
   at::Tensor ym = at::empty(xm.sizes(), x.options());  // contiguous, dim last
   if (const int64_t width = xm.size(-1); width > 0) {
     const at::Tensor xr = as_rows(xm, width);
-    const Launch launch(x.device());
+    Launch launch(x.device());
     op.api([&] {
       const auto [xv, yv] = std::array{op.view(xr, "x"), op.view(ym.view({-1, width}), "y")};
+      op.workspace(launch, log ? FusedOp::kLogSoftmax : FusedOp::kSoftmax, false, xv, width, variant);
       softmax_forward(xv, yv, scale, log, variant, launch.ctx);
     });
   }
@@ -165,10 +180,11 @@ at::Tensor softmax_bwd_impl(const Op& op, bool log, const at::Tensor& y, const a
   at::Tensor dxm = at::empty(ym.sizes(), y.options());
   if (const int64_t width = ym.size(-1); width > 0) {
     const at::Tensor yr = as_rows(ym, width), dyr = as_rows(dym, width);
-    const Launch launch(y.device());
+    Launch launch(y.device());
     op.api([&] {
       const auto [yv, dyv, dxv] =
           std::array{op.view(yr, "y"), op.view(dyr, "dy"), op.view(dxm.view({-1, width}), "dx")};
+      op.workspace(launch, log ? FusedOp::kLogSoftmax : FusedOp::kSoftmax, true, yv, width, variant);
       softmax_backward(yv, dyv, dxv, scale, log, variant, launch.ctx);
     });
   }
@@ -228,13 +244,14 @@ NormForward norm_forward(const Op& op, bool layer, const at::Tensor& x, const at
   const at::Tensor wv = weight.defined() ? as_vector(weight) : at::Tensor();
   const at::Tensor bv = bias.defined() ? as_vector(bias) : at::Tensor();
   const at::Tensor ro = residual.defined() ? f.residual_out.view({-1, w}) : at::Tensor();
-  const Launch launch(x.device());
+  Launch launch(x.device());
   const at::Tensor mean = layer ? f.mean.view({-1}) : at::Tensor();
   op.api([&] {
     const auto [xv, rv, wv_, bv_, yv, rov, mv, sv] =
         std::array{op.view(xr, "x"), op.view(rr, "residual"), op.view(wv, "weight"), op.view(bv, "bias"),
                    op.view(f.y.view({-1, w}), "y"), op.view(ro, "residual_out"), op.view(mean, "mean"),
                    op.view(f.rstd.view({-1}), "rstd")};
+    op.workspace(launch, norm_op(layer, residual.defined()), false, xv, w, variant);
     if (layer) {
       layer_norm_forward(xv, rv, wv_, bv_, eps, yv, rov, mv, sv, variant, launch.ctx);
     } else {
@@ -298,12 +315,13 @@ NormBackward norm_backward(const Op& op, bool layer, const at::Tensor& dy, const
   const at::Tensor rv = as_vector(rstd);
   const at::Tensor dw = want_dweight ? g.dweight.view({-1}) : at::Tensor();
   const at::Tensor db = want_dbias ? g.dbias.view({-1}) : at::Tensor();
-  const Launch launch(h.device());
+  Launch launch(h.device());
   op.api([&] {
     const auto [dyv, hv, wv_, mv_, rv_, drv, dxv, dwv, dbv] =
         std::array{op.view(dyr, "dy"), op.view(hr, "h"), op.view(wv, "weight"), op.view(mv, "mean"),
                    op.view(rv, "rstd"), op.view(dr, "dresidual_out"), op.view(g.dx.view({-1, w}), "dx"),
                    op.view(dw, "dweight"), op.view(db, "dbias")};
+    op.workspace(launch, norm_op(layer, dresidual_out.defined()), true, hv, w, variant);
     if (layer) {
       layer_norm_backward(dyv, hv, wv_, mv_, rv_, drv, dxv, dwv, dbv, variant, launch.ctx);
     } else {
@@ -359,9 +377,10 @@ at::Tensor bias_gelu_fwd(const at::Tensor& x, const OptTensor& bias_opt, c10::st
   if (w == 0) return y;
   const at::Tensor xr = as_rows(x, w);
   const at::Tensor bv = bias.defined() ? as_vector(bias) : at::Tensor();
-  const Launch launch(x.device());
+  Launch launch(x.device());
   op.api([&] {
     const auto [xv, bv_, yv] = std::array{op.view(xr, "x"), op.view(bv, "bias"), op.view(y.view({-1, w}), "y")};
+    op.workspace(launch, FusedOp::kBiasGelu, false, xv, w, variant);
     bias_gelu_forward(xv, bv_, approx, yv, variant, launch.ctx);
   });
   return y;
@@ -387,10 +406,11 @@ std::tuple<at::Tensor, OptTensor> bias_gelu_bwd(const at::Tensor& dy, const at::
   if (w == 0) return {dx, opt(dbias)};
   const at::Tensor dyr = as_rows(dy, w), xr = as_rows(x, w);
   const at::Tensor bv = bias.defined() ? as_vector(bias) : at::Tensor();
-  const Launch launch(x.device());
+  Launch launch(x.device());
   op.api([&] {
     const auto [dyv, xv, bv_, dxv, dbv] = std::array{op.view(dyr, "dy"), op.view(xr, "x"), op.view(bv, "bias"),
                                                      op.view(dx.view({-1, w}), "dx"), op.view(dbias, "dbias")};
+    op.workspace(launch, FusedOp::kBiasGelu, true, xv, w, variant);
     bias_gelu_backward(dyv, xv, bv_, approx, dxv, dbv, variant, launch.ctx);
   });
   return {dx, opt(dbias)};
@@ -422,9 +442,10 @@ at::Tensor silu_and_mul_fwd(const at::Tensor& x, c10::string_view variant_name) 
   at::Tensor y = at::empty(halved(x, d), x.options());
   if (d == 0) return y;
   const at::Tensor xr = as_rows(x, 2 * d);
-  const Launch launch(x.device());
+  Launch launch(x.device());
   op.api([&] {
     const auto [xv, yv] = std::array{op.view(xr, "x"), op.view(y.view({-1, d}), "y")};
+    op.workspace(launch, FusedOp::kSiluAndMul, false, xv, d, variant);
     silu_and_mul_forward(xv, yv, variant, launch.ctx);
   });
   return y;
@@ -440,9 +461,10 @@ at::Tensor silu_and_mul_bwd(const at::Tensor& dy, const at::Tensor& x, c10::stri
   at::Tensor dx = at::empty(x.sizes(), x.options());
   if (d == 0) return dx;
   const at::Tensor dyr = as_rows(dy, d), xr = as_rows(x, 2 * d);
-  const Launch launch(x.device());
+  Launch launch(x.device());
   op.api([&] {
     const auto [dyv, xv, dxv] = std::array{op.view(dyr, "dy"), op.view(xr, "x"), op.view(dx.view({-1, 2 * d}), "dx")};
+    op.workspace(launch, FusedOp::kSiluAndMul, true, xv, d, variant);
     silu_and_mul_backward(dyv, xv, dxv, variant, launch.ctx);
   });
   return dx;

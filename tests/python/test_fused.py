@@ -1035,8 +1035,8 @@ def test_bad_inputs_name_the_argument(device):
 def test_query_errors():
     with pytest.raises(ValueError, match=r"op: expected one of softmax, log_softmax, .*; given 'matmul'"):
         optimized_ops.fused_registers_max_width("matmul", torch.float32)
-    with pytest.raises(NotImplementedError, match=r"optimized::resolve_fused_variant: dtype: expected fp32, fp16, bf16 "
-                                                  r"\(or fp64 on the cpu variant\); given int32"):
+    with pytest.raises(NotImplementedError, match=r"optimized::resolve_fused_variant: dtype: expected fp32, fp16, bf16, "
+                                                  r"fp64 \(fp64 on the cpu variant\); given int32"):
         optimized_ops.resolve_fused_variant("softmax", torch.int32, "cuda", 100)
     with pytest.raises(NotImplementedError, match=r"optimized::resolve_fused_variant: dtype: expected a dtype of the "
                                                   r"library \(.*\); given int8"):
