@@ -75,7 +75,7 @@ def register(family: Family) -> Family:
     return family
 
 
-# ---- statistics and the stopping rule (bench/harness.cpp) -------------------------------------
+# ---- statistics and the stopping rule (bench/harness/harness.cpp) -------------------------------------
 
 class Options:
     def __init__(self, args):

@@ -1,6 +1,10 @@
 # optimized_add_family(<family>
 #     SOURCES <file>...         entry (validation, dispatch), CPU backend: always built
-#     [CUDA_SOURCES <file>...]  CUDA rungs, built when the CUDA backend is on
+#     [CUDA_SOURCES <file>...]  CUDA rungs, built when the CUDA backend is on, for
+#                               CMAKE_CUDA_ARCHITECTURES (default 90a)
+#     [SM90A_SOURCES <file>...] the Hopper rungs (wgmma, TMA, setmaxnreg): built for sm_90a alone
+#                               when OPTIMIZED_HAS_SM90A (root CMakeLists), else left out; the family's
+#                               variant table gates them on OPTIMIZED_WITH_SM90A and compute capability 9.0
 #     [TORCH_SOURCES <file>...] the family's torch glue (src/torch/<family>_ops.cpp), built with
 #                               OPTIMIZED_WITH_TORCH (with torch's include paths and ABI flag)
 #     [ISA_SOURCES <file> "<flags>" ...]  CPU sources compiled for one ISA alone (flags separated
@@ -72,8 +76,24 @@ function(_optimized_dtype_instances pairs split)
   endforeach()
 endfunction()
 
+# The sm_90a sources of every family: one object library compiled for sm_90a alone (an
+# architecture is a target's property, not a source's), with the library's definitions, include
+# paths and options, its objects linked into optimized_ops.
+function(_optimized_sm90a_library)
+  if(TARGET optimized_ops_sm90a)
+    return()
+  endif()
+  add_library(optimized_ops_sm90a OBJECT)
+  set_target_properties(optimized_ops_sm90a PROPERTIES CUDA_ARCHITECTURES 90a POSITION_INDEPENDENT_CODE ON)
+  target_compile_definitions(optimized_ops_sm90a PRIVATE $<TARGET_PROPERTY:optimized_ops,COMPILE_DEFINITIONS>)
+  target_include_directories(optimized_ops_sm90a PRIVATE $<TARGET_PROPERTY:optimized_ops,INCLUDE_DIRECTORIES>)
+  target_compile_options(optimized_ops_sm90a PRIVATE $<TARGET_PROPERTY:optimized_ops,COMPILE_OPTIONS>)
+  target_link_libraries(optimized_ops_sm90a PRIVATE CUDA::cudart)
+  target_sources(optimized_ops PRIVATE $<TARGET_OBJECTS:optimized_ops_sm90a>)
+endfunction()
+
 function(optimized_add_family family)
-  cmake_parse_arguments(F "" "" "SOURCES;CUDA_SOURCES;TORCH_SOURCES;ISA_SOURCES;DTYPE_SOURCES;PER_DTYPE_SOURCES" ${ARGN})
+  cmake_parse_arguments(F "" "" "SOURCES;CUDA_SOURCES;SM90A_SOURCES;TORCH_SOURCES;ISA_SOURCES;DTYPE_SOURCES;PER_DTYPE_SOURCES" ${ARGN})
   if(F_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "optimized_add_family(${family}): unknown arguments ${F_UNPARSED_ARGUMENTS}")
   endif()
@@ -95,6 +115,11 @@ function(optimized_add_family family)
   if(OPTIMIZED_HAS_CUDA AND F_CUDA_SOURCES)
     list(TRANSFORM F_CUDA_SOURCES PREPEND "${CMAKE_CURRENT_SOURCE_DIR}/")
     target_sources(optimized_ops PRIVATE ${F_CUDA_SOURCES})
+  endif()
+  if(OPTIMIZED_HAS_SM90A AND F_SM90A_SOURCES)
+    list(TRANSFORM F_SM90A_SOURCES PREPEND "${CMAKE_CURRENT_SOURCE_DIR}/")
+    _optimized_sm90a_library()
+    target_sources(optimized_ops_sm90a PRIVATE ${F_SM90A_SOURCES})
   endif()
   if(OPTIMIZED_HAS_CUDA)
     _optimized_dtype_instances("${F_DTYPE_SOURCES}" FALSE)

@@ -122,8 +122,8 @@ OPTIMIZED_C_EXPORT optimized_status optimized_gemm_variant_check(const char* var
 
 /* ---- every family: one variant query ------------------------------------------------------
  * The families with named variants: "gemm", "fused", "loader". Each query reads the family's C++
- * variant table (all_gemm_variants(), all_fused_variants(); the loader's two variants, which
- * tests/c_api/test_c_api_tables.cpp checks against loader.h), so a variant added in C++ is listed
+ * variant table (all_gemm_variants(), all_fused_variants(), all_loader_variants()), so a variant
+ * added in C++ is listed
  * here without a C edit. A family name that is not one of these: INVALID_ARGUMENT, with a message
  * naming the families. */
 

@@ -23,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -131,6 +132,7 @@ enum class IoBackend : uint8_t { kAuto, kIoUring, kPread, kMmap };
 enum class DirectIo : uint8_t { kAuto, kOn, kOff };          // kAuto: O_DIRECT where the filesystem takes it
 enum class GdsMode : uint8_t { kAuto, kOn, kOff };           // GPUDirect Storage (cuFile)
 
+std::span<const LoaderVariant> all_loader_variants();   // every variant, in ladder order
 std::string_view loader_variant_name(LoaderVariant v);  // "synchronous", "pipelined"
 LoaderVariant parse_loader_variant(std::string_view name);
 std::string_view io_backend_name(IoBackend b);          // "auto", "io_uring", "pread", "mmap"

@@ -182,10 +182,6 @@ void fused_check(const char* variant, int32_t dtype, int32_t device_type) {
 
 // ---- loader ------------------------------------------------------------------------------------
 
-// loader.h has no all_loader_variants() yet: the ladder's two rungs, in order. test_c_api_tables
-// checks that every LoaderVariant value whose name parses back to it is listed here.
-constexpr std::array kLoaderVariants = {optimized::LoaderVariant::kSynchronous, optimized::LoaderVariant::kPipelined};
-
 void loader_check(const char* variant, int32_t dtype, int32_t device_type) {
   if (!variant) invalid("variant: expected a name (synchronous or pipelined); given NULL");
   optimized::parse_loader_variant(variant);
@@ -207,8 +203,8 @@ constexpr Family kFamilies[] = {
      [](size_t i) { return optimized::gemm_variant_name(optimized::all_gemm_variants()[i]).data(); }, gemm_check},
     {"fused", [] { return optimized::all_fused_variants().size(); },
      [](size_t i) { return optimized::fused_variant_name(optimized::all_fused_variants()[i]).data(); }, fused_check},
-    {"loader", [] { return kLoaderVariants.size(); },
-     [](size_t i) { return optimized::loader_variant_name(kLoaderVariants[i]).data(); }, loader_check},
+    {"loader", [] { return optimized::all_loader_variants().size(); },
+     [](size_t i) { return optimized::loader_variant_name(optimized::all_loader_variants()[i]).data(); }, loader_check},
 };
 
 const Family& family(const char* name) {

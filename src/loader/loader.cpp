@@ -59,14 +59,21 @@ using loader::kAlign;
 
 // ---- names ------------------------------------------------------------------------------------
 
+namespace {
+constexpr LoaderVariant kLoaderVariants[] = {LoaderVariant::kSynchronous, LoaderVariant::kPipelined};
+}  // namespace
+
+std::span<const LoaderVariant> all_loader_variants() { return kLoaderVariants; }
 std::string_view loader_variant_name(LoaderVariant v) {
   return v == LoaderVariant::kSynchronous ? "synchronous" : "pipelined";
 }
 LoaderVariant parse_loader_variant(std::string_view name) {
-  if (name == "synchronous") return LoaderVariant::kSynchronous;
-  if (name == "pipelined") return LoaderVariant::kPipelined;
-  throw Error(Status::kInvalidArgument,
-              "variant: expected \"synchronous\" or \"pipelined\"; given \"" + std::string(name) + "\"");
+  std::string choices;
+  for (LoaderVariant v : kLoaderVariants) {
+    if (name == loader_variant_name(v)) return v;
+    choices += (choices.empty() ? "" : ", ") + std::string(loader_variant_name(v));
+  }
+  throw Error(Status::kInvalidArgument, "variant: expected one of " + choices + "; given '" + std::string(name) + "'");
 }
 std::string_view io_backend_name(IoBackend b) {
   switch (b) {

@@ -85,6 +85,39 @@ FusedReference terms_of(const FusedParams& p, const FusedReference& ref) {
       t.dx[static_cast<size_t>(r)] =
           p.op == FusedOp::kLogSoftmax ? sc * (max_dy + max_ey * sum_dy) : 2 * sc * max_y * max_dy;
     }
+  } else if (p.op == FusedOp::kBiasGelu) {
+    // gelu(h) = 0.5 h (1 + erf(h / sqrt 2)) (or tanh) cancels for negative h: the fp32 rounding of
+    // erf / tanh near -1 is relative to 0.5 |h| (1 + |erf|), not to the tiny result (torch computes
+    // it the same way); the backward's gelu'(h) = 0.5 (1 + erf) + h phi(h) likewise, times |dy|.
+    const bool tanh_form = p.gelu == GeluApproximation::kTanh;
+    auto h_at = [&](int64_t r, int64_t j) {
+      return load(p.x, p.dtype, r * p.ld_x + j) + (p.bias ? load(p.bias, p.dtype, j) : 0.0);
+    };
+    std::vector<double>& unit = p.backward ? t.dx : t.y;
+    unit.resize(static_cast<size_t>(R));
+    if (p.backward && p.dbias) t.dbias.assign(static_cast<size_t>(W), 0.0);
+    for (int64_t r = 0; r < R; ++r) {
+      double m = 0;
+      for (int64_t j = 0; j < W; ++j) {
+        const double h = h_at(r, j);
+        if (!std::isfinite(h)) continue;
+        double term;
+        if (tanh_form) {
+          const double th = std::fabs(std::tanh(0.79788456080286535588 * (h + 0.044715 * h * h * h)));
+          term = p.backward ? 0.5 * (1 + th) + 0.5 * std::fabs(h) * (1 - th * th) * 0.79788456080286535588 *
+                                                   (1 + 3 * 0.044715 * h * h)
+                            : 0.5 * std::fabs(h) * (1 + th);
+        } else {
+          const double e = std::fabs(std::erf(h * 0.70710678118654752440));
+          term = p.backward ? 0.5 * (1 + e) + std::fabs(h) * 0.39894228040143267794 * std::exp(-0.5 * h * h)
+                            : 0.5 * std::fabs(h) * (1 + e);
+        }
+        if (p.backward) term *= fin(load(p.dy, p.dtype, r * p.ld_dy + j));
+        m = std::max(m, term);
+        if (p.backward && p.dbias) t.dbias[static_cast<size_t>(j)] += term;
+      }
+      unit[static_cast<size_t>(r)] = m;
+    }
   } else if (p.is_norm()) {
     const bool layer = p.is_layer_norm();
     auto h_at = [&](int64_t r, int64_t j) {

@@ -12,6 +12,8 @@
 //   softmax bwd   2 |scale| max y max |dy|;  log_softmax bwd  |scale| (max |dy| + max e^y sum |dy|)
 //   norm bwd dx   3 rstd max |dy w| + max |dresidual_out|
 //   dweight       3 sum_rows |dy xhat|;  mean  mean |h| (per row)
+//   bias_gelu y   0.5 |h| (1 + |erf|) (tanh: |tanh|), where 1 + erf(h / sqrt 2) cancels for h < 0
+//   bias_gelu dx  |dy| (0.5 (1 + |erf|) + |h| phi(h)) (tanh likewise); dbias: its sum over rows
 // (the backward ones as tests/python/test_fused.py's _softmax_terms and _norm_terms; there the norms' terms take
 // |h| rstd for |xhat|, at least 1, as torch's backward reads torch's statistics and ours ours,
 // while here the same-dtype reference reads the very statistics the library reads).

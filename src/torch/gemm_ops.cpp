@@ -13,7 +13,7 @@
 // dimensions); dtypes, devices and variants are the C++ API's to check, and its messages arrive
 // prefixed "optimized::matmul: ".
 //
-// Autograd and the fake (meta) kernel are registered from Python (python/optimized_ops/gemm.py),
+// Autograd and the fake (meta) kernel are registered from Python (python/optimized_ops/gemm/),
 // through the package's register_autograd and torch.library.register_fake.
 #include <ATen/ATen.h>
 #include <torch/library.h>

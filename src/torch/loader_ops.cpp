@@ -74,9 +74,6 @@ int as_int(const char* where, const char* name, int64_t v) {
   return static_cast<int>(v);
 }
 
-// The loader's variants, in the order of LoaderVariant (naive to best).
-constexpr LoaderVariant kLoaderVariants[] = {LoaderVariant::kSynchronous, LoaderVariant::kPipelined};
-
 class StreamingLoader : public torch::CustomClassHolder {
  public:
   StreamingLoader(std::string path, int64_t batch_size, std::string device, bool shuffle, int64_t seed, int64_t rank,
@@ -314,7 +311,7 @@ std::vector<double> loader_read_bandwidth(const std::string& path, const std::st
 
 // The loader's variants (naive to best).
 std::vector<std::string> loader_variants() {
-  return variant_names(std::span<const LoaderVariant>(kLoaderVariants), loader_variant_name);
+  return variant_names(all_loader_variants(), loader_variant_name);
 }
 
 void verify_shards(const std::string& path) {

@@ -476,7 +476,7 @@ static void variant_queries(void) {
             optimized_variant_check("loader", "synchronous", OPTIMIZED_DTYPE_F16, OPTIMIZED_DEVICE_CPU) == OPTIMIZED_STATUS_OK,
         "loader: variant check accepts", optimized_last_error());
   expect_error("loader check: unknown name", optimized_variant_check("loader", "auto", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU),
-               I, "variant: expected \"synchronous\" or \"pipelined\"");
+               I, "variant: expected one of synchronous, pipelined");
   expect_error("loader check: dtype out of range", optimized_variant_check("loader", "pipelined", -3, OPTIMIZED_DEVICE_CPU), I,
                "dtype:");
 

@@ -128,6 +128,9 @@ TEST(CApiTables, LoaderListIsEveryNamedVariant) {
   for (const auto& [value, name] : named) names.push_back(name);
   const std::vector<std::string> c_names = c_list("loader");
   EXPECT_EQ(c_names, names);
+  std::vector<std::string> table;
+  for (LoaderVariant v : all_loader_variants()) table.emplace_back(loader_variant_name(v));
+  EXPECT_EQ(table, names);
   expect_named_values_reachable(named, parse_loader_variant, c_names, "loader");
 }
 
