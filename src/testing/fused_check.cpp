@@ -95,7 +95,7 @@ FusedReference terms_of(const FusedParams& p, const FusedReference& ref) {
     };
     std::vector<double>& unit = p.backward ? t.dx : t.y;
     unit.resize(static_cast<size_t>(R));
-    if (p.backward && p.dbias) t.dbias.assign(static_cast<size_t>(W), 0.0);
+    if (p.backward) t.dbias.assign(static_cast<size_t>(W), 0.0);  // whether or not this call asks for dbias
     for (int64_t r = 0; r < R; ++r) {
       double m = 0;
       for (int64_t j = 0; j < W; ++j) {
@@ -114,7 +114,7 @@ FusedReference terms_of(const FusedParams& p, const FusedReference& ref) {
         }
         if (p.backward) term *= fin(load(p.dy, p.dtype, r * p.ld_dy + j));
         m = std::max(m, term);
-        if (p.backward && p.dbias) t.dbias[static_cast<size_t>(j)] += term;
+        if (p.backward) t.dbias[static_cast<size_t>(j)] += term;
       }
       unit[static_cast<size_t>(r)] = m;
     }
