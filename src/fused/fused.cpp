@@ -3,8 +3,8 @@
 // dispatches through the variant table (fused_variants.h) to the CPU backend or a CUDA launcher.
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cstring>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,10 +28,14 @@ namespace {
 bool present(const TensorView& t) { return t.rank != 0; }
 
 // A scalar for a message, in as many digits as it takes ("1e-50", "-0.5", "nan").
+// A double as the shortest text that reads back to it ("-1", "1e-05", "nan", "inf"). Not through
+// an ostream: formatting a double with iostreams crashed inside num_put when the library ran in the
+// H100's Python process (GCC 13 build, torch 2.11; C++ test processes were fine), and to_chars needs
+// no locale.
 std::string number(double v) {
-  std::ostringstream s;
-  s << v;
-  return s.str();
+  char text[64];
+  const std::to_chars_result r = std::to_chars(text, text + sizeof text, v);
+  return std::string(text, r.ptr);
 }
 
 std::string shape_string(const TensorView& t) {

@@ -83,10 +83,18 @@ struct Op {
 
   // The op's scratch from torch's caching allocator (CUDA): what fused_workspace_bytes says for these
   // rows, handed over as the context's workspace, so that the C++ API allocates nothing itself.
+  // A call the query refuses (a dtype, a variant of the other device) gets none: the C++ API's
+  // entry, the one owner of the checks, then refuses it with its own wording.
   void workspace(Launch& launch, FusedOp fop, bool backward, const TensorView& rows, int64_t width,
                  FusedVariant v) const {
-    if (rows.device.is_cuda())
-      launch.provide_workspace(fused_workspace_bytes(fop, backward, rows.dtype, rows.device, rows.shape[0], width, v));
+    if (!rows.device.is_cuda()) return;
+    size_t bytes = 0;
+    try {
+      bytes = fused_workspace_bytes(fop, backward, rows.dtype, rows.device, rows.shape[0], width, v);
+    } catch (const Error&) {
+      return;
+    }
+    launch.provide_workspace(bytes);
   }
 
   FusedVariant variant(c10::string_view v) const {

@@ -4,6 +4,7 @@
 // it, the workspace queries cover every call of their sizes, and NaN rows come out NaN on every
 // CUDA variant (the reductions' one NaN policy), clusters included.
 // Plain C++, built in every configuration: without a CUDA device every test skips.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -147,6 +148,11 @@ TEST(CudaWorkspace, TooSmallIsRefusedNamingIt) {
   SKIP_WITHOUT_CUDA();
   NormBackward call(300, 1000);
   Buffer tiny(DType::kF32, 64, kGpu);  // 256 bytes
+  // Room for a misaligned workspace of the full size that overlaps no operand (where allocations
+  // lie side by side, as under compute-sanitizer, one running past `tiny` would overlap h).
+  size_t most = 0;
+  for (FusedVariant v : kCudaVariants) most = std::max(most, call.workspace_bytes(v));
+  Buffer roomy(DType::kF32, static_cast<int64_t>(most / 4 + 64), kGpu);
   for (FusedVariant v : kCudaVariants) {
     SCOPED_TRACE(std::string(fused_variant_name(v)));
     // The message of the Error `ctx`'s call raises (kInvalidArgument), or a failure.
@@ -166,7 +172,7 @@ TEST(CudaWorkspace, TooSmallIsRefusedNamingIt) {
     EXPECT_TRUE(contains(why, "workspace: expected at least")) << why;
     EXPECT_TRUE(contains(why, "layer_norm backward (" + std::string(fused_variant_name(v)) + ")")) << why;
     EXPECT_TRUE(contains(why, "given 1 bytes")) << why;
-    ctx.workspace = {static_cast<char*>(tiny.data()) + 4, call.workspace_bytes(v)};  // misaligned
+    ctx.workspace = {static_cast<char*>(roomy.data()) + 4, call.workspace_bytes(v)};  // misaligned
     why = refusal(ctx);
     EXPECT_TRUE(contains(why, "workspace: expected data aligned to 256 bytes")) << why;
   }
