@@ -28,7 +28,8 @@
 namespace optimized {
 
 // The workspace of one call: the caller's (ExecutionContext::workspace) or, when the caller gave
-// none and the launch needs some, one allocated on the call's stream and freed on it afterwards.
+// none and the launch needs some, one allocated on the call's stream from the library's pool
+// (workspace_pool, core/device_facts.h) and freed on it afterwards.
 class CallWorkspace {
  public:
   // `needed`: what the launch needs (its launcher's workspace query); `what`: the call, for messages
@@ -50,7 +51,11 @@ class CallWorkspace {
       return;
     }
     if (needed == 0) return;
-    check_cuda(cudaMallocAsync(&owned_, needed, stream), "cudaMallocAsync (workspace of " + what + ")");
+    int device = 0;
+    cudaMemPool_t pool = nullptr;
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice (workspace of " + what + ")");
+    check_cuda(workspace_pool(device, &pool), "cudaMemPoolCreate (workspace of " + what + ")");
+    check_cuda(cudaMallocFromPoolAsync(&owned_, needed, pool, stream), "cudaMallocFromPoolAsync (workspace of " + what + ")");
     ws_ = {owned_, needed};
   }
   ~CallWorkspace() {

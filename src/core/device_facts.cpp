@@ -4,6 +4,7 @@
 #include "core/device_facts.h"
 
 #include <atomic>
+#include <cstdint>
 #include <mutex>
 
 namespace optimized {
@@ -64,6 +65,30 @@ cudaError_t device_facts(int device, const DeviceFacts** out) {
     }
   }
   *out = &c.facts[device];
+  return cudaSuccess;
+}
+
+cudaError_t workspace_pool(int device, cudaMemPool_t* out) {
+  static std::mutex lock;
+  static cudaMemPool_t pools[kMaxDevices] = {};
+  if (device < 0 || device >= kMaxDevices) return cudaDeviceGetDefaultMemPool(out, device);
+  std::lock_guard<std::mutex> hold(lock);
+  if (!pools[device]) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    cudaMemPool_t pool = nullptr;
+    if (cudaError_t e = cudaMemPoolCreate(&pool, &props); e != cudaSuccess) return e;
+    uint64_t keep = UINT64_MAX;
+    if (cudaError_t e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep); e != cudaSuccess) {
+      cudaMemPoolDestroy(pool);
+      return e;
+    }
+    pools[device] = pool;
+  }
+  *out = pools[device];
   return cudaSuccess;
 }
 
