@@ -35,38 +35,19 @@
 #include <utility>
 #include <vector>
 
+#include "core/host_dtype.h"
 #include "fused/fused_params.h"
 #include "optimized/buffer.h"
 
 namespace optimized {
 namespace {
 
-// ---- dtypes: storage type, math type, conversions ---------------------------------------------
+// ---- dtypes: storage type, math type, conversions (core/host_dtype.h) ---------------------------
 
-struct F32 {
-  using T = float;
-  using Acc = float;
-  static float load(float v) { return v; }
-  static float store(float v) { return v; }
-};
-struct F64 {
-  using T = double;
-  using Acc = double;
-  static double load(double v) { return v; }
-  static double store(double v) { return v; }
-};
-struct F16 {
-  using T = uint16_t;
-  using Acc = float;
-  static float load(uint16_t v) { return half_to_float(v); }
-  static uint16_t store(float v) { return float_to_half(v); }
-};
-struct BF16 {
-  using T = uint16_t;
-  using Acc = float;
-  static float load(uint16_t v) { return bf16_to_float(v); }
-  static uint16_t store(float v) { return float_to_bf16(v); }
-};
+using host::BF16;
+using host::F16;
+using host::F32;
+using host::F64;
 
 template <class D>
 void load_row(const void* base, int64_t ld, int64_t r, int64_t n, typename D::Acc* out) {

@@ -3,36 +3,16 @@
 // every load of B touches a new cache line once N is more than a few lines wide.
 #include <cstdint>
 
+#include "core/host_dtype.h"
 #include "gemm/cpu/cpu_gemm.h"
-#include "optimized/buffer.h"
 
 namespace optimized::cpu {
 namespace {
 
-struct F32 {
-  using T = float;
-  using Acc = float;
-  static float load(float v) { return v; }
-  static float store(float v) { return v; }
-};
-struct F16 {
-  using T = uint16_t;
-  using Acc = float;
-  static float load(uint16_t v) { return half_to_float(v); }
-  static uint16_t store(float v) { return float_to_half(v); }
-};
-struct F64 {  // fp64 operands accumulate in fp64 (for float64 gradient checks from torch)
-  using T = double;
-  using Acc = double;
-  static double load(double v) { return v; }
-  static double store(double v) { return v; }
-};
-struct BF16 {
-  using T = uint16_t;
-  using Acc = float;
-  static float load(uint16_t v) { return bf16_to_float(v); }
-  static uint16_t store(float v) { return float_to_bf16(v); }
-};
+using host::BF16;
+using host::F16;
+using host::F32;
+using host::F64;
 
 template <class D>
 void run(const GemmParams& p) {
