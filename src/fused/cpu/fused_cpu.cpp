@@ -44,10 +44,7 @@ namespace {
 
 // ---- dtypes: storage type, math type, conversions (core/host_dtype.h) ---------------------------
 
-using host::BF16;
-using host::F16;
-using host::F32;
-using host::F64;
+using namespace host;  // F32, F64, F16, BF16
 
 template <class D>
 void load_row(const void* base, int64_t ld, int64_t r, int64_t n, typename D::Acc* out) {

@@ -9,10 +9,7 @@
 namespace optimized::cpu {
 namespace {
 
-using host::BF16;
-using host::F16;
-using host::F32;
-using host::F64;
+using namespace host;  // F32, F64, F16, BF16
 
 template <class D>
 void run(const GemmParams& p) {
