@@ -33,8 +33,8 @@ namespace optimized {
 class CallWorkspace {
  public:
   // `needed`: what the launch needs (its launcher's workspace query); `what`: the call, for messages
-  // ("layer_norm backward (fused_registers)").
-  CallWorkspace(const ExecutionContext& ctx, size_t needed, const std::string& what, cudaStream_t stream)
+  // ("layer_norm backward (fused_registers)"); `device`: the stream's device.
+  CallWorkspace(const ExecutionContext& ctx, size_t needed, const std::string& what, int device, cudaStream_t stream)
       : stream_(stream) {
     const Workspace& given = ctx.workspace;
     if (given.data != nullptr) {
@@ -51,9 +51,7 @@ class CallWorkspace {
       return;
     }
     if (needed == 0) return;
-    int device = 0;
     cudaMemPool_t pool = nullptr;
-    check_cuda(cudaGetDevice(&device), "cudaGetDevice (workspace of " + what + ")");
     check_cuda(workspace_pool(device, &pool), "cudaMemPoolCreate (workspace of " + what + ")");
     check_cuda(cudaMallocFromPoolAsync(&owned_, needed, pool, stream), "cudaMallocFromPoolAsync (workspace of " + what + ")");
     ws_ = {owned_, needed};
@@ -109,7 +107,7 @@ void launch_on_cuda(const Row& row, const Params& p, int device, const Execution
   DeviceGuard guard(device);
   check_compute_capability(row.min_compute_capability, row.name, device);
   const auto stream = static_cast<cudaStream_t>(ctx.cuda_stream);
-  CallWorkspace ws(ctx, launcher_workspace_bytes(row, p, what), what, stream);
+  CallWorkspace ws(ctx, launcher_workspace_bytes(row, p, what), what, device, stream);
   check_cuda(row.launch(p, ws.get(), stream), what);
   ws.release(what);
 }

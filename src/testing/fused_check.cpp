@@ -66,6 +66,21 @@ namespace {
 double load(const void* data, DType dtype, int64_t index) { return load_as_double(data, dtype, index); }
 double fin(double v) { return std::isfinite(v) ? std::fabs(v) : 0.0; }
 
+// The magnitude of what gelu(h) = 0.5 h (1 + s) adds up (s = erf(h / sqrt 2), or the tanh form's
+// tanh), and of what gelu'(h) adds up: where 1 + s cancels (h < 0) the fp32 rounding of s is
+// relative to these, not to the tiny result.
+double gelu_terms(double h, bool tanh_form) {
+  const double s = tanh_form ? std::tanh(kGeluSqrt2OverPi * (h + kGeluCubic * h * h * h)) : std::erf(h * kGeluSqrtHalf);
+  return 0.5 * std::fabs(h) * (1 + std::fabs(s));
+}
+double gelu_grad_terms(double h, bool tanh_form) {
+  if (tanh_form) {
+    const double t = std::tanh(kGeluSqrt2OverPi * (h + kGeluCubic * h * h * h));
+    return 0.5 * (1 + std::fabs(t)) + 0.5 * std::fabs(h) * (1 - t * t) * kGeluSqrt2OverPi * (1 + 3 * kGeluCubic * h * h);
+  }
+  return 0.5 * (1 + std::fabs(std::erf(h * kGeluSqrtHalf))) + std::fabs(h) * kGeluInvSqrt2Pi * std::exp(-0.5 * h * h);
+}
+
 // The terms of fused_check.h, from the float64 reference's statistics.
 FusedReference terms_of(const FusedParams& p, const FusedReference& ref) {
   FusedReference t;
@@ -86,9 +101,7 @@ FusedReference terms_of(const FusedParams& p, const FusedReference& ref) {
           p.op == FusedOp::kLogSoftmax ? sc * (max_dy + max_ey * sum_dy) : 2 * sc * max_y * max_dy;
     }
   } else if (p.op == FusedOp::kBiasGelu) {
-    // gelu(h) = 0.5 h (1 + erf(h / sqrt 2)) (or tanh) cancels for negative h: the fp32 rounding of
-    // erf / tanh near -1 is relative to 0.5 |h| (1 + |erf|), not to the tiny result (torch computes
-    // it the same way); the backward's gelu'(h) = 0.5 (1 + erf) + h phi(h) likewise, times |dy|.
+    // gelu_terms / gelu_grad_terms (times |dy|) per element; a row's largest; dbias: their sum.
     const bool tanh_form = p.gelu == GeluApproximation::kTanh;
     auto h_at = [&](int64_t r, int64_t j) {
       return load(p.x, p.dtype, r * p.ld_x + j) + (p.bias ? load(p.bias, p.dtype, j) : 0.0);
@@ -101,18 +114,8 @@ FusedReference terms_of(const FusedParams& p, const FusedReference& ref) {
       for (int64_t j = 0; j < W; ++j) {
         const double h = h_at(r, j);
         if (!std::isfinite(h)) continue;
-        double term;
-        if (tanh_form) {
-          const double th = std::fabs(std::tanh(0.79788456080286535588 * (h + 0.044715 * h * h * h)));
-          term = p.backward ? 0.5 * (1 + th) + 0.5 * std::fabs(h) * (1 - th * th) * 0.79788456080286535588 *
-                                                   (1 + 3 * 0.044715 * h * h)
-                            : 0.5 * std::fabs(h) * (1 + th);
-        } else {
-          const double e = std::fabs(std::erf(h * 0.70710678118654752440));
-          term = p.backward ? 0.5 * (1 + e) + std::fabs(h) * 0.39894228040143267794 * std::exp(-0.5 * h * h)
-                            : 0.5 * std::fabs(h) * (1 + e);
-        }
-        if (p.backward) term *= fin(load(p.dy, p.dtype, r * p.ld_dy + j));
+        const double term = p.backward ? gelu_grad_terms(h, tanh_form) * fin(load(p.dy, p.dtype, r * p.ld_dy + j))
+                                       : gelu_terms(h, tanh_form);
         m = std::max(m, term);
         if (p.backward) t.dbias[static_cast<size_t>(j)] += term;
       }

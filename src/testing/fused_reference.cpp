@@ -39,10 +39,10 @@ class Reference {
   }
 
  private:
-  static constexpr T kSqrtHalf = T(0.70710678118654752440);     // 1 / sqrt(2)
-  static constexpr T kSqrt2OverPi = T(0.79788456080286535588);  // sqrt(2 / pi)
-  static constexpr T kInvSqrt2Pi = T(0.39894228040143267794);   // 1 / sqrt(2 pi)
-  static constexpr T kGeluCubic = T(0.044715);
+  static constexpr T kSqrtHalf = T(kGeluSqrtHalf);
+  static constexpr T kSqrt2OverPi = T(kGeluSqrt2OverPi);
+  static constexpr T kInvSqrt2Pi = T(kGeluInvSqrt2Pi);
+  static constexpr T kCubic = T(kGeluCubic);
 
   // Row r of a (rows, n) operand whose rows are ld elements apart.
   void load_row(const void* data, int64_t ld, int64_t r, int64_t n, std::vector<T>& v) const {
@@ -110,14 +110,14 @@ class Reference {
 
   T gelu(T z) const {
     if (p_.gelu == GeluApproximation::kTanh)
-      return T(0.5) * z * (T(1) + std::tanh(kSqrt2OverPi * (z + kGeluCubic * z * z * z)));
+      return T(0.5) * z * (T(1) + std::tanh(kSqrt2OverPi * (z + kCubic * z * z * z)));
     return T(0.5) * z * (T(1) + std::erf(z * kSqrtHalf));
   }
 
   T gelu_grad(T z) const {
     if (p_.gelu == GeluApproximation::kTanh) {
-      const T t = std::tanh(kSqrt2OverPi * (z + kGeluCubic * z * z * z));
-      return T(0.5) * (T(1) + t) + T(0.5) * z * (T(1) - t * t) * kSqrt2OverPi * (T(1) + T(3) * kGeluCubic * z * z);
+      const T t = std::tanh(kSqrt2OverPi * (z + kCubic * z * z * z));
+      return T(0.5) * (T(1) + t) + T(0.5) * z * (T(1) - t * t) * kSqrt2OverPi * (T(1) + T(3) * kCubic * z * z);
     }
     return T(0.5) * (T(1) + std::erf(z * kSqrtHalf)) + z * kInvSqrt2Pi * std::exp(T(-0.5) * z * z);
   }

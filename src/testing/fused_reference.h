@@ -30,6 +30,12 @@
 
 namespace optimized::testing {
 
+// GELU's constants, for the references and the check's terms (fused_check.cpp).
+constexpr double kGeluSqrtHalf = 0.70710678118654752440;     // 1 / sqrt(2)
+constexpr double kGeluSqrt2OverPi = 0.79788456080286535588;  // sqrt(2 / pi)
+constexpr double kGeluInvSqrt2Pi = 0.39894228040143267794;   // 1 / sqrt(2 pi)
+constexpr double kGeluCubic = 0.044715;                      // the tanh form's cubic coefficient
+
 struct FusedReference {
   // forward
   std::vector<double> y;             // (rows, width)

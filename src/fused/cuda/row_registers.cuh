@@ -58,19 +58,14 @@ struct ReduceSmem {
   float cluster[2][kMaxCluster][N];
 };
 
-// Where a block stands in its reductions: the parity of the next one's buffers.
-struct ReduceState {
-  int parity = 0;
-};
-
 // Reduces v[0..N) over the threads of one row (all of them: every thread of the block must call
 // it, the same number of times). Returns with every thread of the row holding the totals. The
 // slots alternate by parity (kernels/reduce.cuh): one barrier per reduction.
 template <int N, typename Op, bool kCluster>
 __device__ __forceinline__ void row_reduce(float (&v)[N], int tpr, int cluster, ReduceSmem<N>& smem,
-                                           ReduceState& state) {
-  const int buf = state.parity;
-  state.parity ^= 1;
+                                           int& parity) {
+  const int buf = parity;
+  parity ^= 1;
   segment_reduce<Op, N>(v, tpr, smem.warp[buf]);
   if constexpr (kCluster) {
     // Every block of the cluster holds one row slice (rows_per_block == 1); the kernel's start
@@ -117,7 +112,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
   constexpr bool kBackward = kKind == FusedKernel::kSoftmaxBwd || kKind == FusedKernel::kNormBwd;
   constexpr bool kNorm = kKind == FusedKernel::kNormFwd || kKind == FusedKernel::kNormBwd;
   __shared__ ReduceSmem<2> smem;
-  ReduceState reduce_state;  // the reductions' buffer parity
+  int parity = 0;  // of the next reduction's slots
   // Clusters: every block of the cluster must run before any writes into a peer's shared memory
   // (racecheck found the writes of a lazy start). One barrier here, its wait after this block's
   // set-up: a flag checked at every reduction (the lazy wait) cost the unaligned backward 23
@@ -183,7 +178,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
         }
       }
       float red[2] = {m, 0.0f};
-      row_reduce<2, MaxOp, kCluster>(red, tpr, plan.cluster, smem, reduce_state);
+      row_reduce<2, MaxOp, kCluster>(red, tpr, plan.cluster, smem, parity);
       m = red[0];
       float s = 0.0f;
 #pragma unroll
@@ -199,7 +194,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
         }
       red[0] = s;
       red[1] = 0.0f;
-      row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, reduce_state);
+      row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, parity);
       const float inv_s = 1.0f / red[0], log_s = logf(red[0]);
       T* yr = static_cast<T*>(p.y) + row * p.ld_y;
 #pragma unroll
@@ -242,7 +237,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
       float mean = 0.0f;
       float red[2] = {sum, 0.0f};
       if (layer) {
-        row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, reduce_state);
+        row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, parity);
         mean = red[0] * inv_width;
       }
       float sq = 0.0f;
@@ -255,7 +250,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
         }
       red[0] = sq;
       red[1] = 0.0f;
-      row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, reduce_state);
+      row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, parity);
       const float rstd = 1.0f / sqrtf(red[0] * inv_width + sc.eps);
       if (live && lane == 0 && rank == 0) {
         if (p.mean) p.mean[row] = mean;
@@ -294,7 +289,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
         }
       }
       float red[2] = {s, 0.0f};
-      row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, reduce_state);
+      row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, parity);
       s = red[0];
       T* dxr = static_cast<T*>(p.dx) + row * p.ld_dx;
 #pragma unroll
@@ -335,7 +330,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) row_registers_kernel(const 
         }
       }
       float red[2] = {a, bsum};
-      row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, reduce_state);
+      row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, parity);
       const float mean_gx = red[0] * inv_width, mean_g = layer ? red[1] * inv_width : 0.0f;
       const T* dror = static_cast<const T*>(p.dresidual_out) + row * p.ld_dresidual_out;
       T* dxr = static_cast<T*>(p.dx) + row * p.ld_dx;
