@@ -261,6 +261,13 @@ Groups gemm_groups(const GemmBenchConfig& cfg, bool gpu) {
         std::string skip;
         if (!gpu) skip = "no CUDA GPU found (" + optimized::cuda_unavailable_reason() + ")";
         else if (v != GemmVariant::kAuto) skip = optimized::gemm_variant_rejects_dtype(v, dtype);
+        // The Hopper rungs load through TMA, which needs 16-byte rows; the benchmark's operands
+        // are contiguous, so K and N must be multiples of 16 bytes (auto falls back elsewhere).
+        const int64_t per16 = 16 / static_cast<int64_t>(optimized::dtype_size(dtype));
+        if (skip.empty() && optimized::gemm_variant_name(v).starts_with("wgmma_") &&
+            (shape.k % per16 != 0 || shape.n % per16 != 0))
+          skip = "TMA needs rows of A and B 16-byte aligned (K and N multiples of " + std::to_string(per16) +
+                 " here); auto runs mma_pipeline";
         g->add_row(v, skip);
       }
       if (cfg.baselines && gpu) g->baseline = BaselinePlan{cublas_mode_name(cublas_mode_for(dtype)), -1, true};
@@ -341,7 +348,8 @@ class GemmFamily : public Family {
         ->capture_default_str();
     sub->add_option("--variant", variants_,
                     "all | cpu | cuda | names (cpu_naive, cpu_blocked, cpu_packed, naive, coalesced, "
-                    "smem_tiled, register_tiled, wmma, mma_pipeline, auto), separated by commas")
+                    "smem_tiled, register_tiled, wmma, mma_pipeline, wgmma_tma, wgmma_ws, wgmma_persistent, "
+                    "auto), separated by commas")
         ->delimiter(',')
         ->capture_default_str();
     sub->add_option("--threads", threads_, "CPU thread counts (0: all) [default: 1 and all]")->delimiter(',');

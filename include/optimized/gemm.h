@@ -27,9 +27,12 @@ enum class GemmVariant : uint8_t {
   kCudaRegisterTiled,// 2D register tile per thread, 16-byte vector loads
   kCudaWmma,         // tensor cores through WMMA fragments (fp16/bf16 only)
   kCudaMmaPipeline,  // mma.sync + ldmatrix + multi-stage cp.async pipeline (fp16/bf16 only)
+  kCudaWgmmaTma,     // Hopper: TMA loads + wgmma, one warpgroup (fp16/bf16, sm_90a)
+  kCudaWgmmaWs,      // Hopper: warp-specialized producer / consumers, setmaxnreg (fp16/bf16, sm_90a)
+  kCudaWgmmaPersistent,  // Hopper: the warp-specialized kernel on a persistent grid (fp16/bf16, sm_90a)
 };
 
-std::string_view gemm_variant_name(GemmVariant variant);  // "cpu_naive", ..., "mma_pipeline"
+std::string_view gemm_variant_name(GemmVariant variant);  // "cpu_naive", ..., "wgmma_persistent"
 GemmVariant parse_gemm_variant(std::string_view name);    // throws Error naming the choices
 std::span<const GemmVariant> all_gemm_variants();          // every variant but kAuto, in order
 bool gemm_variant_is_cuda(GemmVariant variant);

@@ -23,6 +23,7 @@
 
 #include "core/cuda_device_guard.h"
 #include "core/device_facts.h"
+#include "core/variant_table.h"
 #include "optimized/core.h"
 
 namespace optimized {
@@ -77,17 +78,22 @@ class CallWorkspace {
   Workspace ws_;
 };
 
-// Error kUnsupported when the current device is older than `min_compute_capability`.
-inline void check_compute_capability(int min_compute_capability, std::string_view variant, int device) {
+// Error kUnsupported when the current device cannot run the variant: older than
+// `min_compute_capability`, or (ArchRule::kArchSpecific, sm_90a code) not exactly that one.
+inline void check_compute_capability(int min_compute_capability, ArchRule arch, std::string_view variant,
+                                     int device) {
   if (min_compute_capability == 0) return;
   const DeviceFacts* facts = nullptr;
   check_cuda(device_facts(device, &facts), "cudaDeviceGetAttribute (device facts)");
-  if (facts->compute_capability < min_compute_capability) {
-    auto cc = [](int v) { return std::to_string(v / 10) + "." + std::to_string(v % 10); };
+  auto cc = [](int v) { return std::to_string(v / 10) + "." + std::to_string(v % 10); };
+  const std::string given = "; given cuda:" + std::to_string(device) + " with " + cc(facts->compute_capability);
+  if (arch == ArchRule::kArchSpecific && facts->compute_capability != min_compute_capability)
+    throw Error(Status::kUnsupported, "variant: " + std::string(variant) + " is sm_" +
+                                          std::to_string(min_compute_capability) + "a code, which runs on compute capability " +
+                                          cc(min_compute_capability) + " only" + given);
+  if (facts->compute_capability < min_compute_capability)
     throw Error(Status::kUnsupported, "variant: " + std::string(variant) + " needs compute capability " +
-                                          cc(min_compute_capability) + " or newer; given cuda:" +
-                                          std::to_string(device) + " with " + cc(facts->compute_capability));
-  }
+                                          cc(min_compute_capability) + " or newer" + given);
 }
 
 // The bytes of workspace `row`'s launcher needs for p (0 without a workspace query), on the current
@@ -105,7 +111,11 @@ template <typename Row, typename Params>
 void launch_on_cuda(const Row& row, const Params& p, int device, const ExecutionContext& ctx,
                     const std::string& what) {
   DeviceGuard guard(device);
-  check_compute_capability(row.min_compute_capability, row.name, device);
+  if (!row.launch)
+    throw Error(Status::kUnsupported, "variant: " + std::string(row.name) +
+                                          " is not in this build (its sm_90a sources were not compiled: "
+                                          "configure with OPTIMIZED_SM90A=ON and an sm_90a-capable nvcc)");
+  check_compute_capability(row.min_compute_capability, row.arch, row.name, device);
   const auto stream = static_cast<cudaStream_t>(ctx.cuda_stream);
   CallWorkspace ws(ctx, launcher_workspace_bytes(row, p, what), what, device, stream);
   check_cuda(row.launch(p, ws.get(), stream), what);

@@ -38,6 +38,11 @@ using WorkspaceQueryFn = cudaError_t (*)(const Params&, size_t* bytes);
 template <typename Params, typename Report>
 using ResourcesFn = cudaError_t (*)(const Params&, Report*);
 #define OPTIMIZED_CUDA_FN(function) &function
+#if OPTIMIZED_WITH_SM90A
+#define OPTIMIZED_SM90A_FN(function) &function
+#else
+#define OPTIMIZED_SM90A_FN(function) nullptr
+#endif
 #else
 template <typename Params>
 using LauncherFn = std::nullptr_t;
@@ -46,7 +51,14 @@ using WorkspaceQueryFn = std::nullptr_t;
 template <typename Params, typename Report>
 using ResourcesFn = std::nullptr_t;
 #define OPTIMIZED_CUDA_FN(function) nullptr
+#define OPTIMIZED_SM90A_FN(function) nullptr
 #endif
+
+// A row's architecture rule: kAtLeast runs on min_compute_capability or newer; kArchSpecific is
+// code for one architecture's 'a' target (sm_90a: wgmma, setmaxnreg), which runs on exactly that
+// compute capability.
+enum class ArchRule : uint8_t { kAtLeast, kArchSpecific };
+inline constexpr ArchRule kArchSpecific = ArchRule::kArchSpecific;
 
 // A set of dtypes.
 class DTypeSet {
@@ -85,6 +97,7 @@ struct VariantInfo {
   Launch launch;                   // backend kCuda: the launcher (null in CPU-only builds)
   WorkspaceQuery workspace;        // the launcher's workspace query; null: needs none
   Resources resources;             // the launcher's kernel report; null: none
+  ArchRule arch = ArchRule::kAtLeast;  // how min_compute_capability reads
 };
 
 // ---- what the table generates (Table: a std::array of VariantInfo) --------------------------

@@ -14,6 +14,7 @@
 
 #if OPTIMIZED_WITH_CUDA
 #include "core/cuda_launch.h"
+#include "core/tensor_map.h"
 #include "gemm/gemm_describe.h"
 #endif
 
@@ -120,6 +121,31 @@ GemmParams make_params(const TensorView& a, const TensorView& b, const TensorVie
   return p;
 }
 
+#if OPTIMIZED_WITH_CUDA
+// Empty when the Hopper rungs can take p's operands (TMA describes A and B: 16-byte aligned bases,
+// row and batch strides); otherwise why not, naming the argument. C is written from registers:
+// any alignment.
+std::string gemm_hopper_rejects(const GemmParams& p) {
+  const int bytes = static_cast<int>(dtype_size(p.dtype));
+  if (std::string why = tma_rejects({p.a, p.m, p.k, p.lda, p.batch, p.batch_stride_a, bytes}, "a"); !why.empty())
+    return why;
+  return tma_rejects({p.b, p.k, p.n, p.ldb, p.batch, p.batch_stride_b, bytes}, "b");
+}
+#endif
+
+// Whether kAuto may pick a Hopper rung for p on `device`: an sm_90a build, a compute capability
+// 9.0 device, operands TMA can describe.
+bool hopper_eligible([[maybe_unused]] const GemmParams& p, [[maybe_unused]] const Device& device) {
+#if OPTIMIZED_WITH_CUDA && OPTIMIZED_WITH_SM90A
+  if (!device.is_cuda() || (p.dtype != DType::kF16 && p.dtype != DType::kBF16)) return false;
+  const DeviceFacts* facts = nullptr;
+  if (device_facts(device.index, &facts) != cudaSuccess) return false;
+  return facts->compute_capability == 90 && gemm_hopper_rejects(p).empty();
+#else
+  return false;
+#endif
+}
+
 // The concrete variant for these (already validated) operands: kAuto resolved, then checked
 // against the dtype and the device.
 GemmVariant checked_variant(GemmVariant variant, const TensorView& a, const TensorView& b, const TensorView& c) {
@@ -135,6 +161,11 @@ GemmVariant checked_variant(GemmVariant variant, const TensorView& a, const Tens
 }
 }  // namespace
 
+GemmVariant resolve_gemm_variant(const TensorView& a, const TensorView& b, const TensorView& c) {
+  const bool cuda = a.device.is_cuda();
+  return gemm_auto_variant(a.dtype, cuda, cuda && hopper_eligible(make_params(a, b, c, 1.0f, 0.0f), a.device));
+}
+
 void matmul(const TensorView& a, const TensorView& b, const TensorView& c, float alpha, float beta,
             GemmVariant variant, const ExecutionContext& ctx) {
   const GemmParams p = make_params(a, b, c, alpha, beta);
@@ -147,6 +178,9 @@ void matmul(const TensorView& a, const TensorView& b, const TensorView& c, float
   // Asked once per process (devices do not come and go), not on every call.
   static const std::string no_cuda = cuda_unavailable_reason();
   if (!no_cuda.empty()) throw Error(Status::kUnsupported, "a: CUDA tensors given but " + no_cuda);
+  if (gemm_variant_is_hopper(row.variant))
+    if (std::string why = gemm_hopper_rejects(p); !why.empty())
+      invalid(why + " (variant " + std::string(row.name) + " loads through TMA; auto falls back to mma_pipeline)");
   launch_on_cuda(row, p, a.device.index, ctx, "matmul (" + std::string(row.name) + ")");
 #else
   throw Error(Status::kUnsupported, "a: CUDA tensors given but this build is CPU-only (built without CUDA)");

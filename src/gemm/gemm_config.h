@@ -39,16 +39,21 @@ constexpr GemmMmaPipelineConfig gemm_mma_pipeline_config_sm90() {
 
 // What kAuto runs (docs/perf-notes/gemm.md, "Measured: the H100 ladder at a glance", 4096^3):
 // on CUDA, fp32 -> register_tiled (45.5 TFLOP/s, the only fp32 rung past 6; the tensor-core rungs
-// take no fp32), fp16/bf16 -> mma_pipeline (466 TFLOP/s bf16 against wmma's 253); on the CPU,
-// cpu_packed (the SIMD microkernel), fp64 -> cpu_blocked (cpu_packed takes no fp64).
-constexpr GemmVariant gemm_auto_variant_sm90(DType dtype, bool cuda) {
+// take no fp32), fp16/bf16 -> wgmma_persistent where it can run (`hopper`: an sm_90a build, a
+// compute capability 9.0 device and operands TMA can describe), else mma_pipeline (466 TFLOP/s
+// bf16 against wmma's 253); on the CPU, cpu_packed (the SIMD microkernel), fp64 -> cpu_blocked
+// (cpu_packed takes no fp64).
+constexpr GemmVariant gemm_auto_variant_sm90(DType dtype, bool cuda, bool hopper) {
   if (!cuda) return dtype == DType::kF64 ? GemmVariant::kCpuBlocked : GemmVariant::kCpuPacked;
-  return dtype == DType::kF32 ? GemmVariant::kCudaRegisterTiled : GemmVariant::kCudaMmaPipeline;
+  if (dtype == DType::kF32) return GemmVariant::kCudaRegisterTiled;
+  return hopper ? GemmVariant::kCudaWgmmaPersistent : GemmVariant::kCudaMmaPipeline;
 }
 
 // The configuration the kernels are compiled with: the build's target architecture (sm_90a,
 // CMAKE_CUDA_ARCHITECTURES). A second architecture adds its functions and a choice here.
 constexpr GemmMmaPipelineConfig kGemmMmaPipelineConfig = gemm_mma_pipeline_config_sm90();
-constexpr GemmVariant gemm_auto_variant(DType dtype, bool cuda) { return gemm_auto_variant_sm90(dtype, cuda); }
+constexpr GemmVariant gemm_auto_variant(DType dtype, bool cuda, bool hopper = false) {
+  return gemm_auto_variant_sm90(dtype, cuda, hopper);
+}
 
 }  // namespace optimized

@@ -36,8 +36,4 @@ int gemm_variant_min_compute_capability(GemmVariant variant) {
   return variant_min_compute_capability(kGemmVariants, variant);
 }
 
-GemmVariant resolve_gemm_variant(const TensorView& a, const TensorView&, const TensorView&) {
-  return gemm_auto_variant(a.dtype, a.device.is_cuda());
-}
-
 }  // namespace optimized

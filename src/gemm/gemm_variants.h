@@ -34,8 +34,10 @@ constexpr CpuBackendFn<GemmParams> kNoCpu = nullptr;
 
 // In ladder order (all_gemm_variants() and the benchmark's --variant all list them so).
 // Compute capabilities: the CUDA-core rungs run anywhere (5.0); wmma's bf16 fragments and
-// mma_pipeline's cp.async / ldmatrix / bf16 mma.sync need 8.0. (The build targets sm_90a.)
-inline constexpr std::array<GemmVariantInfo, 9> kGemmVariants = {{
+// mma_pipeline's cp.async / ldmatrix / bf16 mma.sync need 8.0; the wgmma rungs are sm_90a code,
+// which runs on compute capability 9.0 alone (kArchSpecific), and exist only in builds with the
+// sm_90a sources (OPTIMIZED_SM90A_FN: null launcher otherwise).
+inline constexpr std::array<GemmVariantInfo, 12> kGemmVariants = {{
     {GemmVariant::kCpuNaive, "cpu_naive", Backend::kCpu, gemm_table::kFloatAndF64, 0, "",
      [](const GemmParams& p, int) { cpu::gemm_naive(p); }, nullptr, nullptr, nullptr},
     {GemmVariant::kCpuBlocked, "cpu_blocked", Backend::kCpu, gemm_table::kFloatAndF64, 0, "",
@@ -56,7 +58,21 @@ inline constexpr std::array<GemmVariantInfo, 9> kGemmVariants = {{
     {GemmVariant::kCudaMmaPipeline, "mma_pipeline", Backend::kCuda, gemm_table::kHalf, 80, "tensor cores",
      gemm_table::kNoCpu, OPTIMIZED_CUDA_FN(cuda::gemm_mma_pipeline), nullptr,
      OPTIMIZED_CUDA_FN(cuda::gemm_mma_pipeline_resources)},
+    {GemmVariant::kCudaWgmmaTma, "wgmma_tma", Backend::kCuda, gemm_table::kHalf, 90, "tensor cores",
+     gemm_table::kNoCpu, OPTIMIZED_SM90A_FN(cuda::gemm_wgmma_tma), nullptr,
+     OPTIMIZED_SM90A_FN(cuda::gemm_wgmma_tma_resources), kArchSpecific},
+    {GemmVariant::kCudaWgmmaWs, "wgmma_ws", Backend::kCuda, gemm_table::kHalf, 90, "tensor cores",
+     gemm_table::kNoCpu, OPTIMIZED_SM90A_FN(cuda::gemm_wgmma_ws), nullptr,
+     OPTIMIZED_SM90A_FN(cuda::gemm_wgmma_ws_resources), kArchSpecific},
+    {GemmVariant::kCudaWgmmaPersistent, "wgmma_persistent", Backend::kCuda, gemm_table::kHalf, 90, "tensor cores",
+     gemm_table::kNoCpu, OPTIMIZED_SM90A_FN(cuda::gemm_wgmma_persistent), nullptr,
+     OPTIMIZED_SM90A_FN(cuda::gemm_wgmma_persistent_resources), kArchSpecific},
 }};
+
+// Whether `variant` is one of the Hopper (TMA) rungs, which take only operands TMA can describe.
+constexpr bool gemm_variant_is_hopper(GemmVariant v) {
+  return v == GemmVariant::kCudaWgmmaTma || v == GemmVariant::kCudaWgmmaWs || v == GemmVariant::kCudaWgmmaPersistent;
+}
 
 // The row of `variant` (not kAuto).
 const GemmVariantInfo& gemm_variant_info(GemmVariant variant);

@@ -16,6 +16,11 @@ cudaError_t gemm_smem_tiled(const GemmParams& p, const Workspace& workspace, cud
 cudaError_t gemm_register_tiled(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);
 cudaError_t gemm_wmma(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);          // fp16/bf16
 cudaError_t gemm_mma_pipeline(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);  // fp16/bf16
+// The Hopper rungs (sm_90a builds only: OPTIMIZED_WITH_SM90A); operands TMA can describe
+// (gemm_hopper_rejects in gemm.cpp), fp16/bf16.
+cudaError_t gemm_wgmma_tma(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);
+cudaError_t gemm_wgmma_ws(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);
+cudaError_t gemm_wgmma_persistent(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);
 
 // What the compiler and the occupancy calculator say of the kernel a launcher would run for p.
 struct KernelResources {
@@ -35,6 +40,9 @@ cudaError_t gemm_smem_tiled_resources(const GemmParams& p, KernelResources* out)
 cudaError_t gemm_register_tiled_resources(const GemmParams& p, KernelResources* out);
 cudaError_t gemm_wmma_resources(const GemmParams& p, KernelResources* out);
 cudaError_t gemm_mma_pipeline_resources(const GemmParams& p, KernelResources* out);
+cudaError_t gemm_wgmma_tma_resources(const GemmParams& p, KernelResources* out);
+cudaError_t gemm_wgmma_ws_resources(const GemmParams& p, KernelResources* out);
+cudaError_t gemm_wgmma_persistent_resources(const GemmParams& p, KernelResources* out);
 
 // Fills `out` from cudaFuncGetAttributes and the occupancy calculator (shared by the launchers).
 cudaError_t describe_kernel(const void* kernel, const char* name, int threads_per_block,

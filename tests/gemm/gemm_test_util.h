@@ -223,6 +223,37 @@ inline void expect_gemm_ok(const GemmCase& cs) {
       << cs.describe() << ": wrote outside C's view, first at " << run.first_outside;
 }
 
+// The error matmul reports for cs on CUDA (empty when it ran): for refusals a rung must give.
+inline std::string gemm_cuda_error(const GemmCase& cs) {
+  GemmOperands ops(cs);
+  ExecutionContext ctx;
+  ctx.cuda_stream = cs.stream;
+  std::vector<Buffer> after;
+  return run_on_cuda(
+      {&ops.a, &ops.b, &ops.c0}, cs.device, cs.stream,
+      [&](const std::vector<void*>& d) {
+        matmul(make_view(d[0], cs.dtype, cs.device, ops.la, cs.batch, cs.a_bcast),
+               make_view(d[1], cs.dtype, cs.device, ops.lb, cs.batch, cs.b_bcast),
+               make_view(d[2], cs.dtype, cs.device, ops.lc, cs.batch, Broadcast::kNone), cs.alpha, cs.beta,
+               cs.variant, ctx);
+      },
+      after);
+}
+
+// Whether TMA can describe A and B of cs (what the Hopper rungs need), decided here from the
+// case's layout, independently of the library: 16-byte aligned views, row strides and (batched,
+// not broadcast) batch strides in multiples of 16 bytes.
+inline bool gemm_case_tma_describable(const GemmCase& cs) {
+  const int64_t e = static_cast<int64_t>(dtype_size(cs.dtype));
+  if ((cs.offset * e) % 16 != 0) return false;
+  const auto ok = [&](const Layout& l, Broadcast bc) {
+    if (l.rows > 1 && (l.ld * e) % 16 != 0) return false;
+    const bool batched = cs.batch > 1 && bc == Broadcast::kNone;
+    return !batched || (l.batch_stride * e) % 16 == 0;
+  };
+  return ok(cs.layout_a(), cs.a_bcast) && ok(cs.layout_b(), cs.b_bcast);
+}
+
 // ---- NaN / Inf propagation --------------------------------------------------------------------
 
 // Plants NaN in A row `nan_row` and +Inf in A row `inf_row` and -Inf in B column `inf_col`, runs,

@@ -1,6 +1,9 @@
 // CUDA GEMM through the public API: every CUDA rung of the ladder (naive, coalesced, smem_tiled,
-// register_tiled for fp32/fp16/bf16; wmma and mma_pipeline for fp16/bf16) and kAuto, against the
-// float64 reference on fresh random inputs with poisoned outputs and padding (gemm_test_util.h).
+// register_tiled for fp32/fp16/bf16; wmma, mma_pipeline and the Hopper rungs wgmma_tma, wgmma_ws,
+// wgmma_persistent for fp16/bf16) and kAuto, against the float64 reference on fresh random inputs
+// with poisoned outputs and padding (gemm_test_util.h). The Hopper rungs load through TMA: their
+// cases get leading dimensions padded to 16 bytes unless a test sets its own, and a case TMA
+// cannot describe must be refused naming the operand (expect_case).
 // A plain C++ file, built in every configuration: without a CUDA device every test skips.
 #include <gtest/gtest.h>
 
@@ -18,9 +21,24 @@ std::vector<VariantParam> cuda_variants() {
   for (GemmVariant v : {GemmVariant::kCudaNaive, GemmVariant::kCudaCoalesced, GemmVariant::kCudaSmemTiled,
                         GemmVariant::kCudaRegisterTiled})
     for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) out.emplace_back(v, d);
-  for (GemmVariant v : {GemmVariant::kCudaWmma, GemmVariant::kCudaMmaPipeline})
+  for (GemmVariant v : {GemmVariant::kCudaWmma, GemmVariant::kCudaMmaPipeline, GemmVariant::kCudaWgmmaTma,
+                        GemmVariant::kCudaWgmmaWs, GemmVariant::kCudaWgmmaPersistent})
     for (DType d : {DType::kF16, DType::kBF16}) out.emplace_back(v, d);
   return out;
+}
+
+bool is_hopper(GemmVariant v) {
+  return v == GemmVariant::kCudaWgmmaTma || v == GemmVariant::kCudaWgmmaWs || v == GemmVariant::kCudaWgmmaPersistent;
+}
+
+// Runs a case: checked against the reference, or, for a Hopper rung given operands TMA cannot
+// describe, refused with an error naming a or b.
+void expect_case(const GemmCase& cs) {
+  if (!is_hopper(cs.variant) || gemm_case_tma_describable(cs)) return expect_gemm_ok(cs);
+  const std::string error = gemm_cuda_error(cs);
+  EXPECT_NE(error.find("for TMA"), std::string::npos) << cs.describe() << ": " << error;
+  EXPECT_TRUE(error.find("a: expected") != std::string::npos || error.find("b: expected") != std::string::npos)
+      << cs.describe() << ": " << error;
 }
 
 std::string param_name(const ::testing::TestParamInfo<VariantParam>& info) {
@@ -38,6 +56,10 @@ class CudaGemm : public ::testing::TestWithParam<VariantParam> {
     cs.m = m;
     cs.n = n;
     cs.k = k;
+    if (is_hopper(cs.variant)) {  // rows of A and B 16-byte aligned (what TMA needs)
+      cs.lda_pad = (vec() - k % vec()) % vec();
+      cs.ldb_pad = (vec() - n % vec()) % vec();
+    }
     return cs;
   }
   // Elements per 16 bytes: a padding of this many keeps rows 16-byte aligned.
@@ -45,25 +67,25 @@ class CudaGemm : public ::testing::TestWithParam<VariantParam> {
 };
 
 TEST_P(CudaGemm, OddSizes) {
-  for (const Mnk& s : odd_sizes()) expect_gemm_ok(base(s.m, s.n, s.k));
+  for (const Mnk& s : odd_sizes()) expect_case(base(s.m, s.n, s.k));
 }
 
 TEST_P(CudaGemm, BigSquare1024) {
   GemmCase cs = base(1024, 1024, 1024);
   cs.samples = 4096;
-  expect_gemm_ok(cs);
+  expect_case(cs);
 }
 
 TEST_P(CudaGemm, BigSquare4096Sampled) {
   GemmCase cs = base(4096, 4096, 4096);
   cs.samples = 4096;
-  expect_gemm_ok(cs);
+  expect_case(cs);
 }
 
 TEST_P(CudaGemm, BigOdd4097x4095x4093Sampled) {
   GemmCase cs = base(4097, 4095, 4093);
   cs.samples = 4096;
-  expect_gemm_ok(cs);
+  expect_case(cs);
 }
 
 TEST_P(CudaGemm, LeadingDims) {
@@ -73,11 +95,11 @@ TEST_P(CudaGemm, LeadingDims) {
     cs.lda_pad = 1;
     cs.ldb_pad = 1;
     cs.ldc_pad = 1;
-    expect_gemm_ok(cs);
+    expect_case(cs);
     cs.lda_pad = 3;
     cs.ldb_pad = 0;
     cs.ldc_pad = 5;
-    expect_gemm_ok(cs);
+    expect_case(cs);
   }
   // Aligned but padded: rows 16 bytes aligned, ld > width.
   for (Mnk s : {Mnk{128, 128, 128}, Mnk{256, 192, 320}, Mnk{127, 129, 131}}) {
@@ -85,7 +107,7 @@ TEST_P(CudaGemm, LeadingDims) {
     cs.lda_pad = vec();
     cs.ldb_pad = 2 * vec();
     cs.ldc_pad = vec();
-    expect_gemm_ok(cs);
+    expect_case(cs);
   }
 }
 
@@ -94,11 +116,11 @@ TEST_P(CudaGemm, ViewsNotAtBufferStart) {
   for (Mnk s : {Mnk{128, 128, 128}, Mnk{127, 129, 131}}) {
     GemmCase cs = base(s.m, s.n, s.k);
     cs.offset = 1;
-    expect_gemm_ok(cs);
+    expect_case(cs);
     cs.lda_pad = vec();
     cs.ldb_pad = vec();
     cs.ldc_pad = vec();
-    expect_gemm_ok(cs);
+    expect_case(cs);
   }
 }
 
@@ -107,18 +129,18 @@ TEST_P(CudaGemm, AlphaBeta) {
     GemmCase cs = base(s.m, s.n, s.k);
     cs.alpha = 0.5f;
     cs.beta = -1.25f;
-    expect_gemm_ok(cs);
+    expect_case(cs);
     cs.ldc_pad = 3;
     cs.alpha = -2.0f;
     cs.beta = 1.0f;
-    expect_gemm_ok(cs);
+    expect_case(cs);
   }
   GemmCase cs = base(64, 96, 32);
   cs.alpha = 0.0f;  // C = beta * C
   cs.beta = 1.0f;
-  expect_gemm_ok(cs);
+  expect_case(cs);
   cs.beta = 0.0f;  // C = 0 over a NaN-poisoned C
-  expect_gemm_ok(cs);
+  expect_case(cs);
 }
 
 TEST_P(CudaGemm, BetaZeroDoesNotReadNanC) {
@@ -145,7 +167,7 @@ TEST_P(CudaGemm, Batched) {
       cs.batch = 3;
       cs.a_bcast = a_bc;
       cs.b_bcast = b_bc;
-      expect_gemm_ok(cs);
+      expect_case(cs);
       cs = base(37, 41, 29);
       cs.batch = 3;
       cs.a_bcast = a_bc;
@@ -155,11 +177,20 @@ TEST_P(CudaGemm, Batched) {
       cs.ldc_pad = 2;
       cs.alpha = 0.5f;
       cs.beta = -1.25f;
-      expect_gemm_ok(cs);
+      expect_case(cs);
+      cs = base(37, 41, 29);  // gaps between batches that keep 16-byte alignment (TMA takes them)
+      cs.batch = 3;
+      cs.a_bcast = a_bc;
+      cs.b_bcast = b_bc;
+      cs.batch_gap = 3 * vec();
+      cs.ldc_pad = 3;
+      cs.alpha = 0.5f;
+      cs.beta = -1.25f;
+      expect_case(cs);
     }
   GemmCase cs = base(64, 64, 64);
   cs.batch = 1;  // rank 3 with a batch of one
-  expect_gemm_ok(cs);
+  expect_case(cs);
 }
 
 TEST_P(CudaGemm, NanAndInfPropagate) {
@@ -175,7 +206,7 @@ TEST_P(CudaGemm, NonDefaultStream) {
   for (Mnk s : {Mnk{127, 129, 131}, Mnk{256, 256, 256}}) {
     GemmCase cs = base(s.m, s.n, s.k);
     cs.stream = stream.get();
-    expect_gemm_ok(cs);
+    expect_case(cs);
   }
   GemmCase cs = base(129, 136, 72);
   cs.stream = stream.get();
@@ -183,7 +214,7 @@ TEST_P(CudaGemm, NonDefaultStream) {
   cs.b_bcast = Broadcast::kStride0;
   cs.alpha = 0.5f;
   cs.beta = -1.25f;
-  expect_gemm_ok(cs);
+  expect_case(cs);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaGemm, ::testing::ValuesIn(cuda_variants()), param_name);
@@ -242,6 +273,9 @@ TEST_P(CudaGemmAuto, AllVariantsAgree) {
     cs.m = s.m;
     cs.n = s.n;
     cs.k = s.k;
+    const int64_t vec = 16 / static_cast<int64_t>(dtype_size(d));  // rows 16-byte aligned: every rung runs
+    cs.lda_pad = (vec - s.k % vec) % vec;
+    cs.ldb_pad = (vec - s.n % vec) % vec;
     cs.alpha = 0.5f;
     cs.beta = -1.25f;
     expect_variants_agree(cs, variants);

@@ -381,7 +381,8 @@ TEST_F(GemmErrors, CpuVariantOnCudaTensors) {
 
 TEST_F(GemmErrors, CudaVariantOnCpuTensors) {
   for (GemmVariant v : {GemmVariant::kCudaNaive, GemmVariant::kCudaCoalesced, GemmVariant::kCudaSmemTiled,
-                        GemmVariant::kCudaRegisterTiled, GemmVariant::kCudaWmma, GemmVariant::kCudaMmaPipeline}) {
+                        GemmVariant::kCudaRegisterTiled, GemmVariant::kCudaWmma, GemmVariant::kCudaMmaPipeline,
+                        GemmVariant::kCudaWgmmaTma, GemmVariant::kCudaWgmmaWs, GemmVariant::kCudaWgmmaPersistent}) {
     SCOPED_TRACE(std::string(gemm_variant_name(v)));
     Caught e = call([&] { matmul(A16(), B16(), C16(), 1.0f, 0.0f, v); });
     EXPECT_ERROR(e, Status::kInvalidArgument);
@@ -392,7 +393,8 @@ TEST_F(GemmErrors, CudaVariantOnCpuTensors) {
 }
 
 TEST_F(GemmErrors, TensorCoreVariantsRejectFp32) {
-  for (GemmVariant v : {GemmVariant::kCudaWmma, GemmVariant::kCudaMmaPipeline}) {
+  for (GemmVariant v : {GemmVariant::kCudaWmma, GemmVariant::kCudaMmaPipeline, GemmVariant::kCudaWgmmaTma,
+                        GemmVariant::kCudaWgmmaWs, GemmVariant::kCudaWgmmaPersistent}) {
     const std::string why = gemm_variant_rejects_dtype(v, DType::kF32);
     EXPECT_TRUE(contains(why, "fp32")) << gemm_variant_name(v) << ": '" << why << "'";
     EXPECT_TRUE(contains(why, "fp16") && contains(why, "bf16")) << "should say what it takes: " << why;
@@ -405,7 +407,8 @@ TEST_F(GemmErrors, TensorCoreVariantsRejectFp32OnDevice) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
   Buffer a(DType::kF32, M * K, Device::cuda()), b(DType::kF32, K * N, Device::cuda()),
       c(DType::kF32, M * N, Device::cuda());
-  for (GemmVariant v : {GemmVariant::kCudaWmma, GemmVariant::kCudaMmaPipeline}) {
+  for (GemmVariant v : {GemmVariant::kCudaWmma, GemmVariant::kCudaMmaPipeline, GemmVariant::kCudaWgmmaTma,
+                        GemmVariant::kCudaWgmmaWs, GemmVariant::kCudaWgmmaPersistent}) {
     SCOPED_TRACE(std::string(gemm_variant_name(v)));
     Caught e = call([&] { matmul(a.matrix(M, K, K), b.matrix(K, N, N), c.matrix(M, N, N), 1.0f, 0.0f, v); });
     EXPECT_ERROR(e, Status::kUnsupported);
@@ -418,7 +421,9 @@ TEST_F(GemmErrors, TensorCoreVariantsRejectFp32OnDevice) {
 TEST(GemmVariants, RejectsDtypeTable) {
   for (GemmVariant v : all_gemm_variants()) {
     SCOPED_TRACE(std::string(gemm_variant_name(v)));
-    const bool tensor_core = v == GemmVariant::kCudaWmma || v == GemmVariant::kCudaMmaPipeline;
+    const bool tensor_core = v == GemmVariant::kCudaWmma || v == GemmVariant::kCudaMmaPipeline ||
+                             v == GemmVariant::kCudaWgmmaTma || v == GemmVariant::kCudaWgmmaWs ||
+                             v == GemmVariant::kCudaWgmmaPersistent;
     EXPECT_EQ(gemm_variant_rejects_dtype(v, DType::kF16), "");
     EXPECT_EQ(gemm_variant_rejects_dtype(v, DType::kBF16), "");
     EXPECT_EQ(gemm_variant_rejects_dtype(v, DType::kF32).empty(), !tensor_core);
@@ -528,13 +533,15 @@ TEST(GemmVariants, NamesRoundTripAndOrder) {
   const std::vector<GemmVariant> expected = {
       GemmVariant::kCpuNaive,      GemmVariant::kCpuBlocked,   GemmVariant::kCpuPacked,
       GemmVariant::kCudaNaive,     GemmVariant::kCudaCoalesced, GemmVariant::kCudaSmemTiled,
-      GemmVariant::kCudaRegisterTiled, GemmVariant::kCudaWmma, GemmVariant::kCudaMmaPipeline};
+      GemmVariant::kCudaRegisterTiled, GemmVariant::kCudaWmma, GemmVariant::kCudaMmaPipeline,
+      GemmVariant::kCudaWgmmaTma, GemmVariant::kCudaWgmmaWs, GemmVariant::kCudaWgmmaPersistent};
   const auto all = all_gemm_variants();
   ASSERT_EQ(std::vector<GemmVariant>(all.begin(), all.end()), expected);
   EXPECT_EQ(parse_gemm_variant("auto"), GemmVariant::kAuto);
   EXPECT_EQ(gemm_variant_name(GemmVariant::kAuto), "auto");
   EXPECT_EQ(gemm_variant_name(GemmVariant::kCpuNaive), "cpu_naive");
   EXPECT_EQ(gemm_variant_name(GemmVariant::kCudaMmaPipeline), "mma_pipeline");
+  EXPECT_EQ(gemm_variant_name(GemmVariant::kCudaWgmmaPersistent), "wgmma_persistent");
   std::vector<std::string> seen;
   for (GemmVariant v : all) {
     const std::string name(gemm_variant_name(v));

@@ -25,7 +25,8 @@ from conftest import requires_cuda
 # first capture; test_variant_lists_are_current keeps them equal to the library's tables.
 GEMM_CUDA = {"auto": "fp32 fp16 bf16", "naive": "fp32 fp16 bf16", "coalesced": "fp32 fp16 bf16",
              "smem_tiled": "fp32 fp16 bf16", "register_tiled": "fp32 fp16 bf16", "wmma": "fp16 bf16",
-             "mma_pipeline": "fp16 bf16"}
+             "mma_pipeline": "fp16 bf16", "wgmma_tma": "fp16 bf16", "wgmma_ws": "fp16 bf16",
+             "wgmma_persistent": "fp16 bf16"}
 FUSED_CUDA = ["auto", "unfused", "fused_streaming", "fused_registers"]
 
 OPS = ["matmul", "softmax", "log_softmax", "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm",
@@ -47,9 +48,13 @@ def rand(*shape, dtype):
     return ((torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1) * 2).to(dtype).cuda()
 
 
+# The Hopper GEMM rungs take operands TMA can describe (rows 16-byte aligned), in the backward
+# products too: sizes in multiples of 8 for them.
+MM = {False: (R, 67, 45), True: (40, 64, 48)}  # (M, K, N) by "is a Hopper rung"
+
 # op -> (make inputs, call); outputs are tuples
 MAKE = {
-    "matmul": lambda d: dict(a=rand(3, R, 67, dtype=d), b=rand(67, 45, dtype=d)),
+    "matmul": lambda d, h=False: dict(a=rand(3, MM[h][0], MM[h][1], dtype=d), b=rand(MM[h][1], MM[h][2], dtype=d)),
     "softmax": lambda d: dict(x=rand(R, W, dtype=d)),
     "log_softmax": lambda d: dict(x=rand(R, W, dtype=d)),
     "layer_norm": lambda d: dict(x=rand(R, W, dtype=d), w=rand(W, dtype=d), b=rand(W, dtype=d)),
@@ -75,7 +80,7 @@ CALL = {
     "silu_and_mul": lambda i, v: (o.silu_and_mul(i["x"], variant=v),),
 }
 # output shapes, known without running the op (its first call must be the captured one)
-OUT = {"matmul": [(3, R, 45)], "add_layer_norm": [(R, W)] * 2, "add_rms_norm": [(R, W)] * 2,
+OUT = {"matmul": [(3, R, 45)], "matmul_hopper": [(3, 40, 48)], "add_layer_norm": [(R, W)] * 2, "add_rms_norm": [(R, W)] * 2,
        "silu_and_mul": [(R, W)]}
 NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -85,8 +90,10 @@ for dtype in (torch.float32, torch.bfloat16):
                 else fused_cuda)
     for variant in variants:
         what = f"{op} {variant} {NAMES[dtype]}"
-        inputs = {k: t.requires_grad_() for k, t in MAKE[op](dtype).items()}
-        gys = [rand(*s, dtype=dtype) for s in OUT.get(op, [(R, W)])]
+        hopper = variant.startswith("wgmma_")
+        make = (lambda d: MAKE[op](d, hopper)) if op == "matmul" else MAKE[op]
+        inputs = {k: t.requires_grad_() for k, t in make(dtype).items()}
+        gys = [rand(*s, dtype=dtype) for s in OUT.get(op + ("_hopper" if hopper else ""), [(R, W)])]
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph):  # the first call of this op, variant and dtype
@@ -96,7 +103,7 @@ for dtype in (torch.float32, torch.bfloat16):
             print(f"FAILED capture of {what} (first call in this process): {type(e).__name__}: {e}")
             sys.exit(1)
         for trial in range(2):  # new inputs written into the captured memory, then replay
-            new = MAKE[op](dtype)
+            new = make(dtype)
             with torch.no_grad():
                 for k, t in inputs.items():
                     t.copy_(new[k])

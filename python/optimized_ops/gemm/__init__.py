@@ -87,8 +87,12 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, variant: str = "auto") -> torch.
     variant : str, keyword-only
         ``"auto"`` (the best rung for the device, dtype and shape) or one rung of the ladder
         (:func:`variants`): CPU ``cpu_naive``, ``cpu_blocked``, ``cpu_packed``; CUDA ``naive``,
-        ``coalesced``, ``smem_tiled``, ``register_tiled``, ``wmma`` and ``mma_pipeline``
-        (the last two: float16 and bfloat16 only).
+        ``coalesced``, ``smem_tiled``, ``register_tiled``, ``wmma``, ``mma_pipeline`` and the
+        Hopper rungs ``wgmma_tma``, ``wgmma_ws``, ``wgmma_persistent`` (the last five: float16 and
+        bfloat16 only; the Hopper rungs run on compute capability 9.0 and load through TMA, so
+        the rows of ``a`` and ``b`` must be 16-byte aligned: K and N multiples of 8 for
+        contiguous operands. ``auto`` picks ``wgmma_persistent`` where it can run and
+        ``mma_pipeline`` elsewhere).
 
     Returns
     -------
@@ -103,8 +107,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, variant: str = "auto") -> torch.
     ------
     ValueError
         A 0-D operand, mismatched inner dimensions (K), batch shapes that do not broadcast,
-        different dtypes or devices, an unknown variant or one of the other device. The message
-        names the op and the argument.
+        different dtypes or devices, an unknown variant or one of the other device, operands a
+        forced Hopper rung cannot load through TMA. The message names the op and the argument.
     NotImplementedError
         A dtype the op does not take (other than float32, float16, bfloat16 and float64), a
         variant that cannot take the dtype (``wmma`` on float32, any CUDA variant or ``cpu_packed``

@@ -1,0 +1,50 @@
+// What the Hopper GEMM rungs (wgmma_tma, wgmma_ws, wgmma_persistent) share beyond src/kernels: the
+// arguments their kernels take besides the two TMA maps, and the host code that builds both from
+// GemmParams. sm_90a sources only.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/tensor_map.h"
+#include "gemm/cuda/gemm_common.cuh"
+#include "kernels/epilogue/alpha_beta.cuh"
+
+namespace optimized::cuda {
+
+// The epilogue's view of C and the sizes the kernel needs besides the maps.
+struct HopperGemmArgs {
+  void* c;
+  int m, n, k_blocks;   // k_blocks: ceil(K / 64)
+  int64_t ldc, batch_stride_c;
+  bool a_batched, b_batched;  // false: batch stride 0, every batch reads batch 0 of the map
+  bool c_pairs;               // two neighbouring elements of C form one aligned 4-byte access
+  kernels::AlphaBetaEpilogue epi;
+};
+
+// The maps of A (box 64 K x kBM rows) and B (box 64 N x 64 K rows) and the arguments of p, for
+// tiles of kBM x 64k. The launcher has checked gemm_hopper_rejects(p) (gemm.cpp) is empty; the
+// driver can still refuse a map (cudaErrorInvalidValue).
+inline cudaError_t make_hopper_args(const GemmParams& p, int block_m, CUtensorMap* map_a, CUtensorMap* map_b,
+                                    HopperGemmArgs* args) {
+  const TmaMatrix a{p.a, p.m, p.k, p.lda, p.batch, p.batch_stride_a, 2};
+  const TmaMatrix b{p.b, p.k, p.n, p.ldb, p.batch, p.batch_stride_b, 2};
+  if (cudaError_t e = make_tma_map_sw128(map_a, a, 64, block_m); e != cudaSuccess) return e;
+  if (cudaError_t e = make_tma_map_sw128(map_b, b, 64, 64); e != cudaSuccess) return e;
+  args->c = p.c;
+  args->m = static_cast<int>(p.m);
+  args->n = static_cast<int>(p.n);
+  args->k_blocks = static_cast<int>(ceil_div(p.k, int64_t(64)));
+  args->ldc = p.ldc;
+  args->batch_stride_c = p.batch_stride_c;
+  args->a_batched = p.batch > 1 && p.batch_stride_a != 0;
+  args->b_batched = p.batch > 1 && p.batch_stride_b != 0;
+  args->c_pairs = (reinterpret_cast<uintptr_t>(p.c) & 3) == 0 && p.ldc % 2 == 0 &&
+                  (p.batch <= 1 || p.batch_stride_c % 2 == 0);
+  args->epi = kernels::AlphaBetaEpilogue{p.alpha, p.beta};
+  return cudaSuccess;
+}
+
+}  // namespace optimized::cuda

@@ -1,0 +1,68 @@
+// Second Hopper rung: warp specialization (gemm_wgmma_ws.cuh has the kernel). A producer
+// warpgroup only loads, two consumer warpgroups only compute, and they meet on the ring's full /
+// empty mbarriers, so the TMA copies of later k-blocks run while the tensor cores work and a
+// consumer never waits for a whole wgmma group before issuing the next (one group stays in
+// flight). setmaxnreg moves the producer's registers to the consumers, which is what lets each
+// consumer hold a 64 x 256 accumulator (128 registers) and the block tile grow to 128 x 256.
+//
+//   block tile 128 x 256 x 64, 4 stages (192 KiB), one tile per block, grouped rasterization.
+#include <type_traits>
+
+#include "gemm/cuda/gemm_wgmma_ws.cuh"
+#include "gemm/launchers.h"
+
+namespace optimized::cuda {
+namespace {
+
+using Tile = kernels::WgmmaTile<128, 256, 4>;
+constexpr int kConsumers = 2;
+using Scheduler = kernels::OneTilePerBlock<8>;
+using Shape = WgmmaWsShape<Tile, kConsumers>;
+
+template <typename T>
+const void* kernel_ptr() {
+  return reinterpret_cast<const void*>(&gemm_wgmma_ws_kernel<T, Tile, kConsumers, Scheduler>);
+}
+
+template <typename T>
+const char* kernel_name() {
+  return std::is_same_v<T, __half> ? "gemm_wgmma_ws<fp16, 128x256x64, 4 stages, producer + 2 consumers>"
+                                   : "gemm_wgmma_ws<bf16, 128x256x64, 4 stages, producer + 2 consumers>";
+}
+
+template <typename T>
+cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
+  CUtensorMap map_a, map_b;
+  HopperGemmArgs args;
+  if (cudaError_t e = make_hopper_args(p, Tile::kBM, &map_a, &map_b, &args); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel_ptr<T>(), cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
+      e != cudaSuccess)
+    return e;
+  Scheduler sched{static_cast<int>(ceil_div(p.m, int64_t(Tile::kBM))), static_cast<int>(ceil_div(p.n, int64_t(Tile::kBN))), 0};
+  for (int64_t z0 = 0; z0 < p.batch; z0 += kMaxGridZ) {
+    sched.z_base = z0;
+    const dim3 grid(static_cast<unsigned>(sched.tiles_m * sched.tiles_n), 1,
+                    static_cast<unsigned>(std::min<int64_t>(p.batch - z0, kMaxGridZ)));
+    gemm_wgmma_ws_kernel<T, Tile, kConsumers, Scheduler><<<grid, Shape::kThreads, Tile::kSmemBytes, stream>>>(
+        map_a, map_b, args, sched);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t gemm_wgmma_ws(const GemmParams& p, const Workspace&, cudaStream_t stream) {
+  return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t { return launch<T>(p, stream); });
+}
+
+cudaError_t gemm_wgmma_ws_resources(const GemmParams& p, KernelResources* out) {
+  return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
+    if (cudaError_t e = cudaFuncSetAttribute(kernel_ptr<T>(), cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
+        e != cudaSuccess)
+      return e;
+    return describe_kernel(kernel_ptr<T>(), kernel_name<T>(), Shape::kThreads, Tile::kSmemBytes, out);
+  });
+}
+
+}  // namespace optimized::cuda

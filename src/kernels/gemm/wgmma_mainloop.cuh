@@ -1,0 +1,115 @@
+// The Hopper GEMM mainloop pieces (sm_90a): a ring of shared-memory stages that TMA fills and
+// mbarriers guard, and the wgmma k-block that consumes one stage. The GEMM rungs (wgmma_tma,
+// wgmma_ws, wgmma_persistent) compose these with a scheduler and an epilogue; linear, grouped
+// (MoE) GEMM and attention reuse them.
+//
+// One stage holds the k-block [k0, k0 + 64) of the block tile:
+//   A: kBM rows x 64 K, K-major (a row of A per M index, 128 bytes, 128-byte swizzle): one TMA box
+//      (64 x kBM) of a row-major A.
+//   B: 64 K rows x kBN, MN-major (N contiguous): kBN / 64 TMA boxes of (64 N x 64 K) from a
+//      row-major B, 8 KiB each, one after the other.
+// 64 16-bit elements per k-block make each row exactly one 128-byte swizzle row (the widest TMA
+// swizzle), which keeps shared-memory reads of wgmma conflict-free.
+//
+// Barriers: full[s] completes when the producer's arrive (with the stage's byte count) and the
+// TMA bytes have all landed; empty[s] completes when every consumer warp has released the stage.
+// The k-th use of a slot waits on full parity (k & 1); the producer waits on empty with the
+// opposite parity, which a fresh barrier already satisfies (its "previous phase" is complete).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/ptx/mbarrier.cuh"
+#include "kernels/ptx/tma.cuh"
+#include "kernels/ptx/wgmma.cuh"
+
+namespace optimized::kernels {
+
+template <int kBM_, int kBN_, int kStages_>
+struct WgmmaTile {
+  static constexpr int kBM = kBM_, kBN = kBN_, kBK = 64, kStages = kStages_;
+  static_assert(kBM % 64 == 0 && kBN % 64 == 0 && kBN <= 256, "wgmma tiles: M in 64s, N in 64s up to 256");
+  static constexpr int kBoxBytes = 64 * 128;           // one (64 x 64) box of 16-bit elements
+  static constexpr int kABytes = kBM * 128;            // kBM rows of 128 bytes
+  static constexpr int kBBytes = (kBN / 64) * kBoxBytes;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  static constexpr int kRingBytes = kStages * kStageBytes;
+  // Ring, then the 2 * kStages barriers; 1024 bytes of slack to align the ring (128-byte swizzle).
+  static constexpr int kSmemBytes = kRingBytes + 2 * kStages * 8 + 1024;
+};
+
+// The ring in a block's dynamic shared memory.
+template <typename Tile>
+struct WgmmaRing {
+  unsigned char* base;  // 1024-byte aligned
+  uint64_t* full;
+  uint64_t* empty;
+
+  __device__ __forceinline__ static WgmmaRing carve(unsigned char* smem) {
+    unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem) + 1023) & ~uintptr_t(1023));
+    uint64_t* bars = reinterpret_cast<uint64_t*>(base + Tile::kRingBytes);
+    return {base, bars, bars + Tile::kStages};
+  }
+  __device__ __forceinline__ unsigned char* a(int s) const { return base + s * Tile::kStageBytes; }
+  __device__ __forceinline__ unsigned char* b(int s) const { return base + s * Tile::kStageBytes + Tile::kABytes; }
+
+  // One thread, before any use; `consumer_arrivals` releases make a stage empty.
+  __device__ __forceinline__ void init(uint32_t consumer_arrivals) const {
+    for (int s = 0; s < Tile::kStages; ++s) {
+      ptx::mbarrier_init(&full[s], 1);
+      ptx::mbarrier_init(&empty[s], consumer_arrivals);
+    }
+    ptx::fence_barrier_init();
+  }
+};
+
+// Where the ring is: stage index and the parity of its current use.
+template <int kStages>
+struct RingCursor {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+// The producer's part (one thread): the k-block at k0 of the tile at (m0, n0) in batch za / zb of
+// A / B (3-D tensor maps: inner, outer, batch) into stage s, counted on full[s].
+template <typename Tile>
+__device__ __forceinline__ void wgmma_load_kblock(const WgmmaRing<Tile>& ring, int s, const CUtensorMap* map_a,
+                                                  const CUtensorMap* map_b, int m0, int n0, int k0, int za, int zb) {
+  ptx::mbarrier_arrive_expect_tx(&ring.full[s], Tile::kStageBytes);
+  ptx::tma_load_3d(ring.a(s), map_a, &ring.full[s], k0, m0, za);
+#pragma unroll
+  for (int j = 0; j < Tile::kBN / 64; ++j)
+    ptx::tma_load_3d(ring.b(s) + j * Tile::kBoxBytes, map_b, &ring.full[s], n0 + 64 * j, k0, zb);
+}
+
+// acc (64 x kN per warpgroup) += A rows [row0, row0 + 64) of the stage x B (64 x kN): four
+// k-steps of 16, issued asynchronously (the caller commits and waits).
+template <typename T, int kN>
+__device__ __forceinline__ void wgmma_kblock(float (&acc)[kN / 2], const unsigned char* a_rows, const unsigned char* b) {
+  using Tag = std::conditional_t<std::is_same_v<T, __half>, ptx::F16Tag, ptx::Bf16Tag>;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const uint64_t da = ptx::make_smem_desc_k_major_sw128(a_rows + kk * 32);
+    const uint64_t db = ptx::make_smem_desc_mn_major_sw128(b + kk * 16 * 128, 64 * 128);
+    if constexpr (kN == 256)
+      ptx::wgmma_m64n256k16<0, 1>(acc, da, db, 1, Tag{});
+    else if constexpr (kN == 128)
+      ptx::wgmma_m64n128k16<0, 1>(acc, da, db, 1, Tag{});
+    else
+      ptx::wgmma_m64n64k16<0, 1>(acc, da, db, 1, Tag{});
+  }
+}
+
+}  // namespace optimized::kernels

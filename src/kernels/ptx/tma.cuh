@@ -1,0 +1,48 @@
+// TMA (sm_90): bulk tensor copies global -> shared described by a tensor map (CUtensorMap, made on
+// the host with cuTensorMapEncodeTiled and passed to the kernel as a __grid_constant__ parameter),
+// completed on an mbarrier with the bytes they bring (mbarrier.cuh). Coordinates are in elements,
+// innermost dimension first; out-of-bounds elements of a box are filled with zeros, which is how a
+// GEMM's ragged edges need no special case.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/ptx/smem.cuh"
+
+namespace optimized::kernels::ptx {
+
+// Brings the tensor map's descriptor into the cache ahead of the first copy (one thread).
+__device__ __forceinline__ void tma_prefetch_descriptor(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// One 2-D box at (x = inner, y = outer) into dst (shared, aligned as the map's swizzle needs:
+// 1024 bytes for the 128-byte swizzle), counted on bar.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t x, int32_t y) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::
+          "r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(x), "r"(y)
+      : "memory");
+}
+
+// One 3-D box at (x, y, z): batched operands (z = the batch).
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t x, int32_t y,
+                                            int32_t z) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
+      "[%2];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(x), "r"(y), "r"(z)
+      : "memory");
+}
+
+// Orders this thread's generic-proxy shared-memory writes before later async-proxy (TMA, wgmma)
+// accesses of the same bytes.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+}  // namespace optimized::kernels::ptx

@@ -1,0 +1,56 @@
+// Tile schedulers of the Hopper GEMM (warp-specialized kernels, where producer and consumers must
+// walk the same tiles in the same order). Both answer: the i-th tile of this block, if any
+// (tile row, tile column, batch), tiles rasterized in groups of kGroupM rows (tile/raster.cuh).
+//   OneTilePerBlock: blockIdx.x is the tile, blockIdx.z the batch (a grid as large as the work).
+//   PersistentTiles: a grid of about one block per SM walks every tile of every batch with a
+//     stride of gridDim.x, so the next tile's loads start while this one's epilogue runs and no
+//     wave is left with idle SMs but the last.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/common.cuh"
+#include "kernels/tile/raster.cuh"
+
+namespace optimized::kernels {
+
+struct ScheduledTile {
+  int m, n;       // tile row, tile column
+  int64_t batch;  // the batch index
+};
+
+template <int kGroupM>
+struct OneTilePerBlock {
+  int tiles_m, tiles_n;
+  int64_t z_base;  // first batch of this launch (batches beyond the grid's z limit: more launches)
+
+  __device__ __forceinline__ bool next(int i, ScheduledTile* t) const {
+    if (i > 0) return false;
+    const TileCoord<int> c = grouped_tile<int>(static_cast<int>(blockIdx.x), tiles_m, tiles_n, kGroupM);
+    *t = {c.m, c.n, z_base + blockIdx.z};
+    return true;
+  }
+};
+
+template <int kGroupM>
+struct PersistentTiles {
+  int tiles_m, tiles_n;
+  int64_t batch;
+
+  int64_t total() const { return int64_t(tiles_m) * tiles_n * batch; }
+
+  __device__ __forceinline__ bool next(int i, ScheduledTile* t) const {
+    const int64_t id = int64_t(blockIdx.x) + int64_t(i) * gridDim.x;
+    const int64_t per_batch = int64_t(tiles_m) * tiles_n;
+    if (id >= per_batch * batch) return false;
+    const int64_t z = id / per_batch;
+    const TileCoord<int> c = grouped_tile<int>(static_cast<int>(id - z * per_batch), tiles_m, tiles_n, kGroupM);
+    *t = {c.m, c.n, z};
+    return true;
+  }
+};
+
+}  // namespace optimized::kernels
