@@ -223,13 +223,14 @@ inline void expect_gemm_ok(const GemmCase& cs) {
       << cs.describe() << ": wrote outside C's view, first at " << run.first_outside;
 }
 
-// The error matmul reports for cs on CUDA (empty when it ran): for refusals a rung must give.
+// The error matmul throws for cs on CUDA (empty when it ran): for refusals a rung must give.
 inline std::string gemm_cuda_error(const GemmCase& cs) {
   GemmOperands ops(cs);
   ExecutionContext ctx;
   ctx.cuda_stream = cs.stream;
   std::vector<Buffer> after;
-  return run_on_cuda(
+  try {
+    const std::string cuda_error = run_on_cuda(
       {&ops.a, &ops.b, &ops.c0}, cs.device, cs.stream,
       [&](const std::vector<void*>& d) {
         matmul(make_view(d[0], cs.dtype, cs.device, ops.la, cs.batch, cs.a_bcast),
@@ -238,6 +239,11 @@ inline std::string gemm_cuda_error(const GemmCase& cs) {
                cs.variant, ctx);
       },
       after);
+    ADD_FAILURE() << cs.describe() << ": expected matmul to throw; it ran (" << cuda_error << ")";
+    return "";
+  } catch (const Error& e) {
+    return e.what();
+  }
 }
 
 // Whether TMA can describe A and B of cs (what the Hopper rungs need), decided here from the

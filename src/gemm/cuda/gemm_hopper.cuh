@@ -21,14 +21,17 @@ struct HopperGemmArgs {
   int64_t ldc, batch_stride_c;
   bool a_batched, b_batched;  // false: batch stride 0, every batch reads batch 0 of the map
   bool c_pairs;               // two neighbouring elements of C form one aligned 4-byte access
+  bool c_tma;                 // the TMA-store epilogue may run: beta == 0 and C's map was made
   kernels::AlphaBetaEpilogue epi;
 };
 
 // The maps of A (box 64 K x kBM rows) and B (box 64 N x 64 K rows) and the arguments of p, for
 // tiles of kBM x 64k. The launcher has checked gemm_hopper_rejects(p) (gemm.cpp) is empty; the
-// driver can still refuse a map (cudaErrorInvalidValue).
+// driver can still refuse a map (cudaErrorInvalidValue). map_c (optional): C's map (box 64 x 64)
+// for a TMA-store epilogue, made when beta == 0 (TMA stores, it does not read C), N is a multiple
+// of 8 and TMA can describe C; args->c_tma says whether it was.
 inline cudaError_t make_hopper_args(const GemmParams& p, int block_m, CUtensorMap* map_a, CUtensorMap* map_b,
-                                    HopperGemmArgs* args) {
+                                    HopperGemmArgs* args, CUtensorMap* map_c = nullptr) {
   const TmaMatrix a{p.a, p.m, p.k, p.lda, p.batch, p.batch_stride_a, 2};
   const TmaMatrix b{p.b, p.k, p.n, p.ldb, p.batch, p.batch_stride_b, 2};
   if (cudaError_t e = make_tma_map_sw128(map_a, a, 64, block_m); e != cudaSuccess) return e;
@@ -44,6 +47,14 @@ inline cudaError_t make_hopper_args(const GemmParams& p, int block_m, CUtensorMa
   args->c_pairs = (reinterpret_cast<uintptr_t>(p.c) & 3) == 0 && p.ldc % 2 == 0 &&
                   (p.batch <= 1 || p.batch_stride_c % 2 == 0);
   args->epi = kernels::AlphaBetaEpilogue{p.alpha, p.beta};
+  args->c_tma = false;
+  // C's rows a whole number of 16-byte units too: a TMA store clips a box at the tensor's edge in
+  // 16-byte units, and would write the padding after the last column otherwise (seen on the H100
+  // with N = 257).
+  if (map_c && p.beta == 0.0f && p.n % 8 == 0) {
+    const TmaMatrix c{p.c, p.m, p.n, p.ldc, p.batch, p.batch_stride_c, 2};
+    if (tma_rejects(c, "c").empty() && make_tma_map_sw128(map_c, c, 64, 64) == cudaSuccess) args->c_tma = true;
+  }
   return cudaSuccess;
 }
 

@@ -32,7 +32,7 @@ const char* kernel_name() {
 
 template <typename T>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
-  CUtensorMap map_a, map_b;
+  CUtensorMap map_a, map_b, map_c{};
   HopperGemmArgs args;
   if (cudaError_t e = make_hopper_args(p, Tile::kBM, &map_a, &map_b, &args); e != cudaSuccess) return e;
   if (cudaError_t e = cudaFuncSetAttribute(kernel_ptr<T>(), cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
@@ -44,7 +44,7 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(sched.tiles_m * sched.tiles_n), 1,
                     static_cast<unsigned>(std::min<int64_t>(p.batch - z0, kMaxGridZ)));
     gemm_wgmma_ws_kernel<T, Tile, kConsumers, Scheduler><<<grid, Shape::kThreads, Tile::kSmemBytes, stream>>>(
-        map_a, map_b, args, sched);
+        map_a, map_b, map_c, args, sched);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
   return cudaSuccess;

@@ -11,6 +11,10 @@
 //     until the previous k-block's group is done (wgmma.wait_group 1: one group always in
 //     flight) and release that group's stage; then the epilogue stores straight from registers
 //     while the producer already fills the ring with the next tile.
+// kCluster > 1 (wgmma_persistent): clusters of kCluster blocks hold vertically adjacent tiles and
+// share B through TMA multicast (kernels/gemm/wgmma_mainloop.cuh). A stage of one block is then
+// written by its peers too, so it is empty only once the consumers of every block of the cluster
+// have released it: consumers arrive on the empty barrier of each block.
 #pragma once
 
 #include <cuda.h>
@@ -19,6 +23,7 @@
 #include "gemm/cuda/gemm_hopper.cuh"
 #include "kernels/epilogue/wgmma_store.cuh"
 #include "kernels/gemm/wgmma_mainloop.cuh"
+#include "kernels/ptx/cluster.cuh"
 #include "kernels/sched/persistent_tiles.cuh"
 
 namespace optimized::cuda {
@@ -33,10 +38,52 @@ struct WgmmaWsShape {
                 "the register file of one SM");
 };
 
-template <typename T, typename Tile, int kConsumers, typename Scheduler>
+// A consumer warp's release of a stage: on this block's empty barrier, or on every block's of the
+// cluster (their producers multicast into this block's stage).
+template <int kCluster>
+__device__ __forceinline__ void release(uint64_t* empty) {
+  if constexpr (kCluster == 1) {
+    kernels::ptx::mbarrier_arrive(empty);
+  } else {
+#pragma unroll
+    for (int r = 0; r < kCluster; ++r) kernels::ptx::mbarrier_arrive_cluster(empty, r);
+  }
+}
+
+// The TMA-store epilogue's staging: per consumer warpgroup two 64 x 64 chunks of C (8 KiB each),
+// so that one chunk is written while the other's store still reads it.
+constexpr int kTmaStoreChunkBytes = 64 * 128;
+template <int kConsumers>
+constexpr int kTmaStoreStagingBytes = kConsumers * 2 * kTmaStoreChunkBytes;
+
+// The TMA-store epilogue of one consumer warpgroup (thread `wg_thread` of it, named barrier
+// `barrier`): the 64 x kN tile at (m0, n0) of batch z, 64 columns at a time, through two staging
+// chunks; each chunk's store runs while the next is written and the next tile's mainloop starts.
+template <typename T, int kN>
+__device__ __forceinline__ void store_tile_tma(const float (&acc)[kN / 2], unsigned char* staging, const CUtensorMap* map_c,
+                                               int m0, int n0, int z, float alpha, int wg_thread, int barrier) {
+#pragma unroll
+  for (int q = 0; q < kN / 64; ++q) {
+    unsigned char* chunk = staging + (q % 2) * kTmaStoreChunkBytes;
+    if (wg_thread == 0) kernels::ptx::bulk_wait_group_read<1>();  // this chunk's previous store has read it
+    kernels::ptx::named_barrier_sync(barrier, 128);
+    kernels::stage_wgmma_chunk_sw128<kN, T>(acc, q, chunk, alpha);
+    kernels::ptx::fence_proxy_async_shared();  // the writes, before the TMA unit reads them
+    kernels::ptx::named_barrier_sync(barrier, 128);
+    if (wg_thread == 0) {
+      kernels::ptx::tma_store_3d(map_c, chunk, n0 + 64 * q, m0, z);
+      kernels::ptx::bulk_commit_group();
+    }
+  }
+}
+
+// kTmaStore: C leaves through the TMA-store epilogue when args.c_tma (else, and for beta != 0,
+// straight from registers); the tile's extra shared memory holds kTmaStoreStagingBytes.
+template <typename T, typename Tile, int kConsumers, typename Scheduler, int kCluster = 1, bool kTmaStore = false>
 __global__ void __launch_bounds__(WgmmaWsShape<Tile, kConsumers>::kThreads, 1)
     gemm_wgmma_ws_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                         const HopperGemmArgs args, const Scheduler sched) {
+                         const __grid_constant__ CUtensorMap map_c, const HopperGemmArgs args, const Scheduler sched) {
+  static_assert(!kTmaStore || Tile::kExtraBytes >= kTmaStoreStagingBytes<kConsumers>, "room for the C staging");
   using Shape = WgmmaWsShape<Tile, kConsumers>;
   extern __shared__ unsigned char smem[];
   const auto ring = kernels::WgmmaRing<Tile>::carve(smem);
@@ -44,24 +91,35 @@ __global__ void __launch_bounds__(WgmmaWsShape<Tile, kConsumers>::kThreads, 1)
   if (threadIdx.x == 0) {
     kernels::ptx::tma_prefetch_descriptor(&map_a);
     kernels::ptx::tma_prefetch_descriptor(&map_b);
-    ring.init(kConsumers * 4);  // a stage is empty once every consumer warp has released it
+    ring.init(kConsumers * 4 * kCluster);  // empty once every consumer warp of the cluster released it
   }
-  __syncthreads();
+  // Peers multicast into this block's ring and arrive on its barriers: initialised cluster-wide first.
+  if constexpr (kCluster > 1)
+    kernels::ptx::cluster_sync();
+  else
+    __syncthreads();
 
   kernels::RingCursor<Tile::kStages> cur;
   kernels::ScheduledTile t;
   if (warpgroup == 0) {
     kernels::ptx::setmaxnreg_dec<Shape::kProducerRegs>();
-    if (threadIdx.x != 0) return;
-    for (int i = 0; sched.next(i, &t); ++i) {
-      const int m0 = t.m * Tile::kBM, n0 = t.n * Tile::kBN;
-      const int za = args.a_batched ? static_cast<int>(t.batch) : 0;
-      const int zb = args.b_batched ? static_cast<int>(t.batch) : 0;
-      for (int kb = 0; kb < args.k_blocks; ++kb) {
-        kernels::ptx::mbarrier_wait(&ring.empty[cur.stage], cur.phase ^ 1);
-        kernels::wgmma_load_kblock(ring, cur.stage, &map_a, &map_b, m0, n0, kb * 64, za, zb);
-        cur.advance();
+    if (threadIdx.x == 0) {
+      const int rank = kCluster > 1 ? static_cast<int>(kernels::ptx::cluster_block_rank()) : 0;
+      for (int i = 0; sched.next(i, &t); ++i) {
+        const int m0 = t.m * Tile::kBM, n0 = t.n * Tile::kBN;
+        const int za = args.a_batched ? static_cast<int>(t.batch) : 0;
+        const int zb = args.b_batched ? static_cast<int>(t.batch) : 0;
+        for (int kb = 0; kb < args.k_blocks; ++kb) {
+          kernels::ptx::mbarrier_wait(&ring.empty[cur.stage], cur.phase ^ 1);
+          kernels::wgmma_load_kblock<Tile, kCluster>(ring, cur.stage, &map_a, &map_b, m0, n0, kb * 64, za, zb, rank);
+          cur.advance();
+        }
       }
+    }
+    // No block leaves while a peer may still multicast into it or arrive on its barriers.
+    if constexpr (kCluster > 1) {
+      __syncwarp();
+      kernels::ptx::cluster_sync();
     }
     return;
   }
@@ -80,18 +138,25 @@ __global__ void __launch_bounds__(WgmmaWsShape<Tile, kConsumers>::kThreads, 1)
       kernels::wgmma_kblock<T, Tile::kBN>(acc, ring.a(cur.stage) + rows * 128, ring.b(cur.stage));
       kernels::ptx::wgmma_commit();
       kernels::ptx::wgmma_wait<1>();  // the previous k-block's group is done with its stage
-      if (held >= 0 && releaser) kernels::ptx::mbarrier_arrive(&ring.empty[held]);
+      if (held >= 0 && releaser) release<kCluster>(&ring.empty[held]);
       held = cur.stage;
       cur.advance();
     }
     kernels::ptx::wgmma_wait<0>();
-    if (held >= 0 && releaser) kernels::ptx::mbarrier_arrive(&ring.empty[held]);
+    if (held >= 0 && releaser) release<kCluster>(&ring.empty[held]);
     kernels::ptx::wgmma_hold(acc);
 
     const int m0 = t.m * Tile::kBM + rows, n0 = t.n * Tile::kBN;
-    T* c = static_cast<T*>(args.c) + t.batch * args.batch_stride_c + int64_t(m0) * args.ldc + n0;
-    kernels::store_wgmma_tile<Tile::kBN>(acc, c, args.ldc, args.m - m0, args.n - n0, args.c_pairs, args.epi);
+    if (kTmaStore && args.c_tma) {
+      store_tile_tma<T, Tile::kBN>(acc, ring.extra() + (warpgroup - 1) * 2 * kTmaStoreChunkBytes, &map_c, m0, n0,
+                                   static_cast<int>(t.batch), args.epi.alpha, threadIdx.x % 128, warpgroup);
+    } else {
+      T* c = static_cast<T*>(args.c) + t.batch * args.batch_stride_c + int64_t(m0) * args.ldc + n0;
+      kernels::store_wgmma_tile<Tile::kBN>(acc, c, args.ldc, args.m - m0, args.n - n0, args.c_pairs, args.epi);
+    }
   }
+  if (kTmaStore && args.c_tma && threadIdx.x % 128 == 0) kernels::ptx::bulk_wait_group<0>();  // stores done
+  if constexpr (kCluster > 1) kernels::ptx::cluster_sync();
 }
 
 }  // namespace optimized::cuda

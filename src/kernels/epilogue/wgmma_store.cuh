@@ -1,12 +1,15 @@
 // The direct epilogue of a wgmma accumulator: a warpgroup's 64 x kN fp32 tile (wgmma.cuh gives
 // the fragment layout) goes through an epilogue functor (alpha_beta.cuh) straight from registers
 // to global memory, two neighbouring columns per access where C allows it. Rows and columns past
-// the matrix (ragged edges) are not written.
+// the matrix (ragged edges) are not written. Or, for a TMA store, staged as swizzled 64 x 64
+// chunks in shared memory (stage_wgmma_chunk_sw128).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "kernels/dtype.cuh"
 
 namespace optimized::kernels {
 
@@ -33,6 +36,32 @@ __device__ __forceinline__ void store_wgmma_tile(const float (&acc)[kN / 2], T* 
         if (col < cols_left) epi.store(c_row + col, v0);
         if (col + 1 < cols_left) epi.store(c_row + col + 1, v1);
       }
+    }
+  }
+}
+
+// The 64 x 64 chunk q (columns 64q .. 64q + 63) of a warpgroup's 64 x kN accumulator, times alpha
+// and rounded to T, into `buf` (8 KiB, 1024-byte aligned) as one TMA box of 128-byte rows with the
+// 128-byte swizzle (the 16-byte unit u of row r sits at unit u ^ (r % 8)), ready for a TMA store.
+// A warp's store covers 8 rows x 16 bytes, which the swizzle spreads over all 32 banks.
+template <int kN, typename T>
+__device__ __forceinline__ void stage_wgmma_chunk_sw128(const float (&acc)[kN / 2], int q, unsigned char* buf,
+                                                        float alpha) {
+  static_assert(sizeof(T) == 2, "64 elements per 128-byte row: 16-bit C");
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+  const int row0 = 16 * warp + lane / 4;
+#pragma unroll
+  for (int u = 0; u < 8; ++u) {  // the 16-byte unit (8 columns) of the chunk's row
+    const int j = 8 * q + u;     // the accumulator's n8 block
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + 8 * h;
+      uint32_t packed;
+      T* pv = reinterpret_cast<T*>(&packed);
+      pv[0] = from_float<T>(alpha * acc[4 * j + 2 * h]);
+      pv[1] = from_float<T>(alpha * acc[4 * j + 2 * h + 1]);
+      const uint32_t offset = row * 128 + ((u ^ (row % 8)) * 16) + 4 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(buf + offset) = packed;
     }
   }
 }

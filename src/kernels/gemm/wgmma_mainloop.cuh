@@ -31,17 +31,20 @@
 
 namespace optimized::kernels {
 
-template <int kBM_, int kBN_, int kStages_>
+// kExtraBytes: room after the ring (1024-aligned, e.g. an epilogue's staging buffers).
+template <int kBM_, int kBN_, int kStages_, int kExtraBytes_ = 0>
 struct WgmmaTile {
-  static constexpr int kBM = kBM_, kBN = kBN_, kBK = 64, kStages = kStages_;
+  static constexpr int kBM = kBM_, kBN = kBN_, kBK = 64, kStages = kStages_, kExtraBytes = kExtraBytes_;
+  static_assert(kExtraBytes % 1024 == 0, "the extra region keeps 1024-byte alignment");
   static_assert(kBM % 64 == 0 && kBN % 64 == 0 && kBN <= 256, "wgmma tiles: M in 64s, N in 64s up to 256");
   static constexpr int kBoxBytes = 64 * 128;           // one (64 x 64) box of 16-bit elements
   static constexpr int kABytes = kBM * 128;            // kBM rows of 128 bytes
   static constexpr int kBBytes = (kBN / 64) * kBoxBytes;
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kRingBytes = kStages * kStageBytes;
-  // Ring, then the 2 * kStages barriers; 1024 bytes of slack to align the ring (128-byte swizzle).
-  static constexpr int kSmemBytes = kRingBytes + 2 * kStages * 8 + 1024;
+  // Ring, extra region, then the 2 * kStages barriers; 1024 bytes of slack to align the ring
+  // (128-byte swizzle).
+  static constexpr int kSmemBytes = kRingBytes + kExtraBytes + 2 * kStages * 8 + 1024;
 };
 
 // The ring in a block's dynamic shared memory.
@@ -53,11 +56,12 @@ struct WgmmaRing {
 
   __device__ __forceinline__ static WgmmaRing carve(unsigned char* smem) {
     unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem) + 1023) & ~uintptr_t(1023));
-    uint64_t* bars = reinterpret_cast<uint64_t*>(base + Tile::kRingBytes);
+    uint64_t* bars = reinterpret_cast<uint64_t*>(base + Tile::kRingBytes + Tile::kExtraBytes);
     return {base, bars, bars + Tile::kStages};
   }
   __device__ __forceinline__ unsigned char* a(int s) const { return base + s * Tile::kStageBytes; }
   __device__ __forceinline__ unsigned char* b(int s) const { return base + s * Tile::kStageBytes + Tile::kABytes; }
+  __device__ __forceinline__ unsigned char* extra() const { return base + Tile::kRingBytes; }
 
   // One thread, before any use; `consumer_arrivals` releases make a stage empty.
   __device__ __forceinline__ void init(uint32_t consumer_arrivals) const {
@@ -84,14 +88,24 @@ struct RingCursor {
 
 // The producer's part (one thread): the k-block at k0 of the tile at (m0, n0) in batch za / zb of
 // A / B (3-D tensor maps: inner, outer, batch) into stage s, counted on full[s].
-template <typename Tile>
+// kCluster > 1: the blocks of a cluster hold tiles of the same columns (n0) and share B: this
+// block loads its A and every kCluster-th box of B, multicast to all of them, so each brings
+// 1 / kCluster of B from L2; every block's full[s] still expects the whole stage.
+template <typename Tile, int kCluster = 1>
 __device__ __forceinline__ void wgmma_load_kblock(const WgmmaRing<Tile>& ring, int s, const CUtensorMap* map_a,
-                                                  const CUtensorMap* map_b, int m0, int n0, int k0, int za, int zb) {
+                                                  const CUtensorMap* map_b, int m0, int n0, int k0, int za, int zb,
+                                                  int cluster_rank = 0) {
   ptx::mbarrier_arrive_expect_tx(&ring.full[s], Tile::kStageBytes);
   ptx::tma_load_3d(ring.a(s), map_a, &ring.full[s], k0, m0, za);
 #pragma unroll
-  for (int j = 0; j < Tile::kBN / 64; ++j)
-    ptx::tma_load_3d(ring.b(s) + j * Tile::kBoxBytes, map_b, &ring.full[s], n0 + 64 * j, k0, zb);
+  for (int j = 0; j < Tile::kBN / 64; ++j) {
+    if constexpr (kCluster == 1) {
+      ptx::tma_load_3d(ring.b(s) + j * Tile::kBoxBytes, map_b, &ring.full[s], n0 + 64 * j, k0, zb);
+    } else if (j % kCluster == cluster_rank) {
+      ptx::tma_load_3d_multicast(ring.b(s) + j * Tile::kBoxBytes, map_b, &ring.full[s], n0 + 64 * j, k0, zb,
+                                 static_cast<uint16_t>((1u << kCluster) - 1));
+    }
+  }
 }
 
 // acc (64 x kN per warpgroup) += A rows [row0, row0 + 64) of the stage x B (64 x kN): four

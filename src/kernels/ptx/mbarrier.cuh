@@ -6,6 +6,7 @@
 //   arrive_expect_tx(bar, bytes)             the producer: one arrival, and `bytes` the TMA copies will bring
 //   wait(bar, phase)                         spin until the phase with parity `phase` has completed
 //   arrive(bar)                              a consumer releasing a slot (count = consumers)
+//   arrive_cluster(bar, rank)                the same on a peer block's barrier (clusters)
 //
 // Phases alternate 0, 1, 0, ...: a ring slot's k-th use waits on parity k & 1.
 #pragma once
@@ -34,6 +35,16 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_
 
 __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+
+// One arrival on the barrier at `bar`'s offset in block `rank` of the cluster (this block too).
+// Default semantics (release at CTA scope): a release at cluster scope would make every arrival a
+// cluster-wide memory fence (measured: "membar" stalls halved the GEMM's rate). The accesses it
+// orders here are reads of shared memory by wgmma that wgmma.wait_group has already completed.
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_u32(bar)), "r"(rank));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 
 // true once the phase of parity `phase` has completed (one bounded hardware wait).

@@ -1,4 +1,4 @@
-// TMA (sm_90): bulk tensor copies global -> shared described by a tensor map (CUtensorMap, made on
+// TMA (sm_90): bulk tensor copies global -> shared (and back, for epilogues) described by a tensor map (CUtensorMap, made on
 // the host with cuTensorMapEncodeTiled and passed to the kernel as a __grid_constant__ parameter),
 // completed on an mbarrier with the bytes they bring (mbarrier.cuh). Coordinates are in elements,
 // innermost dimension first; out-of-bounds elements of a box are filled with zeros, which is how a
@@ -37,6 +37,37 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, u
       "[%2];\n" ::"r"(smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(x), "r"(y), "r"(z)
       : "memory");
+}
+
+// The same box written to the same shared-memory offset of every block of the cluster in `mask`
+// (bit r: block rank r), counted on the barrier at the same offset in each of them.
+__device__ __forceinline__ void tma_load_3d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t x,
+                                                      int32_t y, int32_t z, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
+      "[%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(x), "r"(y), "r"(z), "h"(mask)
+      : "memory");
+}
+
+// TMA store: the box at smem `src` (laid out as the map's swizzle says) to (x, y, z) of the map's
+// tensor; elements outside the tensor are not written. Bulk async-group completion: commit after
+// the stores of a group, then wait until at most N groups still read shared memory (the buffer may
+// be rewritten) or are in flight at all (before the block exits).
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void* src, int32_t x, int32_t y, int32_t z) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_u32(src)), "r"(x), "r"(y), "r"(z)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Orders this thread's generic-proxy shared-memory writes before later async-proxy (TMA, wgmma)

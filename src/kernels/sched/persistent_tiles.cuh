@@ -35,20 +35,28 @@ struct OneTilePerBlock {
   }
 };
 
-template <int kGroupM>
+// kClusterM > 1: the grid is made of clusters of kClusterM blocks (along x) that take kClusterM
+// vertically adjacent tiles (same columns: they share B through TMA multicast) as one unit; a
+// block whose tile falls below the last tile row still runs (its share of B feeds its peers) and
+// stores nothing.
+template <int kGroupM, int kClusterM = 1>
 struct PersistentTiles {
   int tiles_m, tiles_n;
   int64_t batch;
 
-  int64_t total() const { return int64_t(tiles_m) * tiles_n * batch; }
+  int cluster_rows() const { return (tiles_m + kClusterM - 1) / kClusterM; }
+  // Units of work (cluster tiles) over every batch.
+  int64_t total() const { return int64_t(cluster_rows()) * tiles_n * batch; }
 
   __device__ __forceinline__ bool next(int i, ScheduledTile* t) const {
-    const int64_t id = int64_t(blockIdx.x) + int64_t(i) * gridDim.x;
-    const int64_t per_batch = int64_t(tiles_m) * tiles_n;
+    const int rows = (tiles_m + kClusterM - 1) / kClusterM;
+    const int64_t id = int64_t(blockIdx.x / kClusterM) + int64_t(i) * (gridDim.x / kClusterM);
+    const int64_t per_batch = int64_t(rows) * tiles_n;
     if (id >= per_batch * batch) return false;
     const int64_t z = id / per_batch;
-    const TileCoord<int> c = grouped_tile<int>(static_cast<int>(id - z * per_batch), tiles_m, tiles_n, kGroupM);
-    *t = {c.m, c.n, z};
+    const TileCoord<int> c = grouped_tile<int>(static_cast<int>(id - z * per_batch), rows, tiles_n,
+                                               (kGroupM + kClusterM - 1) / kClusterM);
+    *t = {c.m * kClusterM + static_cast<int>(blockIdx.x % kClusterM), c.n, z};
     return true;
   }
 };
