@@ -2,6 +2,7 @@
 // table (gemm_variants.h) to the CPU backend or a CUDA launcher.
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <cstring>
 #include <sstream>
 #include <type_traits>
@@ -191,14 +192,29 @@ size_t matmul_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batch, DT
                               GemmVariant variant) {
   for (const auto& [value, name] : {std::pair{m, "m"}, std::pair{n, "n"}, std::pair{k, "k"}, std::pair{batch, "batch"}})
     if (value < 1) invalid(std::string(name) + ": expected >= 1; given " + std::to_string(value));
-  if (variant == GemmVariant::kAuto) variant = gemm_auto_variant(dtype, device.is_cuda());
-  const GemmVariantInfo& row = gemm_variant_info(variant);
-  if (std::string why = variant_rejects_dtype(kGemmVariants, row, dtype, "matmul"); !why.empty())
-    throw Error(Status::kUnsupported, "variant: " + why);
-  if (row.backend == Backend::kCpu || !device.is_cuda()) return 0;
-  static_assert(std::is_null_pointer_v<GemmWorkspaceFn>,
-                "a rung with a workspace: build GemmParams from the sizes and ask launcher_workspace_bytes");
-  return 0;
+  // auto: the largest need of what it may pick for these sizes (the Hopper rung wherever it can run).
+  const std::array<GemmVariant, 2> candidates = {
+      variant == GemmVariant::kAuto ? gemm_auto_variant(dtype, device.is_cuda(), false) : variant,
+      variant == GemmVariant::kAuto ? gemm_auto_variant(dtype, device.is_cuda(), true) : variant};
+  size_t need = 0;
+  for (GemmVariant v : candidates) {
+    const GemmVariantInfo& row = gemm_variant_info(v);
+    if (std::string why = variant_rejects_dtype(kGemmVariants, row, dtype, "matmul"); !why.empty())
+      throw Error(Status::kUnsupported, "variant: " + why);
+    if (row.backend == Backend::kCpu || !device.is_cuda()) continue;
+#if OPTIMIZED_WITH_CUDA
+    // The launcher's query on the sizes of a contiguous problem (the need depends on the sizes
+    // only), on `device` (the split of K depends on its SM count).
+    GemmParams p;
+    p.m = m, p.n = n, p.k = k, p.batch = batch, p.dtype = dtype;
+    p.lda = k, p.ldb = n, p.ldc = n;
+    p.batch_stride_a = m * k, p.batch_stride_b = k * n, p.batch_stride_c = m * n;
+    std::optional<DeviceGuard> guard;  // without a usable device the query plans for an H100's 132 SMs
+    if (cuda_unavailable_reason().empty()) guard.emplace(device.index);
+    need = std::max(need, launcher_workspace_bytes(row, p, "matmul_workspace_bytes (" + std::string(row.name) + ")"));
+#endif
+  }
+  return need;
 }
 
 #if OPTIMIZED_WITH_CUDA

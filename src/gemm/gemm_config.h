@@ -37,6 +37,40 @@ constexpr GemmMmaPipelineConfig gemm_mma_pipeline_config_sm90() {
   return {.block_m = 128, .block_n = 256, .block_k = 64, .stages = 4, .warps_m = 2, .warps_n = 4, .group_m = 8};
 }
 
+// The Hopper persistent rung (src/gemm/cuda/gemm_wgmma_persistent.cu) picks one of two tile
+// configurations and a split of K by shape:
+//  * big: 128 x 256 block tiles, two consumer warpgroups, clusters of 2 sharing B (the large
+//    shapes: docs/perf-notes/gemm.md, "wgmma_persistent");
+//  * small_m (M <= 64): 64 x 128 tiles, one consumer warpgroup, no cluster. Decode shapes are
+//    bound by reading B; a 128-row tile would compute mostly padding and a 256-wide one leaves too
+//    few tiles to keep every SM reading.
+//  * splits: when the tiles do not fill the SMs, K is cut into `splits` ranges, each its own unit
+//    of work; the last unit of a tile to finish sums the fp32 partials in split order
+//    (deterministic). The model: time ~ waves * (k-blocks per unit + 2 when split, for the
+//    partial's round trip and the pipeline's ramp), waves = ceil(units / concurrent units);
+//    splits keep >= 4 k-blocks per unit and at most kGemmHopperMaxSplits.
+struct GemmHopperPlan {
+  bool small_m;
+  int splits;
+};
+constexpr int kGemmHopperMaxSplits = 16;
+
+constexpr GemmHopperPlan gemm_hopper_plan_sm90(int64_t m, int64_t n, int64_t k, int64_t batch, int sm_count) {
+  const bool small_m = m <= 64;
+  const int64_t bm = small_m ? 64 : 128, bn = small_m ? 128 : 256, cluster = small_m ? 1 : 2;
+  const int64_t slots = sm_count / cluster > 0 ? sm_count / cluster : 1;
+  const int64_t units = ((m + bm * cluster - 1) / (bm * cluster)) * ((n + bn - 1) / bn) * batch;
+  const int64_t k_blocks = (k + 63) / 64;
+  int best = 1;
+  double best_cost = static_cast<double>((units + slots - 1) / slots) * static_cast<double>(k_blocks);
+  for (int s = 2; s <= kGemmHopperMaxSplits && 4 * s <= k_blocks; ++s) {
+    const double cost = static_cast<double>((units * s + slots - 1) / slots) *
+                        (static_cast<double>(k_blocks) / s + 2.0);
+    if (cost < best_cost) best = s, best_cost = cost;
+  }
+  return {small_m, best};
+}
+
 // What kAuto runs (docs/perf-notes/gemm.md, "Measured: the H100 ladder at a glance", 4096^3):
 // on CUDA, fp32 -> register_tiled (45.5 TFLOP/s, the only fp32 rung past 6; the tensor-core rungs
 // take no fp32), fp16/bf16 -> wgmma_persistent where it can run (`hopper`: an sm_90a build, a
@@ -52,6 +86,9 @@ constexpr GemmVariant gemm_auto_variant_sm90(DType dtype, bool cuda, bool hopper
 // The configuration the kernels are compiled with: the build's target architecture (sm_90a,
 // CMAKE_CUDA_ARCHITECTURES). A second architecture adds its functions and a choice here.
 constexpr GemmMmaPipelineConfig kGemmMmaPipelineConfig = gemm_mma_pipeline_config_sm90();
+constexpr GemmHopperPlan gemm_hopper_plan(int64_t m, int64_t n, int64_t k, int64_t batch, int sm_count) {
+  return gemm_hopper_plan_sm90(m, n, k, batch, sm_count);
+}
 constexpr GemmVariant gemm_auto_variant(DType dtype, bool cuda, bool hopper = false) {
   return gemm_auto_variant_sm90(dtype, cuda, hopper);
 }

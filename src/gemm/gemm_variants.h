@@ -21,7 +21,7 @@ namespace cuda {
 struct KernelResources;  // launchers.h (CUDA builds)
 }
 using GemmVariantInfo = VariantInfo<GemmVariant, CpuBackendFn<GemmParams>, LauncherFn<GemmParams>,
-                                    std::nullptr_t,  // no rung needs scratch yet (split-K will)
+                                    WorkspaceQueryFn<GemmParams>,  // split-K's partials (wgmma_persistent)
                                     ResourcesFn<GemmParams, cuda::KernelResources>>;
 using GemmWorkspaceFn = decltype(GemmVariantInfo::workspace);
 
@@ -65,7 +65,8 @@ inline constexpr std::array<GemmVariantInfo, 12> kGemmVariants = {{
      gemm_table::kNoCpu, OPTIMIZED_SM90A_FN(cuda::gemm_wgmma_ws), nullptr,
      OPTIMIZED_SM90A_FN(cuda::gemm_wgmma_ws_resources), kArchSpecific},
     {GemmVariant::kCudaWgmmaPersistent, "wgmma_persistent", Backend::kCuda, gemm_table::kHalf, 90, "tensor cores",
-     gemm_table::kNoCpu, OPTIMIZED_SM90A_FN(cuda::gemm_wgmma_persistent), nullptr,
+     gemm_table::kNoCpu, OPTIMIZED_SM90A_FN(cuda::gemm_wgmma_persistent),
+     OPTIMIZED_SM90A_FN(cuda::gemm_wgmma_persistent_workspace),
      OPTIMIZED_SM90A_FN(cuda::gemm_wgmma_persistent_resources), kArchSpecific},
 }};
 

@@ -1,6 +1,7 @@
 // The GEMM family's backends, one launcher per CUDA rung of the ladder (CUDA builds only), under
-// the launcher contract (src/core/cuda_launch.h). No GEMM rung needs a workspace today (split-K
-// will); each also reports the kernel it would run (KernelResources, for the benchmark).
+// the launcher contract (src/core/cuda_launch.h). wgmma_persistent needs a workspace when it
+// splits K (its query says how much); each also reports the kernel it would run
+// (KernelResources, for the benchmark).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,6 +22,7 @@ cudaError_t gemm_mma_pipeline(const GemmParams& p, const Workspace& workspace, c
 cudaError_t gemm_wgmma_tma(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);
 cudaError_t gemm_wgmma_ws(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);
 cudaError_t gemm_wgmma_persistent(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);
+cudaError_t gemm_wgmma_persistent_workspace(const GemmParams& p, size_t* bytes);
 
 // What the compiler and the occupancy calculator say of the kernel a launcher would run for p.
 struct KernelResources {

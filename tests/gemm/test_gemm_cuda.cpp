@@ -201,6 +201,25 @@ TEST_P(CudaGemm, NanAndInfPropagate) {
   expect_nan_inf_propagation(cs);
 }
 
+// Decode shapes (M <= 64) and shapes whose tiles do not fill the SMs: wgmma_persistent runs its
+// small-M configuration and splits K (gemm_config.h); every rung must give the same answers.
+TEST_P(CudaGemm, SmallMAndSplitK) {
+  for (Mnk s : {Mnk{1, 4096, 4096}, Mnk{37, 520, 2048}, Mnk{64, 1000, 3000}, Mnk{200, 300, 1000}, Mnk{1, 8, 8},
+                Mnk{65, 264, 4104}}) {
+    GemmCase cs = base(s.m, s.n, s.k);
+    expect_case(cs);
+    cs.alpha = 0.5f;
+    cs.beta = -1.25f;
+    cs.ldc_pad = 8;
+    expect_case(cs);
+  }
+  GemmCase cs = base(48, 136, 1536);
+  cs.batch = 3;
+  cs.b_bcast = Broadcast::kStride0;
+  expect_case(cs);
+  expect_nan_inf_propagation(base(33, 200, 2048));
+}
+
 TEST_P(CudaGemm, NonDefaultStream) {
   OwnStream stream;
   for (Mnk s : {Mnk{127, 129, 131}, Mnk{256, 256, 256}}) {
@@ -284,6 +303,62 @@ TEST_P(CudaGemmAuto, AllVariantsAgree) {
 
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaGemmAuto, ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
                          [](const ::testing::TestParamInfo<DType>& info) { return dtype_label(info.param); });
+
+// ---- split-K's workspace (wgmma_persistent) ------------------------------------------------------
+
+bool hopper_device() {
+#if OPTIMIZED_WITH_CUDA
+  if (cuda_device_count() == 0) return false;
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  return major == 9 && minor == 0;
+#else
+  return false;
+#endif
+}
+
+TEST(CudaGemmSplitK, WorkspaceQueryGivenWorkspaceAndDeterminism) {
+  SKIP_WITHOUT_CUDA();
+  if (!hopper_device()) GTEST_SKIP() << "wgmma_persistent is sm_90a code: needs compute capability 9.0";
+  const int64_t m = 3, n = 4096, k = 4096;
+  const GemmVariant v = GemmVariant::kCudaWgmmaPersistent;
+  const size_t need = matmul_workspace_bytes(m, n, k, 1, DType::kBF16, Device::cuda(0), v);
+  EXPECT_GT(need, 0u) << "a 3 x 4096 x 4096 product splits K across the SMs";
+  EXPECT_EQ(matmul_workspace_bytes(4096, 4096, 4096, 1, DType::kBF16, Device::cuda(0), v), 0u);
+  EXPECT_GE(matmul_workspace_bytes(m, n, k, 1, DType::kBF16, Device::cuda(0), GemmVariant::kAuto), need);
+
+  std::mt19937_64 rng(7);
+  std::vector<uint16_t> ha(m * k), hb(k * n);
+  for (auto& x : ha) x = static_cast<uint16_t>(0x3c00 + rng() % 0x300);  // bf16 in [1, 8)
+  for (auto& x : hb) x = static_cast<uint16_t>(0xbc00 + rng() % 0x300);  // and (-8, -1]
+  Buffer a(DType::kBF16, m * k, Device::cuda()), b(DType::kBF16, k * n, Device::cuda()),
+      c(DType::kBF16, m * n, Device::cuda()), ws(DType::kF32, static_cast<int64_t>(need / 4 + 1), Device::cuda());
+  a.copy_from_host(ha.data());
+  b.copy_from_host(hb.data());
+  auto run = [&](const ExecutionContext& ctx) {
+    c.fill_bytes(0xFF);
+    matmul(a.matrix(m, k, k), b.matrix(k, n, n), c.matrix(m, n, n), 1.0f, 0.0f, v, ctx);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<uint16_t> out(m * n);
+    c.copy_to_host(out.data());
+    return out;
+  };
+  const std::vector<uint16_t> own = run(ExecutionContext{});  // the library allocates the workspace
+  ExecutionContext given;
+  given.workspace = {ws.data(), need};
+  EXPECT_EQ(run(given), own) << "the caller's workspace gives the same bits";
+  EXPECT_EQ(run(ExecutionContext{}), own) << "split-K sums the partials in split order: same bits every run";
+  ExecutionContext tiny;
+  tiny.workspace = {ws.data(), need / 2};
+  try {
+    run(tiny);
+    ADD_FAILURE() << "a workspace of half the size was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("workspace: expected at least"), std::string::npos) << e.what();
+  }
+}
 
 // ---- the device buffer itself ------------------------------------------------------------------
 

@@ -23,7 +23,26 @@ struct HopperGemmArgs {
   bool c_pairs;               // two neighbouring elements of C form one aligned 4-byte access
   bool c_tma;                 // the TMA-store epilogue may run: beta == 0 and C's map was made
   kernels::AlphaBetaEpilogue epi;
+  // Split-K (splits > 1): unit (tile, split) writes its fp32 partial, rows [0, slot_rows) x the
+  // tile's columns, to partials[(tile * splits + split) * slot_rows * block_n ...]; counters[tile]
+  // counts the finished splits (zeroed by the launcher before the kernel).
+  int splits = 1;
+  int tiles_m = 0, tiles_n = 0;
+  int slot_rows = 0;
+  float* partials = nullptr;
+  unsigned* counters = nullptr;
 };
+
+// Split-K scratch of p with `splits` ranges and tiles of block_m x block_n: fp32 partial slots of
+// min(M, block_m) rows, then one counter per tile (256-byte aligned).
+inline size_t hopper_split_bytes(const GemmParams& p, int block_m, int block_n, int splits, size_t* counters_offset) {
+  if (splits <= 1) return *counters_offset = 0, 0;
+  const int64_t tiles = ceil_div(p.m, int64_t(block_m)) * ceil_div(p.n, int64_t(block_n)) * p.batch;
+  const int64_t slot_rows = p.m < block_m ? p.m : block_m;
+  const size_t partial_bytes = static_cast<size_t>(tiles * splits * slot_rows * block_n) * sizeof(float);
+  *counters_offset = (partial_bytes + 255) / 256 * 256;
+  return *counters_offset + static_cast<size_t>(tiles) * sizeof(unsigned);
+}
 
 // The maps of A (box 64 K x kBM rows) and B (box 64 N x 64 K rows) and the arguments of p, for
 // tiles of kBM x 64k. The launcher has checked gemm_hopper_rejects(p) (gemm.cpp) is empty; the

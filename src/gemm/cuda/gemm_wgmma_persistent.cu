@@ -14,88 +14,163 @@
 //     the TMA unit, so the consumers return to the tensor cores after ~64 shared-memory stores per
 //     thread instead of waiting on 64 global ones.
 //
-//   block tile 128 x 256 x 64, 4 stages (192 KiB) + 32 KiB of C staging, clusters of 2 along M,
-//   grid = min(tile pairs, the clusters that fit at once) x 2.
+//   * small M (decode shapes, M <= 64) and split-K: gemm_config.h's gemm_hopper_plan picks the
+//     tile configuration and how many K ranges to cut each tile into when the tiles alone do not
+//     fill the SMs (the fp32 partials meet in a workspace, summed in split order).
+//
+//   big:     block tile 128 x 256 x 64, 4 stages (192 KiB) + 32 KiB of C staging, clusters of 2
+//            along M, grid = min(units, the clusters that fit at once) x 2;
+//   small_m: block tile 64 x 128 x 64, 8 stages (192 KiB) + 16 KiB of C staging, one consumer.
 #include <atomic>
 #include <type_traits>
 
+#include "core/device_facts.h"
 #include "gemm/cuda/gemm_wgmma_ws.cuh"
+#include "gemm/gemm_config.h"
 #include "gemm/launchers.h"
 
 namespace optimized::cuda {
 namespace {
 
-constexpr int kConsumers = 2;
-using Tile = kernels::WgmmaTile<128, 256, 4, kTmaStoreStagingBytes<kConsumers>>;
-constexpr int kCluster = 2;
-using Scheduler = kernels::PersistentTiles<8, kCluster>;
-
-using Shape = WgmmaWsShape<Tile, kConsumers>;
+// The two configurations (gemm_config.h, GemmHopperPlan).
+template <bool kSmallM>
+struct Config {
+  static constexpr int kConsumers = kSmallM ? 1 : 2;
+  static constexpr int kCluster = kSmallM ? 1 : 2;
+  using Tile = std::conditional_t<kSmallM, kernels::WgmmaTile<64, 128, 8, kTmaStoreStagingBytes<1>>,
+                                  kernels::WgmmaTile<128, 256, 4, kTmaStoreStagingBytes<2>>>;
+  using Scheduler = kernels::PersistentTiles<8, kCluster>;
+  using Shape = WgmmaWsShape<Tile, kConsumers>;
+};
 constexpr int kMaxDevices = 64;
 
-template <typename T>
+template <typename T, bool kSmallM>
 const void* kernel_ptr() {
-  return reinterpret_cast<const void*>(&gemm_wgmma_ws_kernel<T, Tile, kConsumers, Scheduler, kCluster, true>);
+  using C = Config<kSmallM>;
+  return reinterpret_cast<const void*>(
+      &gemm_wgmma_ws_kernel<T, typename C::Tile, C::kConsumers, typename C::Scheduler, C::kCluster, true>);
 }
 
-template <typename T>
+template <typename T, bool kSmallM>
 const char* kernel_name() {
-  return std::is_same_v<T, __half> ? "gemm_wgmma_persistent<fp16, 128x256x64, 4 stages, producer + 2 consumers, cluster 2x1>"
-                                   : "gemm_wgmma_persistent<bf16, 128x256x64, 4 stages, producer + 2 consumers, cluster 2x1>";
+  constexpr bool f16 = std::is_same_v<T, __half>;
+  if constexpr (kSmallM)
+    return f16 ? "gemm_wgmma_persistent<fp16, 64x128x64, 8 stages, producer + 1 consumer, small M>"
+               : "gemm_wgmma_persistent<bf16, 64x128x64, 8 stages, producer + 1 consumer, small M>";
+  else
+    return f16 ? "gemm_wgmma_persistent<fp16, 128x256x64, 4 stages, producer + 2 consumers, cluster 2x1>"
+               : "gemm_wgmma_persistent<bf16, 128x256x64, 4 stages, producer + 2 consumers, cluster 2x1>";
 }
 
-template <typename T>
-cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
-  CUtensorMap map_a, map_b, map_c{};
-  HopperGemmArgs args;
-  if (cudaError_t e = make_hopper_args(p, Tile::kBM, &map_a, &map_b, &args, &map_c); e != cudaSuccess) return e;
-  const void* kp = kernel_ptr<T>();
-  if (cudaError_t e = cudaFuncSetAttribute(kp, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
-      e != cudaSuccess)
-    return e;
-  const Scheduler sched{static_cast<int>(ceil_div(p.m, int64_t(Tile::kBM))),
-                        static_cast<int>(ceil_div(p.n, int64_t(Tile::kBN))), p.batch};
-  cudaLaunchConfig_t config = {};
-  cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = kCluster;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  config.blockDim = dim3(Shape::kThreads);
-  config.dynamicSmemBytes = Tile::kSmemBytes;
-  config.stream = stream;
-  // As many clusters as fit on the device at once (the GPCs decide, not just the SM count), asked
-  // once per device.
+// The plan for p on the current device (SM count from the device facts; 132, an H100's, when they
+// cannot be read, so that a workspace query without a device still answers for the common case).
+GemmHopperPlan plan_for(const GemmParams& p) {
+  int sm_count = 132;
+  const DeviceFacts* facts = nullptr;
+  if (current_device_facts(&facts) == cudaSuccess) sm_count = facts->sm_count;
+  return gemm_hopper_plan(p.m, p.n, p.k, p.batch, sm_count);
+}
+
+template <bool kSmallM>
+size_t split_bytes(const GemmParams& p, int splits, size_t* counters_offset) {
+  using Tile = typename Config<kSmallM>::Tile;
+  return hopper_split_bytes(p, Tile::kBM, Tile::kBN, splits, counters_offset);
+}
+
+// Concurrent clusters of the kernel on the current device, asked once per device (the GPCs decide,
+// not just the SM count).
+template <typename T, bool kSmallM>
+cudaError_t clusters_that_fit(cudaLaunchConfig_t config, int* out) {
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   static std::atomic<int> fit[kMaxDevices] = {};
   int clusters = device < kMaxDevices ? fit[device].load(std::memory_order_relaxed) : 0;
   if (clusters == 0) {
-    config.gridDim = dim3(kCluster);
-    if (cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kp, &config); e != cudaSuccess)
+    config.gridDim = dim3(Config<kSmallM>::kCluster);
+    if (cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel_ptr<T, kSmallM>(), &config); e != cudaSuccess)
       return e;
     if (clusters < 1) return cudaErrorInvalidConfiguration;
     if (device < kMaxDevices) fit[device].store(clusters, std::memory_order_relaxed);
   }
-  config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(sched.total(), clusters) * kCluster));
-  return cudaLaunchKernelEx(&config, &gemm_wgmma_ws_kernel<T, Tile, kConsumers, Scheduler, kCluster, true>, map_a, map_b,
-                            map_c, args, sched);
+  *out = clusters;
+  return cudaSuccess;
+}
+
+template <typename T, bool kSmallM>
+cudaError_t launch(const GemmParams& p, int splits, const Workspace& workspace, cudaStream_t stream) {
+  using C = Config<kSmallM>;
+  using Tile = typename C::Tile;
+  CUtensorMap map_a, map_b, map_c{};
+  HopperGemmArgs args;
+  if (cudaError_t e = make_hopper_args(p, Tile::kBM, &map_a, &map_b, &args, &map_c); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel_ptr<T, kSmallM>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           Tile::kSmemBytes);
+      e != cudaSuccess)
+    return e;
+  typename C::Scheduler sched{static_cast<int>(ceil_div(p.m, int64_t(Tile::kBM))),
+                              static_cast<int>(ceil_div(p.n, int64_t(Tile::kBN))), p.batch, splits};
+  if (splits > 1) {
+    size_t counters_offset = 0;
+    const size_t need = split_bytes<kSmallM>(p, splits, &counters_offset);
+    if (workspace.bytes < need || workspace.data == nullptr) return cudaErrorInvalidValue;
+    args.splits = splits;
+    args.tiles_m = sched.tiles_m;
+    args.tiles_n = sched.tiles_n;
+    args.slot_rows = static_cast<int>(p.m < Tile::kBM ? p.m : Tile::kBM);
+    args.partials = static_cast<float*>(workspace.data);
+    args.counters = reinterpret_cast<unsigned*>(static_cast<char*>(workspace.data) + counters_offset);
+    if (cudaError_t e = cudaMemsetAsync(args.counters, 0, need - counters_offset, stream); e != cudaSuccess) return e;
+  }
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = C::kCluster;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  config.blockDim = dim3(C::Shape::kThreads);
+  config.dynamicSmemBytes = Tile::kSmemBytes;
+  config.stream = stream;
+  int clusters = 0;
+  if (cudaError_t e = clusters_that_fit<T, kSmallM>(config, &clusters); e != cudaSuccess) return e;
+  config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(sched.total(), clusters) * C::kCluster));
+  return cudaLaunchKernelEx(
+      &config, &gemm_wgmma_ws_kernel<T, Tile, C::kConsumers, typename C::Scheduler, C::kCluster, true>, map_a,
+      map_b, map_c, args, sched);
 }
 
 }  // namespace
 
-cudaError_t gemm_wgmma_persistent(const GemmParams& p, const Workspace&, cudaStream_t stream) {
-  return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t { return launch<T>(p, stream); });
+cudaError_t gemm_wgmma_persistent(const GemmParams& p, const Workspace& workspace, cudaStream_t stream) {
+  const GemmHopperPlan plan = plan_for(p);
+  return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
+    return plan.small_m ? launch<T, true>(p, plan.splits, workspace, stream)
+                        : launch<T, false>(p, plan.splits, workspace, stream);
+  });
+}
+
+cudaError_t gemm_wgmma_persistent_workspace(const GemmParams& p, size_t* bytes) {
+  const GemmHopperPlan plan = plan_for(p);
+  size_t counters_offset = 0;
+  *bytes = plan.small_m ? split_bytes<true>(p, plan.splits, &counters_offset)
+                        : split_bytes<false>(p, plan.splits, &counters_offset);
+  return cudaSuccess;
 }
 
 cudaError_t gemm_wgmma_persistent_resources(const GemmParams& p, KernelResources* out) {
+  const GemmHopperPlan plan = plan_for(p);
   return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    if (cudaError_t e = cudaFuncSetAttribute(kernel_ptr<T>(), cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
-        e != cudaSuccess)
-      return e;
-    return describe_kernel(kernel_ptr<T>(), kernel_name<T>(), Shape::kThreads, Tile::kSmemBytes, out);
+    const auto describe = [&]<bool kSmallM>() -> cudaError_t {
+      using C = Config<kSmallM>;
+      if (cudaError_t e = cudaFuncSetAttribute(kernel_ptr<T, kSmallM>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               C::Tile::kSmemBytes);
+          e != cudaSuccess)
+        return e;
+      return describe_kernel(kernel_ptr<T, kSmallM>(), kernel_name<T, kSmallM>(), C::Shape::kThreads,
+                             C::Tile::kSmemBytes, out);
+    };
+    return plan.small_m ? describe.template operator()<true>() : describe.template operator()<false>();
   });
 }
 

@@ -77,6 +77,60 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[kN / 2], unsig
   }
 }
 
+// Split-K: this unit's partial (its consumer warpgroup's rows, `rows` .. rows + 63 of the tile)
+// into its slot; the last unit of the tile to arrive (a counter per tile) then sums every slot in
+// split order into acc, so the result does not depend on which split finished last. Returns
+// whether this unit is that last one (and owns the epilogue). All consumer threads take part
+// (named barrier kSplitBarrier).
+constexpr int kSplitBarrier = 8;
+template <typename Tile, int kConsumers>
+__device__ __forceinline__ bool reduce_splits(float (&acc)[Tile::kBN / 2], const HopperGemmArgs& args,
+                                              const kernels::ScheduledTile& t, int rows) {
+  __shared__ int last;
+  if (t.m >= args.tiles_m) return false;  // a cluster's block below the last tile row: nothing to add
+  constexpr int kN = Tile::kBN;
+  const int64_t tile = (t.batch * args.tiles_m + t.m) * args.tiles_n + t.n;
+  const int64_t slot = int64_t(args.slot_rows) * kN;
+  float* slots = args.partials + tile * args.splits * slot;
+  const int valid = min(args.slot_rows, args.m - t.m * Tile::kBM);  // rows of the tile inside C
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+  const int row0 = rows + 16 * warp + lane / 4, col0 = 2 * (lane % 4);
+  float* mine = slots + t.split * slot;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row0 + 8 * h;
+    if (row >= valid) continue;
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j)
+      *reinterpret_cast<float2*>(mine + int64_t(row) * kN + 8 * j + col0) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+  }
+  kernels::ptx::named_barrier_sync(kSplitBarrier, 128 * kConsumers);
+  if (threadIdx.x == 128) {  // the first consumer thread
+    __threadfence();         // this unit's partial (ordered by the barrier) before the count
+    last = atomicAdd(&args.counters[tile], 1u) == static_cast<unsigned>(args.splits - 1);
+  }
+  kernels::ptx::named_barrier_sync(kSplitBarrier, 128 * kConsumers);
+  if (!last) return false;
+  __threadfence();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row0 + 8 * h;
+    if (row >= valid) continue;
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) {
+      float2 sum = make_float2(0.0f, 0.0f);
+      for (int sp = 0; sp < args.splits; ++sp) {  // split order: deterministic
+        const float2 v = __ldcg(reinterpret_cast<const float2*>(slots + sp * slot + int64_t(row) * kN + 8 * j + col0));
+        sum.x += v.x;
+        sum.y += v.y;
+      }
+      acc[4 * j + 2 * h] = sum.x;
+      acc[4 * j + 2 * h + 1] = sum.y;
+    }
+  }
+  return true;
+}
+
 // kTmaStore: C leaves through the TMA-store epilogue when args.c_tma (else, and for beta != 0,
 // straight from registers); the tile's extra shared memory holds kTmaStoreStagingBytes.
 template <typename T, typename Tile, int kConsumers, typename Scheduler, int kCluster = 1, bool kTmaStore = false>
@@ -109,7 +163,8 @@ __global__ void __launch_bounds__(WgmmaWsShape<Tile, kConsumers>::kThreads, 1)
         const int m0 = t.m * Tile::kBM, n0 = t.n * Tile::kBN;
         const int za = args.a_batched ? static_cast<int>(t.batch) : 0;
         const int zb = args.b_batched ? static_cast<int>(t.batch) : 0;
-        for (int kb = 0; kb < args.k_blocks; ++kb) {
+        const int kb_end = kernels::split_begin(t.split + 1, args.splits, args.k_blocks);
+        for (int kb = kernels::split_begin(t.split, args.splits, args.k_blocks); kb < kb_end; ++kb) {
           kernels::ptx::mbarrier_wait(&ring.empty[cur.stage], cur.phase ^ 1);
           kernels::wgmma_load_kblock<Tile, kCluster>(ring, cur.stage, &map_a, &map_b, m0, n0, kb * 64, za, zb, rank);
           cur.advance();
@@ -132,7 +187,8 @@ __global__ void __launch_bounds__(WgmmaWsShape<Tile, kConsumers>::kThreads, 1)
 #pragma unroll
     for (int j = 0; j < Tile::kBN / 2; ++j) acc[j] = 0.0f;
     int held = -1;  // the stage the in-flight wgmma group reads
-    for (int kb = 0; kb < args.k_blocks; ++kb) {
+    const int kb_end = kernels::split_begin(t.split + 1, args.splits, args.k_blocks);
+    for (int kb = kernels::split_begin(t.split, args.splits, args.k_blocks); kb < kb_end; ++kb) {
       kernels::ptx::mbarrier_wait(&ring.full[cur.stage], cur.phase);
       kernels::ptx::wgmma_fence();
       kernels::wgmma_kblock<T, Tile::kBN>(acc, ring.a(cur.stage) + rows * 128, ring.b(cur.stage));
@@ -145,6 +201,7 @@ __global__ void __launch_bounds__(WgmmaWsShape<Tile, kConsumers>::kThreads, 1)
     kernels::ptx::wgmma_wait<0>();
     if (held >= 0 && releaser) release<kCluster>(&ring.empty[held]);
     kernels::ptx::wgmma_hold(acc);
+    if (args.splits > 1 && !reduce_splits<Tile, kConsumers>(acc, args, t, rows)) continue;
 
     const int m0 = t.m * Tile::kBM + rows, n0 = t.n * Tile::kBN;
     if (kTmaStore && args.c_tma) {

@@ -20,7 +20,13 @@ namespace optimized::kernels {
 struct ScheduledTile {
   int m, n;       // tile row, tile column
   int64_t batch;  // the batch index
+  int split = 0;  // which of the scheduler's K ranges (split-K), 0 without
 };
+
+// The k-blocks [begin, end) of split s of `splits` over k_blocks (as even as integers allow).
+__device__ __forceinline__ int split_begin(int s, int splits, int k_blocks) {
+  return static_cast<int>(int64_t(s) * k_blocks / splits);
+}
 
 template <int kGroupM>
 struct OneTilePerBlock {
@@ -30,7 +36,7 @@ struct OneTilePerBlock {
   __device__ __forceinline__ bool next(int i, ScheduledTile* t) const {
     if (i > 0) return false;
     const TileCoord<int> c = grouped_tile<int>(static_cast<int>(blockIdx.x), tiles_m, tiles_n, kGroupM);
-    *t = {c.m, c.n, z_base + blockIdx.z};
+    *t = {c.m, c.n, z_base + blockIdx.z, 0};
     return true;
   }
 };
@@ -38,25 +44,28 @@ struct OneTilePerBlock {
 // kClusterM > 1: the grid is made of clusters of kClusterM blocks (along x) that take kClusterM
 // vertically adjacent tiles (same columns: they share B through TMA multicast) as one unit; a
 // block whose tile falls below the last tile row still runs (its share of B feeds its peers) and
-// stores nothing.
+// stores nothing. splits > 1: each (cluster) tile is `splits` units, one per K range, adjacent in
+// the order so that a tile's splits run at the same time.
 template <int kGroupM, int kClusterM = 1>
 struct PersistentTiles {
   int tiles_m, tiles_n;
   int64_t batch;
+  int splits = 1;
 
   int cluster_rows() const { return (tiles_m + kClusterM - 1) / kClusterM; }
-  // Units of work (cluster tiles) over every batch.
-  int64_t total() const { return int64_t(cluster_rows()) * tiles_n * batch; }
+  // Units of work (cluster tiles x splits) over every batch.
+  int64_t total() const { return int64_t(cluster_rows()) * tiles_n * batch * splits; }
 
   __device__ __forceinline__ bool next(int i, ScheduledTile* t) const {
     const int rows = (tiles_m + kClusterM - 1) / kClusterM;
-    const int64_t id = int64_t(blockIdx.x / kClusterM) + int64_t(i) * (gridDim.x / kClusterM);
+    const int64_t unit = int64_t(blockIdx.x / kClusterM) + int64_t(i) * (gridDim.x / kClusterM);
     const int64_t per_batch = int64_t(rows) * tiles_n;
+    const int64_t id = unit / splits;
     if (id >= per_batch * batch) return false;
     const int64_t z = id / per_batch;
     const TileCoord<int> c = grouped_tile<int>(static_cast<int>(id - z * per_batch), rows, tiles_n,
                                                (kGroupM + kClusterM - 1) / kClusterM);
-    *t = {c.m * kClusterM + static_cast<int>(blockIdx.x % kClusterM), c.n, z};
+    *t = {c.m * kClusterM + static_cast<int>(blockIdx.x % kClusterM), c.n, z, static_cast<int>(unit - id * splits)};
     return true;
   }
 };
