@@ -349,7 +349,7 @@ class GemmFamily : public Family {
     sub->add_option("--variant", variants_,
                     "all | cpu | cuda | names (cpu_naive, cpu_blocked, cpu_packed, naive, coalesced, "
                     "smem_tiled, register_tiled, wmma, mma_pipeline, wgmma_tma, wgmma_ws, wgmma_persistent, "
-                    "auto), separated by commas")
+                    "gemv, auto), separated by commas")
         ->delimiter(',')
         ->capture_default_str();
     sub->add_option("--threads", threads_, "CPU thread counts (0: all) [default: 1 and all]")->delimiter(',');

@@ -30,9 +30,10 @@ enum class GemmVariant : uint8_t {
   kCudaWgmmaTma,     // Hopper: TMA loads + wgmma, one warpgroup (fp16/bf16, sm_90a)
   kCudaWgmmaWs,      // Hopper: warp-specialized producer / consumers, setmaxnreg (fp16/bf16, sm_90a)
   kCudaWgmmaPersistent,  // Hopper: the warp-specialized kernel on a persistent grid (fp16/bf16, sm_90a)
+  kCudaGemv,         // decode shapes (few rows): B streamed through CUDA cores, K split across threads
 };
 
-std::string_view gemm_variant_name(GemmVariant variant);  // "cpu_naive", ..., "wgmma_persistent"
+std::string_view gemm_variant_name(GemmVariant variant);  // "cpu_naive", ..., "gemv"
 GemmVariant parse_gemm_variant(std::string_view name);    // throws Error naming the choices
 std::span<const GemmVariant> all_gemm_variants();          // every variant but kAuto, in order
 bool gemm_variant_is_cuda(GemmVariant variant);

@@ -164,7 +164,8 @@ GemmVariant checked_variant(GemmVariant variant, const TensorView& a, const Tens
 
 GemmVariant resolve_gemm_variant(const TensorView& a, const TensorView& b, const TensorView& c) {
   const bool cuda = a.device.is_cuda();
-  return gemm_auto_variant(a.dtype, cuda, cuda && hopper_eligible(make_params(a, b, c, 1.0f, 0.0f), a.device));
+  const GemmParams p = make_params(a, b, c, 1.0f, 0.0f);
+  return gemm_auto_variant(a.dtype, cuda, cuda && hopper_eligible(p, a.device), p.m);
 }
 
 void matmul(const TensorView& a, const TensorView& b, const TensorView& c, float alpha, float beta,
@@ -194,8 +195,8 @@ size_t matmul_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batch, DT
     if (value < 1) invalid(std::string(name) + ": expected >= 1; given " + std::to_string(value));
   // auto: the largest need of what it may pick for these sizes (the Hopper rung wherever it can run).
   const std::array<GemmVariant, 2> candidates = {
-      variant == GemmVariant::kAuto ? gemm_auto_variant(dtype, device.is_cuda(), false) : variant,
-      variant == GemmVariant::kAuto ? gemm_auto_variant(dtype, device.is_cuda(), true) : variant};
+      variant == GemmVariant::kAuto ? gemm_auto_variant(dtype, device.is_cuda(), false, m) : variant,
+      variant == GemmVariant::kAuto ? gemm_auto_variant(dtype, device.is_cuda(), true, m) : variant};
   size_t need = 0;
   for (GemmVariant v : candidates) {
     const GemmVariantInfo& row = gemm_variant_info(v);

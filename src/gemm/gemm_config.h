@@ -46,9 +46,12 @@ constexpr GemmMmaPipelineConfig gemm_mma_pipeline_config_sm90() {
 //    few tiles to keep every SM reading.
 //  * splits: when the tiles do not fill the SMs, K is cut into `splits` ranges, each its own unit
 //    of work; the last unit of a tile to finish sums the fp32 partials in split order
-//    (deterministic). The model: time ~ waves * (k-blocks per unit + 2 when split, for the
-//    partial's round trip and the pipeline's ramp), waves = ceil(units / concurrent units);
-//    splits keep >= 4 k-blocks per unit and at most kGemmHopperMaxSplits.
+//    (deterministic). The model, in k-blocks of time: waves * (k-blocks per unit + 2 when split,
+//    for the partial's round trip and the pipeline's ramp) + splits * (one slot's read by the
+//    summing block: 128 KiB, a 128 x 256 fp32 partial, about one k-block), waves =
+//    ceil(units / concurrent units); >= 4 k-blocks per unit, at most kGemmHopperMaxSplits.
+//    Measured (bf16, H100): 1024x1024x8192 at 16 splits without the slot term spent longer
+//    summing than computing (0.27x cuBLAS).
 struct GemmHopperPlan {
   bool small_m;
   int splits;
@@ -61,11 +64,13 @@ constexpr GemmHopperPlan gemm_hopper_plan_sm90(int64_t m, int64_t n, int64_t k, 
   const int64_t slots = sm_count / cluster > 0 ? sm_count / cluster : 1;
   const int64_t units = ((m + bm * cluster - 1) / (bm * cluster)) * ((n + bn - 1) / bn) * batch;
   const int64_t k_blocks = (k + 63) / 64;
+  const double slot_kblocks = static_cast<double>(m < bm ? m : bm) * static_cast<double>(bn) * 4.0 / (128.0 * 1024.0);
   int best = 1;
   double best_cost = static_cast<double>((units + slots - 1) / slots) * static_cast<double>(k_blocks);
   for (int s = 2; s <= kGemmHopperMaxSplits && 4 * s <= k_blocks; ++s) {
     const double cost = static_cast<double>((units * s + slots - 1) / slots) *
-                        (static_cast<double>(k_blocks) / s + 2.0);
+                            (static_cast<double>(k_blocks) / s + 2.0) +
+                        s * slot_kblocks;
     if (cost < best_cost) best = s, best_cost = cost;
   }
   return {small_m, best};
@@ -77,8 +82,12 @@ constexpr GemmHopperPlan gemm_hopper_plan_sm90(int64_t m, int64_t n, int64_t k, 
 // compute capability 9.0 device and operands TMA can describe), else mma_pipeline (466 TFLOP/s
 // bf16 against wmma's 253); on the CPU, cpu_packed (the SIMD microkernel), fp64 -> cpu_blocked
 // (cpu_packed takes no fp64).
-constexpr GemmVariant gemm_auto_variant_sm90(DType dtype, bool cuda, bool hopper) {
+// Decode shapes, M <= kGemvMaxRows (any dtype), take gemv: see "gemv" in the notes for the
+// measured crossover with wgmma_persistent's small-M configuration.
+constexpr int64_t kGemvMaxRows = 4;
+constexpr GemmVariant gemm_auto_variant_sm90(DType dtype, bool cuda, bool hopper, int64_t m) {
   if (!cuda) return dtype == DType::kF64 ? GemmVariant::kCpuBlocked : GemmVariant::kCpuPacked;
+  if (m <= kGemvMaxRows) return GemmVariant::kCudaGemv;
   if (dtype == DType::kF32) return GemmVariant::kCudaRegisterTiled;
   return hopper ? GemmVariant::kCudaWgmmaPersistent : GemmVariant::kCudaMmaPipeline;
 }
@@ -89,8 +98,8 @@ constexpr GemmMmaPipelineConfig kGemmMmaPipelineConfig = gemm_mma_pipeline_confi
 constexpr GemmHopperPlan gemm_hopper_plan(int64_t m, int64_t n, int64_t k, int64_t batch, int sm_count) {
   return gemm_hopper_plan_sm90(m, n, k, batch, sm_count);
 }
-constexpr GemmVariant gemm_auto_variant(DType dtype, bool cuda, bool hopper = false) {
-  return gemm_auto_variant_sm90(dtype, cuda, hopper);
+constexpr GemmVariant gemm_auto_variant(DType dtype, bool cuda, bool hopper, int64_t m) {
+  return gemm_auto_variant_sm90(dtype, cuda, hopper, m);
 }
 
 }  // namespace optimized

@@ -32,12 +32,13 @@ constexpr DTypeSet kHalf = {DType::kF16, DType::kBF16};
 constexpr CpuBackendFn<GemmParams> kNoCpu = nullptr;
 }  // namespace gemm_table
 
-// In ladder order (all_gemm_variants() and the benchmark's --variant all list them so).
+// In ladder order (all_gemm_variants() and the benchmark's --variant all list them so); gemv,
+// the decode path beside the ladder, last.
 // Compute capabilities: the CUDA-core rungs run anywhere (5.0); wmma's bf16 fragments and
 // mma_pipeline's cp.async / ldmatrix / bf16 mma.sync need 8.0; the wgmma rungs are sm_90a code,
 // which runs on compute capability 9.0 alone (kArchSpecific), and exist only in builds with the
 // sm_90a sources (OPTIMIZED_SM90A_FN: null launcher otherwise).
-inline constexpr std::array<GemmVariantInfo, 12> kGemmVariants = {{
+inline constexpr std::array<GemmVariantInfo, 13> kGemmVariants = {{
     {GemmVariant::kCpuNaive, "cpu_naive", Backend::kCpu, gemm_table::kFloatAndF64, 0, "",
      [](const GemmParams& p, int) { cpu::gemm_naive(p); }, nullptr, nullptr, nullptr},
     {GemmVariant::kCpuBlocked, "cpu_blocked", Backend::kCpu, gemm_table::kFloatAndF64, 0, "",
@@ -68,6 +69,8 @@ inline constexpr std::array<GemmVariantInfo, 12> kGemmVariants = {{
      gemm_table::kNoCpu, OPTIMIZED_SM90A_FN(cuda::gemm_wgmma_persistent),
      OPTIMIZED_SM90A_FN(cuda::gemm_wgmma_persistent_workspace),
      OPTIMIZED_SM90A_FN(cuda::gemm_wgmma_persistent_resources), kArchSpecific},
+    {GemmVariant::kCudaGemv, "gemv", Backend::kCuda, gemm_table::kFloat, 50, "", gemm_table::kNoCpu,
+     OPTIMIZED_CUDA_FN(cuda::gemm_gemv), nullptr, OPTIMIZED_CUDA_FN(cuda::gemm_gemv_resources)},
 }};
 
 // Whether `variant` is one of the Hopper (TMA) rungs, which take only operands TMA can describe.

@@ -17,6 +17,7 @@ cudaError_t gemm_smem_tiled(const GemmParams& p, const Workspace& workspace, cud
 cudaError_t gemm_register_tiled(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);
 cudaError_t gemm_wmma(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);          // fp16/bf16
 cudaError_t gemm_mma_pipeline(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);  // fp16/bf16
+cudaError_t gemm_gemv(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);  // fp32/fp16/bf16
 // The Hopper rungs (sm_90a builds only: OPTIMIZED_WITH_SM90A); operands TMA can describe
 // (gemm_hopper_rejects in gemm.cpp), fp16/bf16.
 cudaError_t gemm_wgmma_tma(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);
@@ -42,6 +43,7 @@ cudaError_t gemm_smem_tiled_resources(const GemmParams& p, KernelResources* out)
 cudaError_t gemm_register_tiled_resources(const GemmParams& p, KernelResources* out);
 cudaError_t gemm_wmma_resources(const GemmParams& p, KernelResources* out);
 cudaError_t gemm_mma_pipeline_resources(const GemmParams& p, KernelResources* out);
+cudaError_t gemm_gemv_resources(const GemmParams& p, KernelResources* out);
 cudaError_t gemm_wgmma_tma_resources(const GemmParams& p, KernelResources* out);
 cudaError_t gemm_wgmma_ws_resources(const GemmParams& p, KernelResources* out);
 cudaError_t gemm_wgmma_persistent_resources(const GemmParams& p, KernelResources* out);

@@ -129,13 +129,13 @@ std::string names_round_trip(std::span<const Variant> variants, Name name, Parse
 }
 
 TEST(VariantTables, GemmNamesParseAndRefusals) {
-  EXPECT_EQ(names_round_trip(all_gemm_variants(), gemm_variant_name, parse_gemm_variant), "cpu_naive cpu_blocked cpu_packed naive coalesced smem_tiled register_tiled wmma mma_pipeline wgmma_tma wgmma_ws wgmma_persistent ");
+  EXPECT_EQ(names_round_trip(all_gemm_variants(), gemm_variant_name, parse_gemm_variant), "cpu_naive cpu_blocked cpu_packed naive coalesced smem_tiled register_tiled wmma mma_pipeline wgmma_tma wgmma_ws wgmma_persistent gemv ");
   EXPECT_EQ(parse_gemm_variant("auto"), GemmVariant::kAuto);
   const Error e = caught([] { parse_gemm_variant("fastest"); });
   EXPECT_EQ(e.status(), Status::kInvalidArgument);
   EXPECT_EQ(std::string(e.what()),
             "variant: expected one of auto, cpu_naive, cpu_blocked, cpu_packed, naive, coalesced, smem_tiled, "
-            "register_tiled, wmma, mma_pipeline, wgmma_tma, wgmma_ws, wgmma_persistent; given 'fastest'");
+            "register_tiled, wmma, mma_pipeline, wgmma_tma, wgmma_ws, wgmma_persistent, gemv; given 'fastest'");
   EXPECT_EQ(gemm_variant_rejects_dtype(GemmVariant::kCudaRegisterTiled, DType::kF64),
             "register_tiled supports fp32, fp16, bf16 (fp64 runs on cpu_naive, cpu_blocked); given fp64");
   EXPECT_EQ(gemm_variant_rejects_dtype(GemmVariant::kCudaMmaPipeline, DType::kF32),

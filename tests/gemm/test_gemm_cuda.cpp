@@ -1,5 +1,5 @@
 // CUDA GEMM through the public API: every CUDA rung of the ladder (naive, coalesced, smem_tiled,
-// register_tiled for fp32/fp16/bf16; wmma, mma_pipeline and the Hopper rungs wgmma_tma, wgmma_ws,
+// register_tiled and gemv for fp32/fp16/bf16; wmma, mma_pipeline and the Hopper rungs wgmma_tma, wgmma_ws,
 // wgmma_persistent for fp16/bf16) and kAuto, against the float64 reference on fresh random inputs
 // with poisoned outputs and padding (gemm_test_util.h). The Hopper rungs load through TMA: their
 // cases get leading dimensions padded to 16 bytes unless a test sets its own, and a case TMA
@@ -19,7 +19,7 @@ using VariantParam = std::tuple<GemmVariant, DType>;
 std::vector<VariantParam> cuda_variants() {
   std::vector<VariantParam> out;
   for (GemmVariant v : {GemmVariant::kCudaNaive, GemmVariant::kCudaCoalesced, GemmVariant::kCudaSmemTiled,
-                        GemmVariant::kCudaRegisterTiled})
+                        GemmVariant::kCudaRegisterTiled, GemmVariant::kCudaGemv})
     for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) out.emplace_back(v, d);
   for (GemmVariant v : {GemmVariant::kCudaWmma, GemmVariant::kCudaMmaPipeline, GemmVariant::kCudaWgmmaTma,
                         GemmVariant::kCudaWgmmaWs, GemmVariant::kCudaWgmmaPersistent})

@@ -382,7 +382,8 @@ TEST_F(GemmErrors, CpuVariantOnCudaTensors) {
 TEST_F(GemmErrors, CudaVariantOnCpuTensors) {
   for (GemmVariant v : {GemmVariant::kCudaNaive, GemmVariant::kCudaCoalesced, GemmVariant::kCudaSmemTiled,
                         GemmVariant::kCudaRegisterTiled, GemmVariant::kCudaWmma, GemmVariant::kCudaMmaPipeline,
-                        GemmVariant::kCudaWgmmaTma, GemmVariant::kCudaWgmmaWs, GemmVariant::kCudaWgmmaPersistent}) {
+                        GemmVariant::kCudaWgmmaTma, GemmVariant::kCudaWgmmaWs, GemmVariant::kCudaWgmmaPersistent,
+                        GemmVariant::kCudaGemv}) {
     SCOPED_TRACE(std::string(gemm_variant_name(v)));
     Caught e = call([&] { matmul(A16(), B16(), C16(), 1.0f, 0.0f, v); });
     EXPECT_ERROR(e, Status::kInvalidArgument);
@@ -534,7 +535,8 @@ TEST(GemmVariants, NamesRoundTripAndOrder) {
       GemmVariant::kCpuNaive,      GemmVariant::kCpuBlocked,   GemmVariant::kCpuPacked,
       GemmVariant::kCudaNaive,     GemmVariant::kCudaCoalesced, GemmVariant::kCudaSmemTiled,
       GemmVariant::kCudaRegisterTiled, GemmVariant::kCudaWmma, GemmVariant::kCudaMmaPipeline,
-      GemmVariant::kCudaWgmmaTma, GemmVariant::kCudaWgmmaWs, GemmVariant::kCudaWgmmaPersistent};
+      GemmVariant::kCudaWgmmaTma, GemmVariant::kCudaWgmmaWs, GemmVariant::kCudaWgmmaPersistent,
+      GemmVariant::kCudaGemv};
   const auto all = all_gemm_variants();
   ASSERT_EQ(std::vector<GemmVariant>(all.begin(), all.end()), expected);
   EXPECT_EQ(parse_gemm_variant("auto"), GemmVariant::kAuto);

@@ -26,7 +26,7 @@ from conftest import requires_cuda
 GEMM_CUDA = {"auto": "fp32 fp16 bf16", "naive": "fp32 fp16 bf16", "coalesced": "fp32 fp16 bf16",
              "smem_tiled": "fp32 fp16 bf16", "register_tiled": "fp32 fp16 bf16", "wmma": "fp16 bf16",
              "mma_pipeline": "fp16 bf16", "wgmma_tma": "fp16 bf16", "wgmma_ws": "fp16 bf16",
-             "wgmma_persistent": "fp16 bf16"}
+             "wgmma_persistent": "fp16 bf16", "gemv": "fp32 fp16 bf16"}
 FUSED_CUDA = ["auto", "unfused", "fused_streaming", "fused_registers"]
 
 OPS = ["matmul", "softmax", "log_softmax", "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm",

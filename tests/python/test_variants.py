@@ -13,7 +13,7 @@ import optimized_ops
 from optimized_ops import data
 
 GEMM = ["cpu_naive", "cpu_blocked", "cpu_packed", "naive", "coalesced", "smem_tiled", "register_tiled", "wmma",
-        "mma_pipeline", "wgmma_tma", "wgmma_ws", "wgmma_persistent"]
+        "mma_pipeline", "wgmma_tma", "wgmma_ws", "wgmma_persistent", "gemv"]
 FUSED = ["cpu", "unfused", "fused_streaming", "fused_registers"]
 LOADER = ["synchronous", "pipelined"]
 
