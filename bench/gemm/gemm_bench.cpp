@@ -407,13 +407,17 @@ class GemmFamily : public Family {
     return plan;
   }
 
-  // Every GPU variant at fp32 and bf16 for 1024, 4096, 8192 and 4097x4095x4093 vs cuBLAS; every CPU
+  // Every GPU variant at fp32 and bf16 for 1024, 4096, 8192, 4097x4095x4093 and the Hopper targets vs cuBLAS; every CPU
   // variant at fp32 for 1024 and 2048, 1 and all threads, vs OpenBLAS.
   std::vector<FamilyRun> plan_all(const AllOptions& all, const MeasureOptions& measure) override {
     std::vector<FamilyRun> runs;
     GemmBenchConfig gpu_cfg, cpu_cfg;
     gpu_cfg.measure = cpu_cfg.measure = measure;
-    gpu_cfg.shapes = {{1024, 1024, 1024}, {4096, 4096, 4096}, {8192, 8192, 8192}, {4097, 4095, 4093}};
+    // The square ladder shapes, the odd one, and the Hopper GEMM's targets: a tall product
+    // (16384x4096x4096), a short K (4096x4096x1024) and two decode shapes (32x14336x4096,
+    // 1x4096x4096).
+    gpu_cfg.shapes = {{1024, 1024, 1024},  {4096, 4096, 4096}, {8192, 8192, 8192},  {4097, 4095, 4093},
+                      {16384, 4096, 4096}, {4096, 4096, 1024}, {32, 14336, 4096}, {1, 4096, 4096}};
     gpu_cfg.dtypes = {DType::kF32, DType::kBF16};
     cpu_cfg.shapes = {{1024, 1024, 1024}, {2048, 2048, 2048}};
     cpu_cfg.dtypes = {DType::kF32};

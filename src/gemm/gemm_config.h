@@ -84,7 +84,7 @@ constexpr GemmHopperPlan gemm_hopper_plan_sm90(int64_t m, int64_t n, int64_t k, 
 // (cpu_packed takes no fp64).
 // Decode shapes, M <= kGemvMaxRows (any dtype), take gemv: see "gemv" in the notes for the
 // measured crossover with wgmma_persistent's small-M configuration.
-constexpr int64_t kGemvMaxRows = 4;
+constexpr int64_t kGemvMaxRows = 8;
 constexpr GemmVariant gemm_auto_variant_sm90(DType dtype, bool cuda, bool hopper, int64_t m) {
   if (!cuda) return dtype == DType::kF64 ? GemmVariant::kCpuBlocked : GemmVariant::kCpuPacked;
   if (m <= kGemvMaxRows) return GemmVariant::kCudaGemv;

@@ -321,10 +321,10 @@ bool hopper_device() {
 TEST(CudaGemmSplitK, WorkspaceQueryGivenWorkspaceAndDeterminism) {
   SKIP_WITHOUT_CUDA();
   if (!hopper_device()) GTEST_SKIP() << "wgmma_persistent is sm_90a code: needs compute capability 9.0";
-  const int64_t m = 3, n = 4096, k = 4096;
+  const int64_t m = 16, n = 4096, k = 4096;
   const GemmVariant v = GemmVariant::kCudaWgmmaPersistent;
   const size_t need = matmul_workspace_bytes(m, n, k, 1, DType::kBF16, Device::cuda(0), v);
-  EXPECT_GT(need, 0u) << "a 3 x 4096 x 4096 product splits K across the SMs";
+  EXPECT_GT(need, 0u) << "a 16 x 4096 x 4096 product splits K across the SMs";
   EXPECT_EQ(matmul_workspace_bytes(4096, 4096, 4096, 1, DType::kBF16, Device::cuda(0), v), 0u);
   EXPECT_GE(matmul_workspace_bytes(m, n, k, 1, DType::kBF16, Device::cuda(0), GemmVariant::kAuto), need);
 

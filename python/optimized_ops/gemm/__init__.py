@@ -93,7 +93,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, variant: str = "auto") -> torch.
         the rows of ``a`` and ``b`` must be 16-byte aligned: K and N multiples of 8 for
         contiguous operands. ``auto`` picks ``wgmma_persistent`` where it can run and
         ``mma_pipeline`` elsewhere), and ``gemv`` for decode shapes (a few rows; any dtype and
-        alignment; ``auto`` takes it up to 4 rows).
+        alignment; ``auto`` takes it up to 8 rows).
 
     Returns
     -------

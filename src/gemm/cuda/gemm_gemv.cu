@@ -45,6 +45,53 @@ __device__ __forceinline__ void load8(const T* p, int64_t valid, bool vec, float
   }
 }
 
+// 8 elements of T as 16-byte words (one for 16-bit types, two for fp32), and back to floats.
+template <typename T>
+constexpr int kWords = 8 * static_cast<int>(sizeof(T)) / 16;
+template <typename T>
+__device__ __forceinline__ void words_to_floats(const uint4 (&w)[kWords<T>], float (&out)[8]) {
+  const T* e = reinterpret_cast<const T*>(&w[0]);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) out[i] = to_float(e[i]);
+}
+
+// The fast path of one thread: kUnroll chunks at once (c, c + 64, ...), every row, column and k
+// inside the matrices and 16-byte aligned, all loads issued before any FMA so that
+// kUnroll * (8 + kRows) 16-byte loads are in flight (B streamed once: evict-first).
+template <typename T, int kRows, int kUnroll>
+__device__ __forceinline__ void gemv_chunks_fast(const T* a, int64_t lda, const T* b, int64_t ldb, int64_t c,
+                                                 int rows, float (&acc)[kRows][8]) {
+  uint4 bw[kUnroll][8][kWords<T>];
+  uint4 aw[kUnroll][kRows][kWords<T>];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t k = 8 * (c + int64_t(u) * kKLanes);
+#pragma unroll
+    for (int r = 0; r < 8; ++r)
+#pragma unroll
+      for (int w = 0; w < kWords<T>; ++w) bw[u][r][w] = __ldcs(reinterpret_cast<const uint4*>(b + (k + r) * ldb) + w);
+#pragma unroll
+    for (int m = 0; m < kRows; ++m)
+#pragma unroll
+      for (int w = 0; w < kWords<T>; ++w)
+        aw[u][m][w] = m < rows ? __ldg(reinterpret_cast<const uint4*>(a + m * lda + k) + w) : make_uint4(0, 0, 0, 0);
+  }
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      float bv[8];
+      words_to_floats<T>(bw[u][r], bv);
+#pragma unroll
+      for (int m = 0; m < kRows; ++m) {
+        float av[8];
+        words_to_floats<T>(aw[u][m], av);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[m][e] = fmaf(av[r], bv[e], acc[m][e]);
+      }
+    }
+}
+
 template <typename T, int kRows>
 __global__ void __launch_bounds__(kThreads) gemm_gemv_kernel(const GemmParams p, int64_t z_base, bool vec_a,
                                                              bool vec_b) {
@@ -60,8 +107,16 @@ __global__ void __launch_bounds__(kThreads) gemm_gemv_kernel(const GemmParams p,
   for (int64_t tile = blockIdx.y; tile < row_tiles; tile += gridDim.y) {
     const int64_t row0 = tile * kRows;
     float acc[kRows][8] = {};
-#pragma unroll 2
-    for (int64_t c = k_lane; c < chunks; c += kKLanes) {
+    int64_t c = k_lane;
+    if (vec_a && vec_b && cols_valid >= 8) {
+      constexpr int kUnroll = kRows <= 2 ? 4 : (kRows == 4 ? 2 : 1);
+      const int rows = static_cast<int>(p.m - row0 < kRows ? p.m - row0 : kRows);
+      const T* b_cols = ops.b + col0;
+      const T* a_rows = ops.a + row0 * p.lda;
+      for (; c + (kUnroll - 1) * kKLanes < p.k / 8; c += kUnroll * kKLanes)
+        gemv_chunks_fast<T, kRows, kUnroll>(a_rows, p.lda, b_cols, p.ldb, c, rows, acc);
+    }
+    for (; c < chunks; c += kKLanes) {  // what the fast path leaves: edges, tails, misaligned rows
       const int64_t k = 8 * c;
       const int64_t k_valid = p.k - k;
       float b[8][8];
