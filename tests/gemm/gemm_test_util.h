@@ -168,6 +168,14 @@ struct GemmRun {
 };
 
 // Runs the case on `ops`; throws what matmul throws. Fails the test (ADD_FAILURE) on CUDA errors.
+// matmul on device copies `d` (a, b, c) of the case's operands.
+inline void matmul_on_device(const GemmOperands& ops, const std::vector<void*>& d, const ExecutionContext& ctx) {
+  const GemmCase& cs = ops.cs;
+  matmul(make_view(d[0], cs.dtype, cs.device, ops.la, cs.batch, cs.a_bcast),
+         make_view(d[1], cs.dtype, cs.device, ops.lb, cs.batch, cs.b_bcast),
+         make_view(d[2], cs.dtype, cs.device, ops.lc, cs.batch, Broadcast::kNone), cs.alpha, cs.beta, cs.variant, ctx);
+}
+
 inline GemmRun run_gemm(GemmOperands& ops) {
   const GemmCase& cs = ops.cs;
   GemmRun run;
@@ -181,15 +189,8 @@ inline GemmRun run_gemm(GemmOperands& ops) {
     ExecutionContext ctx;
     ctx.cuda_stream = cs.stream;
     std::vector<Buffer> after;
-    const std::string error = run_on_cuda(
-        {&ops.a, &ops.b, &ops.c0}, cs.device, cs.stream,
-        [&](const std::vector<void*>& d) {
-          matmul(make_view(d[0], cs.dtype, cs.device, ops.la, cs.batch, cs.a_bcast),
-                 make_view(d[1], cs.dtype, cs.device, ops.lb, cs.batch, cs.b_bcast),
-                 make_view(d[2], cs.dtype, cs.device, ops.lc, cs.batch, Broadcast::kNone), cs.alpha, cs.beta,
-                 cs.variant, ctx);
-        },
-        after);
+    const std::string error = run_on_cuda({&ops.a, &ops.b, &ops.c0}, cs.device, cs.stream,
+                                          [&](const std::vector<void*>& d) { matmul_on_device(ops, d, ctx); }, after);
     if (!error.empty()) {
       ADD_FAILURE() << cs.describe() << ": " << error;
       run.check.first_failure = "CUDA error";
@@ -230,15 +231,9 @@ inline std::string gemm_cuda_error(const GemmCase& cs) {
   ctx.cuda_stream = cs.stream;
   std::vector<Buffer> after;
   try {
-    const std::string cuda_error = run_on_cuda(
-      {&ops.a, &ops.b, &ops.c0}, cs.device, cs.stream,
-      [&](const std::vector<void*>& d) {
-        matmul(make_view(d[0], cs.dtype, cs.device, ops.la, cs.batch, cs.a_bcast),
-               make_view(d[1], cs.dtype, cs.device, ops.lb, cs.batch, cs.b_bcast),
-               make_view(d[2], cs.dtype, cs.device, ops.lc, cs.batch, Broadcast::kNone), cs.alpha, cs.beta,
-               cs.variant, ctx);
-      },
-      after);
+    const std::string cuda_error = run_on_cuda({&ops.a, &ops.b, &ops.c0}, cs.device, cs.stream,
+                                               [&](const std::vector<void*>& d) { matmul_on_device(ops, d, ctx); },
+                                               after);
     ADD_FAILURE() << cs.describe() << ": expected matmul to throw; it ran (" << cuda_error << ")";
     return "";
   } catch (const Error& e) {
