@@ -51,8 +51,17 @@ float half_to_float(uint16_t bits);
 uint16_t float_to_half(float value);
 float bf16_to_float(uint16_t bits);
 uint16_t float_to_bf16(float value);
-// Element `index` of host memory `data` of `dtype`, as double (fp64, fp32, fp16, bf16, int32, int64;
-// fp8_e4m3 throws Error kUnsupported until an op takes it).
+// fp8 (OCP FP8, as torch.float8_e4m3fn and torch.float8_e5m2), round to nearest even:
+//   e4m3: bias 7, 3 mantissa bits, no infinities, 0x7F / 0xFF NaN, largest finite 448; a value
+//         that rounds past 448 (|x| > 464) becomes NaN, as torch's conversion does.
+//   e5m2: bias 15, 2 mantissa bits, IEEE-style infinities and NaN, largest finite 57344; overflow
+//         rounds to +-inf.
+float fp8_e4m3_to_float(uint8_t bits);
+uint8_t float_to_fp8_e4m3(double value);
+float fp8_e5m2_to_float(uint8_t bits);
+uint8_t float_to_fp8_e5m2(double value);
+// Element `index` of host memory `data` of `dtype`, as double (fp64, fp32, fp16, bf16, fp8_e4m3,
+// int32, int64).
 double load_as_double(const void* data, DType dtype, int64_t index);
 // Store `value` rounded to `dtype` at element `index` of host memory `data`.
 void store_from_double(void* data, DType dtype, int64_t index, double value);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "optimized/buffer.h"
@@ -186,6 +187,79 @@ uint16_t float_to_bf16(float f) {
   return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
+// ---- fp8 <-> float, round to nearest even ------------------------------------------------------
+
+namespace {
+
+// An 8-bit float with kExp exponent bits (bias 2^(kExp-1) - 1) and kMan mantissa bits.
+template <int kExp, int kMan>
+struct Fp8Format {
+  static constexpr int kBias = (1 << (kExp - 1)) - 1;
+  static constexpr int kMaxExpField = (1 << kExp) - 1;
+
+  static double decode_magnitude(uint8_t bits) {  // sign stripped; exponent field not all ones
+    const int e = (bits >> kMan) & kMaxExpField;
+    const int m = bits & ((1 << kMan) - 1);
+    if (e == 0) return std::ldexp(static_cast<double>(m), 1 - kBias - kMan);  // subnormal
+    return std::ldexp(static_cast<double>((1 << kMan) + m), e - kBias - kMan);
+  }
+
+  // |x| (finite, >= 0) rounded to nearest even, as exponent and mantissa fields packed without the
+  // sign; may return a code with the exponent field all ones (the caller's overflow rule).
+  static unsigned encode_magnitude(double a) {
+    const double min_normal = std::ldexp(1.0, 1 - kBias);
+    if (a < min_normal) {
+      // Multiples of the subnormal step; rounding up to 2^kMan steps is the smallest normal, whose
+      // code is that same integer.
+      return static_cast<unsigned>(std::nearbyint(std::ldexp(a, kBias - 1 + kMan)));
+    }
+    int e2 = 0;
+    const double frac = std::frexp(a, &e2);  // a = frac * 2^e2, frac in [0.5, 1)
+    int e = e2 - 1;                          // a = (2 * frac) * 2^e, 2 * frac in [1, 2)
+    double m = std::nearbyint((2.0 * frac - 1.0) * (1 << kMan));  // exact before rounding
+    if (m == (1 << kMan)) m = 0, ++e;
+    const int field = e + kBias;
+    if (field > kMaxExpField) return (static_cast<unsigned>(kMaxExpField) << kMan) | ((1u << kMan) - 1);
+    return (static_cast<unsigned>(field) << kMan) | static_cast<unsigned>(m);
+  }
+};
+using E4M3 = Fp8Format<4, 3>;
+using E5M2 = Fp8Format<5, 2>;
+
+}  // namespace
+
+float fp8_e4m3_to_float(uint8_t bits) {
+  const bool negative = bits & 0x80;
+  const uint8_t mag = bits & 0x7f;
+  if (mag == 0x7f) return std::numeric_limits<float>::quiet_NaN();
+  const auto v = static_cast<float>(E4M3::decode_magnitude(mag));
+  return negative ? -v : v;
+}
+
+uint8_t float_to_fp8_e4m3(double x) {
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
+  if (std::isnan(x) || std::isinf(x)) return sign | 0x7f;
+  const unsigned code = E4M3::encode_magnitude(std::fabs(x));
+  return sign | static_cast<uint8_t>(code >= 0x7f ? 0x7f : code);  // past 448: NaN (no infinity)
+}
+
+float fp8_e5m2_to_float(uint8_t bits) {
+  const bool negative = bits & 0x80;
+  const uint8_t mag = bits & 0x7f;
+  float v;
+  if ((mag >> 2) == 0x1f) v = (mag & 3) ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
+  else v = static_cast<float>(E5M2::decode_magnitude(mag));
+  return negative ? -v : v;
+}
+
+uint8_t float_to_fp8_e5m2(double x) {
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
+  if (std::isnan(x)) return sign | 0x7f;
+  if (std::isinf(x)) return sign | 0x7c;
+  const unsigned code = E5M2::encode_magnitude(std::fabs(x));
+  return sign | static_cast<uint8_t>(code >= 0x7c ? 0x7c : code);  // past 57344: infinity
+}
+
 double load_as_double(const void* data, DType dtype, int64_t i) {
   switch (dtype) {
     case DType::kF32: return static_cast<const float*>(data)[i];
@@ -194,7 +268,7 @@ double load_as_double(const void* data, DType dtype, int64_t i) {
     case DType::kBF16: return bf16_to_float(static_cast<const uint16_t*>(data)[i]);
     case DType::kI32: return static_cast<const int32_t*>(data)[i];
     case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
-    case DType::kF8E4M3: break;
+    case DType::kF8E4M3: return fp8_e4m3_to_float(static_cast<const uint8_t*>(data)[i]);
   }
   throw Error(Status::kUnsupported, "dtype: load_as_double does not read " + std::string(dtype_name(dtype)));
 }
@@ -207,7 +281,7 @@ void store_from_double(void* data, DType dtype, int64_t i, double v) {
     case DType::kBF16: static_cast<uint16_t*>(data)[i] = float_to_bf16(static_cast<float>(v)); return;
     case DType::kI32: static_cast<int32_t*>(data)[i] = static_cast<int32_t>(v); return;
     case DType::kI64: static_cast<int64_t*>(data)[i] = static_cast<int64_t>(v); return;
-    case DType::kF8E4M3: break;
+    case DType::kF8E4M3: static_cast<uint8_t*>(data)[i] = float_to_fp8_e4m3(v); return;
   }
   throw Error(Status::kUnsupported, "dtype: store_from_double does not write " + std::string(dtype_name(dtype)));
 }

@@ -657,6 +657,64 @@ TEST(LoadStore, Fp8E4M3) {
   EXPECT_TRUE(std::isnan(load_as_double(f8.data(), DType::kF8E4M3, 7)));
 }
 
+// Every code of both fp8 formats decodes to its value and encodes back to itself; the midpoint of
+// two neighbouring codes rounds to the even one and anything past it to the nearer one; the
+// overflow rules (e4m3: NaN past the tie at 464, as torch.float8_e4m3fn; e5m2: infinity).
+template <typename Decode, typename Encode>
+void expect_fp8_format(Decode decode, Encode encode, uint8_t max_code, bool has_inf) {
+  for (int c = 0; c < 256; ++c) {
+    const uint8_t code = static_cast<uint8_t>(c);
+    const double v = decode(code);
+    if (std::isnan(v)) continue;
+    EXPECT_EQ(encode(v), code) << "code " << c << " = " << v;
+    if ((c & 0x7f) >= max_code) continue;
+    // The neighbour above in magnitude (same sign): midpoint, and just either side of it.
+    const double w = decode(static_cast<uint8_t>(c + 1));
+    const double mid = (v + w) / 2;
+    const uint8_t even = (c & 1) ? static_cast<uint8_t>(c + 1) : code;
+    EXPECT_EQ(encode(mid), even) << "tie between codes " << c << " and " << c + 1;
+    EXPECT_EQ(encode(std::nextafter(mid, 0.0 * mid)), code) << "below the midpoint above code " << c;
+    EXPECT_EQ(encode(std::nextafter(mid, 2 * mid)), static_cast<uint8_t>(c + 1)) << "above the midpoint, code " << c;
+  }
+  const double max = decode(max_code);
+  EXPECT_EQ(encode(-max), static_cast<uint8_t>(0x80 | max_code));
+  // Just past the largest finite value (below the tie): still the largest finite value.
+  EXPECT_EQ(encode(std::nextafter(max, 2 * max)), max_code) << (has_inf ? "e5m2" : "e4m3");
+  EXPECT_EQ(encode(0.0), 0x00);
+  EXPECT_EQ(encode(-0.0), 0x80);
+}
+
+TEST(Fp8, E4M3EveryCodeRoundingAndOverflow) {
+  expect_fp8_format([](uint8_t b) { return static_cast<double>(fp8_e4m3_to_float(b)); },
+                    [](double x) { return float_to_fp8_e4m3(x); }, 0x7E, false);
+  EXPECT_EQ(fp8_e4m3_to_float(0x7E), 448.0f);
+  EXPECT_EQ(fp8_e4m3_to_float(0x01), std::ldexp(1.0f, -9));  // the smallest subnormal
+  EXPECT_EQ(fp8_e4m3_to_float(0x08), std::ldexp(1.0f, -6));  // the smallest normal
+  EXPECT_EQ(float_to_fp8_e4m3(464.0), 0x7E);                   // the tie with the NaN code: even, 448
+  EXPECT_EQ(float_to_fp8_e4m3(464.5), 0x7F);                   // past it: NaN (no infinity)
+  EXPECT_EQ(float_to_fp8_e4m3(-1e30), 0xFF);
+  EXPECT_EQ(float_to_fp8_e4m3(INFINITY), 0x7F);
+  EXPECT_TRUE(std::isnan(fp8_e4m3_to_float(float_to_fp8_e4m3(NAN))));
+  EXPECT_EQ(float_to_fp8_e4m3(std::ldexp(1.0, -10)), 0x00);   // half the smallest subnormal: tie to 0
+  EXPECT_EQ(float_to_fp8_e4m3(std::ldexp(1.5, -9)), 0x02);    // 1.5 steps: tie to 2 (even)
+  EXPECT_EQ(float_to_fp8_e4m3(std::ldexp(1.0, -20)), 0x00);   // underflow to zero
+  EXPECT_EQ(float_to_fp8_e4m3(-std::ldexp(1.0, -20)), 0x80);  // keeps the sign
+}
+
+TEST(Fp8, E5M2EveryCodeRoundingAndOverflow) {
+  expect_fp8_format([](uint8_t b) { return static_cast<double>(fp8_e5m2_to_float(b)); },
+                    [](double x) { return float_to_fp8_e5m2(x); }, 0x7B, true);
+  EXPECT_EQ(fp8_e5m2_to_float(0x7B), 57344.0f);
+  EXPECT_EQ(fp8_e5m2_to_float(0x7C), INFINITY);
+  EXPECT_EQ(fp8_e5m2_to_float(0xFC), -INFINITY);
+  EXPECT_TRUE(std::isnan(fp8_e5m2_to_float(0x7D)));
+  EXPECT_EQ(fp8_e5m2_to_float(0x01), std::ldexp(1.0f, -16));
+  EXPECT_EQ(float_to_fp8_e5m2(61440.0), 0x7C);  // the tie between 57344 (odd) and 65536: infinity
+  EXPECT_EQ(float_to_fp8_e5m2(61439.0), 0x7B);
+  EXPECT_EQ(float_to_fp8_e5m2(-1e30), 0xFC);
+  EXPECT_EQ(float_to_fp8_e5m2(INFINITY), 0x7C);
+}
+
 // ---- build and machine facts ------------------------------------------------------------------
 
 TEST(Cuda, DeviceCountConsistentWithBuild) {
