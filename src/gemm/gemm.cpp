@@ -2,11 +2,12 @@
 // table (gemm_variants.h) to the CPU backend or a CUDA launcher.
 #include <algorithm>
 #include <array>
-#include <optional>
 #include <cstring>
+#include <optional>
 #include <sstream>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "gemm/gemm_config.h"
 #include "gemm/gemm_params.h"
@@ -147,31 +148,35 @@ bool hopper_eligible([[maybe_unused]] const GemmParams& p, [[maybe_unused]] cons
 #endif
 }
 
+// What kAuto runs for p (already validated) on its device.
+GemmVariant auto_variant_for(const GemmParams& p, const Device& device) {
+  const bool cuda = device.is_cuda();
+  return gemm_auto_variant(p.dtype, cuda, cuda && hopper_eligible(p, device), p.m);
+}
+
 // The concrete variant for these (already validated) operands: kAuto resolved, then checked
 // against the dtype and the device.
-GemmVariant checked_variant(GemmVariant variant, const TensorView& a, const TensorView& b, const TensorView& c) {
-  if (variant == GemmVariant::kAuto) variant = resolve_gemm_variant(a, b, c);
+GemmVariant checked_variant(GemmVariant variant, const GemmParams& p, const Device& device) {
+  if (variant == GemmVariant::kAuto) variant = auto_variant_for(p, device);
   const GemmVariantInfo& row = gemm_variant_info(variant);
-  if (std::string why = variant_rejects_dtype(kGemmVariants, row, a.dtype, "matmul"); !why.empty())
+  if (std::string why = variant_rejects_dtype(kGemmVariants, row, p.dtype, "matmul"); !why.empty())
     throw Error(Status::kUnsupported, "variant: " + why);
   const bool cuda_variant = row.backend == Backend::kCuda;
-  if (cuda_variant != a.device.is_cuda())
+  if (cuda_variant != device.is_cuda())
     invalid("variant: " + std::string(gemm_variant_name(variant)) + " runs on " +
-            (cuda_variant ? "CUDA" : "the CPU") + " tensors; given tensors on " + device_name(a.device));
+            (cuda_variant ? "CUDA" : "the CPU") + " tensors; given tensors on " + device_name(device));
   return variant;
 }
 }  // namespace
 
 GemmVariant resolve_gemm_variant(const TensorView& a, const TensorView& b, const TensorView& c) {
-  const bool cuda = a.device.is_cuda();
-  const GemmParams p = make_params(a, b, c, 1.0f, 0.0f);
-  return gemm_auto_variant(a.dtype, cuda, cuda && hopper_eligible(p, a.device), p.m);
+  return auto_variant_for(make_params(a, b, c, 1.0f, 0.0f), a.device);
 }
 
 void matmul(const TensorView& a, const TensorView& b, const TensorView& c, float alpha, float beta,
             GemmVariant variant, const ExecutionContext& ctx) {
   const GemmParams p = make_params(a, b, c, alpha, beta);
-  const GemmVariantInfo& row = gemm_variant_info(checked_variant(variant, a, b, c));
+  const GemmVariantInfo& row = gemm_variant_info(checked_variant(variant, p, a.device));
   if (row.backend == Backend::kCpu) {
     row.cpu(p, ctx.cpu_threads);
     return;
@@ -180,7 +185,7 @@ void matmul(const TensorView& a, const TensorView& b, const TensorView& c, float
   // Asked once per process (devices do not come and go), not on every call.
   static const std::string no_cuda = cuda_unavailable_reason();
   if (!no_cuda.empty()) throw Error(Status::kUnsupported, "a: CUDA tensors given but " + no_cuda);
-  if (gemm_variant_is_hopper(row.variant))
+  if (row.arch == ArchRule::kArchSpecific)  // the sm_90a rungs, which load A and B through TMA
     if (std::string why = gemm_hopper_rejects(p); !why.empty())
       invalid(why + " (variant " + std::string(row.name) + " loads through TMA; auto falls back to mma_pipeline)");
   launch_on_cuda(row, p, a.device.index, ctx, "matmul (" + std::string(row.name) + ")");
@@ -194,9 +199,9 @@ size_t matmul_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batch, DT
   for (const auto& [value, name] : {std::pair{m, "m"}, std::pair{n, "n"}, std::pair{k, "k"}, std::pair{batch, "batch"}})
     if (value < 1) invalid(std::string(name) + ": expected >= 1; given " + std::to_string(value));
   // auto: the largest need of what it may pick for these sizes (the Hopper rung wherever it can run).
-  const std::array<GemmVariant, 2> candidates = {
-      variant == GemmVariant::kAuto ? gemm_auto_variant(dtype, device.is_cuda(), false, m) : variant,
-      variant == GemmVariant::kAuto ? gemm_auto_variant(dtype, device.is_cuda(), true, m) : variant};
+  std::vector<GemmVariant> candidates = {variant};
+  if (variant == GemmVariant::kAuto)
+    candidates = {gemm_auto_variant(dtype, device.is_cuda(), false, m), gemm_auto_variant(dtype, device.is_cuda(), true, m)};
   size_t need = 0;
   for (GemmVariant v : candidates) {
     const GemmVariantInfo& row = gemm_variant_info(v);
@@ -210,8 +215,9 @@ size_t matmul_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batch, DT
     p.m = m, p.n = n, p.k = k, p.batch = batch, p.dtype = dtype;
     p.lda = k, p.ldb = n, p.ldc = n;
     p.batch_stride_a = m * k, p.batch_stride_b = k * n, p.batch_stride_c = m * n;
+    static const bool usable = cuda_unavailable_reason().empty();
     std::optional<DeviceGuard> guard;  // without a usable device the query plans for an H100's 132 SMs
-    if (cuda_unavailable_reason().empty()) guard.emplace(device.index);
+    if (usable) guard.emplace(device.index);
     need = std::max(need, launcher_workspace_bytes(row, p, "matmul_workspace_bytes (" + std::string(row.name) + ")"));
 #endif
   }
@@ -222,7 +228,7 @@ size_t matmul_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batch, DT
 cuda::KernelResources describe_gemm_kernel(const TensorView& a, const TensorView& b, const TensorView& c,
                                            float alpha, float beta, GemmVariant variant) {
   const GemmParams p = make_params(a, b, c, alpha, beta);
-  const GemmVariantInfo& row = gemm_variant_info(checked_variant(variant, a, b, c));
+  const GemmVariantInfo& row = gemm_variant_info(checked_variant(variant, p, a.device));
   cuda::KernelResources out;
   DeviceGuard guard(a.device.index);
   check_cuda(row.resources(p, &out), "describe_gemm_kernel (" + std::string(row.name) + ")");

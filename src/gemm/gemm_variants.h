@@ -36,8 +36,9 @@ constexpr CpuBackendFn<GemmParams> kNoCpu = nullptr;
 // the decode path beside the ladder, last.
 // Compute capabilities: the CUDA-core rungs run anywhere (5.0); wmma's bf16 fragments and
 // mma_pipeline's cp.async / ldmatrix / bf16 mma.sync need 8.0; the wgmma rungs are sm_90a code,
-// which runs on compute capability 9.0 alone (kArchSpecific), and exist only in builds with the
-// sm_90a sources (OPTIMIZED_SM90A_FN: null launcher otherwise).
+// which runs on compute capability 9.0 alone (kArchSpecific; they are also the rungs that load A and
+// B through TMA, which gemm.cpp checks for), and exist only in builds with the sm_90a sources
+// (OPTIMIZED_SM90A_FN: null launcher otherwise).
 inline constexpr std::array<GemmVariantInfo, 13> kGemmVariants = {{
     {GemmVariant::kCpuNaive, "cpu_naive", Backend::kCpu, gemm_table::kFloatAndF64, 0, "",
      [](const GemmParams& p, int) { cpu::gemm_naive(p); }, nullptr, nullptr, nullptr},
@@ -72,11 +73,6 @@ inline constexpr std::array<GemmVariantInfo, 13> kGemmVariants = {{
     {GemmVariant::kCudaGemv, "gemv", Backend::kCuda, gemm_table::kFloat, 50, "", gemm_table::kNoCpu,
      OPTIMIZED_CUDA_FN(cuda::gemm_gemv), nullptr, OPTIMIZED_CUDA_FN(cuda::gemm_gemv_resources)},
 }};
-
-// Whether `variant` is one of the Hopper (TMA) rungs, which take only operands TMA can describe.
-constexpr bool gemm_variant_is_hopper(GemmVariant v) {
-  return v == GemmVariant::kCudaWgmmaTma || v == GemmVariant::kCudaWgmmaWs || v == GemmVariant::kCudaWgmmaPersistent;
-}
 
 // The row of `variant` (not kAuto).
 const GemmVariantInfo& gemm_variant_info(GemmVariant variant);

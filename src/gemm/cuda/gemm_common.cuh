@@ -39,4 +39,11 @@ __device__ __forceinline__ BatchOperands<T> batch_operands(const GemmParams& p, 
           static_cast<T*>(p.c) + z * p.batch_stride_c};
 }
 
+// Whether every row of an operand starts on a 16-byte boundary (what 16-byte vector loads and
+// cp.async chunks need): base pointer, row stride and, when batched, batch stride.
+inline bool rows_aligned16(const void* base, int64_t ld, int64_t batch_stride, int64_t batch, DType dtype) {
+  const int64_t per16 = 16 / static_cast<int64_t>(dtype_size(dtype));
+  return (reinterpret_cast<uintptr_t>(base) & 15) == 0 && ld % per16 == 0 && (batch <= 1 || batch_stride % per16 == 0);
+}
+
 }  // namespace optimized::cuda

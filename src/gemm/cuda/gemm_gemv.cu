@@ -168,14 +168,6 @@ __global__ void __launch_bounds__(kThreads) gemm_gemv_kernel(const GemmParams p,
   }
 }
 
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
-
-// Rows of an operand start on 16-byte boundaries (base, row stride and batch stride).
-bool rows_aligned(const void* base, int64_t ld, int64_t batch_stride, int64_t batch, DType dtype) {
-  const int64_t per16 = 16 / static_cast<int64_t>(dtype_size(dtype));
-  return aligned16(base) && ld % per16 == 0 && (batch <= 1 || batch_stride % per16 == 0);
-}
-
 template <typename T, int kRows>
 const void* kernel_ptr() {
   return reinterpret_cast<const void*>(&gemm_gemv_kernel<T, kRows>);
@@ -192,8 +184,8 @@ cudaError_t with_rows(int64_t m, F&& body) {
 
 template <typename T>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
-  const bool vec_a = rows_aligned(p.a, p.lda, p.batch_stride_a, p.batch, p.dtype);
-  const bool vec_b = rows_aligned(p.b, p.ldb, p.batch_stride_b, p.batch, p.dtype);
+  const bool vec_a = rows_aligned16(p.a, p.lda, p.batch_stride_a, p.batch, p.dtype);
+  const bool vec_b = rows_aligned16(p.b, p.ldb, p.batch_stride_b, p.batch, p.dtype);
   const int64_t blocks_x = ceil_div(p.n, int64_t(kColsPerBlock));
   if (blocks_x > INT32_MAX) return cudaErrorInvalidValue;
   return with_rows(p.m, [&]<int kRows>() -> cudaError_t {

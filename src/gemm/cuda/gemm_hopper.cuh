@@ -36,7 +36,8 @@ struct HopperGemmArgs {
 // Split-K scratch of p with `splits` ranges and tiles of block_m x block_n: fp32 partial slots of
 // min(M, block_m) rows, then one counter per tile (256-byte aligned).
 inline size_t hopper_split_bytes(const GemmParams& p, int block_m, int block_n, int splits, size_t* counters_offset) {
-  if (splits <= 1) return *counters_offset = 0, 0;
+  *counters_offset = 0;
+  if (splits <= 1) return 0;
   const int64_t tiles = ceil_div(p.m, int64_t(block_m)) * ceil_div(p.n, int64_t(block_n)) * p.batch;
   const int64_t slot_rows = p.m < block_m ? p.m : block_m;
   const size_t partial_bytes = static_cast<size_t>(tiles * splits * slot_rows * block_n) * sizeof(float);

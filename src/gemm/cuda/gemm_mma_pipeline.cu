@@ -73,14 +73,11 @@ const char* kernel_name() {
                     : "gemm_mma_pipeline<bf16, 128x256x64, 4 stages, unaligned ld/st>";
 }
 
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
-
 // The cp.async path needs every 16-byte chunk it copies to start on a 16-byte boundary: base
 // pointers aligned, and row and batch strides multiples of 8 elements (2-byte types).
 bool operands_aligned(const GemmParams& p) {
-  const bool batched = p.batch > 1;
-  return aligned16(p.a) && aligned16(p.b) && p.lda % 8 == 0 && p.ldb % 8 == 0 &&
-         (!batched || (p.batch_stride_a % 8 == 0 && p.batch_stride_b % 8 == 0));
+  return rows_aligned16(p.a, p.lda, p.batch_stride_a, p.batch, p.dtype) &&
+         rows_aligned16(p.b, p.ldb, p.batch_stride_b, p.batch, p.dtype);
 }
 
 bool c_vectorizable(const GemmParams& p) {

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/dtype.cuh"
 
@@ -30,39 +31,35 @@ struct AlphaBetaEpilogue {
     store_alpha_beta(c, acc, alpha, beta);
   }
 
-  // Two neighbouring 16-bit elements as one 4-byte access (4-byte aligned).
+  // kN consecutive 16-bit elements as one access (4 or 8 bytes, aligned to it).
+  template <int kN, typename T>
+  __device__ __forceinline__ void store_n(T* c, const float (&v)[kN]) const {
+    static_assert(sizeof(T) == 2 && (kN == 2 || kN == 4), "two or four 16-bit elements as one access");
+    using Word = std::conditional_t<kN == 2, uint32_t, uint2>;
+    float o[kN];
+#pragma unroll
+    for (int e = 0; e < kN; ++e) o[e] = alpha * v[e];
+    if (beta != 0.0f) {
+      const Word old = *reinterpret_cast<const Word*>(c);
+      const T* ov = reinterpret_cast<const T*>(&old);
+#pragma unroll
+      for (int e = 0; e < kN; ++e) o[e] = fmaf(beta, to_float(ov[e]), o[e]);
+    }
+    Word out;
+    T* outv = reinterpret_cast<T*>(&out);
+#pragma unroll
+    for (int e = 0; e < kN; ++e) outv[e] = from_float<T>(o[e]);
+    *reinterpret_cast<Word*>(c) = out;
+  }
   template <typename T>
   __device__ __forceinline__ void store2(T* c, float v0, float v1) const {
-    static_assert(sizeof(T) == 2, "store2 moves two 16-bit elements as one 4-byte access");
-    float o0 = alpha * v0, o1 = alpha * v1;
-    if (beta != 0.0f) {
-      const uint32_t old = *reinterpret_cast<const uint32_t*>(c);
-      const T* ov = reinterpret_cast<const T*>(&old);
-      o0 = fmaf(beta, to_float(ov[0]), o0);
-      o1 = fmaf(beta, to_float(ov[1]), o1);
-    }
-    uint32_t out;
-    T* outv = reinterpret_cast<T*>(&out);
-    outv[0] = from_float<T>(o0);
-    outv[1] = from_float<T>(o1);
-    *reinterpret_cast<uint32_t*>(c) = out;
+    const float v[2] = {v0, v1};
+    store_n<2>(c, v);
   }
-
   template <typename T>
   __device__ __forceinline__ void store4(T* c, float4 v) const {
-    static_assert(sizeof(T) == 2, "store4 moves four 16-bit elements as one 8-byte access");
-    float o[4] = {alpha * v.x, alpha * v.y, alpha * v.z, alpha * v.w};
-    if (beta != 0.0f) {
-      const uint2 old = *reinterpret_cast<const uint2*>(c);
-      const T* ov = reinterpret_cast<const T*>(&old);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[e] = fmaf(beta, to_float(ov[e]), o[e]);
-    }
-    uint2 out;
-    T* outv = reinterpret_cast<T*>(&out);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) outv[e] = from_float<T>(o[e]);
-    *reinterpret_cast<uint2*>(c) = out;
+    const float f[4] = {v.x, v.y, v.z, v.w};
+    store_n<4>(c, f);
   }
 };
 

@@ -52,12 +52,12 @@ struct PersistentTiles {
   int64_t batch;
   int splits = 1;
 
-  int cluster_rows() const { return (tiles_m + kClusterM - 1) / kClusterM; }
+  __host__ __device__ __forceinline__ int cluster_rows() const { return (tiles_m + kClusterM - 1) / kClusterM; }
   // Units of work (cluster tiles x splits) over every batch.
   int64_t total() const { return int64_t(cluster_rows()) * tiles_n * batch * splits; }
 
   __device__ __forceinline__ bool next(int i, ScheduledTile* t) const {
-    const int rows = (tiles_m + kClusterM - 1) / kClusterM;
+    const int rows = cluster_rows();
     const int64_t unit = int64_t(blockIdx.x / kClusterM) + int64_t(i) * (gridDim.x / kClusterM);
     const int64_t per_batch = int64_t(rows) * tiles_n;
     const int64_t id = unit / splits;
