@@ -267,7 +267,7 @@ Groups gemm_groups(const GemmBenchConfig& cfg, bool gpu) {
         if (skip.empty() && optimized::gemm_variant_name(v).starts_with("wgmma_") &&
             (shape.k % per16 != 0 || shape.n % per16 != 0))
           skip = "TMA needs rows of A and B 16-byte aligned (K and N multiples of " + std::to_string(per16) +
-                 " here); auto runs mma_pipeline";
+                 " here); auto copies them into aligned rows or runs mma_pipeline";
         g->add_row(v, skip);
       }
       if (cfg.baselines && gpu) g->baseline = BaselinePlan{cublas_mode_name(cublas_mode_for(dtype)), -1, true};

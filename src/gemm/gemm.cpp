@@ -136,13 +136,16 @@ std::string gemm_hopper_rejects(const GemmParams& p) {
 #endif
 
 // Whether kAuto may pick a Hopper rung for p on `device`: an sm_90a build, a compute capability
-// 9.0 device, operands TMA can describe.
+// 9.0 device, and operands TMA can describe, or a product large enough that wgmma_persistent's
+// padded copies of them pay (gemm_hopper_staging_pays).
 bool hopper_eligible([[maybe_unused]] const GemmParams& p, [[maybe_unused]] const Device& device) {
 #if OPTIMIZED_WITH_CUDA && OPTIMIZED_WITH_SM90A
   if (!device.is_cuda() || (p.dtype != DType::kF16 && p.dtype != DType::kBF16)) return false;
   const DeviceFacts* facts = nullptr;
   if (device_facts(device.index, &facts) != cudaSuccess) return false;
-  return facts->compute_capability == 90 && gemm_hopper_rejects(p).empty();
+  return facts->compute_capability == 90 &&
+         (gemm_hopper_rejects(p).empty() ||
+          gemm_hopper_staging_pays(p.m, p.n, p.k, p.batch, static_cast<int64_t>(dtype_size(p.dtype))));
 #else
   return false;
 #endif
@@ -185,9 +188,12 @@ void matmul(const TensorView& a, const TensorView& b, const TensorView& c, float
   // Asked once per process (devices do not come and go), not on every call.
   static const std::string no_cuda = cuda_unavailable_reason();
   if (!no_cuda.empty()) throw Error(Status::kUnsupported, "a: CUDA tensors given but " + no_cuda);
-  if (row.arch == ArchRule::kArchSpecific)  // the sm_90a rungs, which load A and B through TMA
+  // Forced, a Hopper rung takes only what TMA describes; chosen by auto, wgmma_persistent stages
+  // such operands through padded copies in its workspace.
+  if (variant != GemmVariant::kAuto && row.arch == ArchRule::kArchSpecific)
     if (std::string why = gemm_hopper_rejects(p); !why.empty())
-      invalid(why + " (variant " + std::string(row.name) + " loads through TMA; auto falls back to mma_pipeline)");
+      invalid(why + " (variant " + std::string(row.name) +
+              " loads through TMA; auto copies such operands into aligned rows or runs mma_pipeline)");
   launch_on_cuda(row, p, a.device.index, ctx, "matmul (" + std::string(row.name) + ")");
 #else
   throw Error(Status::kUnsupported, "a: CUDA tensors given but this build is CPU-only (built without CUDA)");

@@ -80,6 +80,17 @@ constexpr GemmHopperPlan gemm_hopper_plan_sm90(int64_t m, int64_t n, int64_t k, 
   return {small_m, best};
 }
 
+// Operands TMA cannot describe (rows not 16-byte aligned: odd K or N): kAuto may still run
+// wgmma_persistent on padded copies of A and B in its workspace (two strided 2-D copies) when that
+// beats mma_pipeline's unaligned path. The model: the copies move (M*K + K*N) * 2 bytes twice at
+// ~2.5 TB/s, plus ~10 us of launches; the product runs at ~650 TFLOP/s against ~150 for the
+// unaligned mma_pipeline (H100, bf16: docs/perf-notes/gemm.md, "The odd shape").
+constexpr bool gemm_hopper_staging_pays(int64_t m, int64_t n, int64_t k, int64_t batch, int64_t element_bytes) {
+  const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * batch;
+  const double copy_bytes = 2.0 * static_cast<double>(m * k + k * n) * static_cast<double>(batch * element_bytes);
+  return flops / 150e12 > copy_bytes / 2.5e12 + flops / 650e12 + 10e-6;
+}
+
 // What kAuto runs (docs/perf-notes/gemm.md, "Measured: the H100 ladder at a glance", 4096^3):
 // on CUDA, fp32 -> register_tiled (45.5 TFLOP/s, the only fp32 rung past 6; the tensor-core rungs
 // take no fp32), fp16/bf16 -> wgmma_persistent where it can run (`hopper`: an sm_90a build, a

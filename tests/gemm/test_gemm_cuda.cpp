@@ -27,6 +27,8 @@ std::vector<VariantParam> cuda_variants() {
   return out;
 }
 
+bool hopper_device();  // compute capability 9.0 (below)
+
 bool is_hopper(GemmVariant v) {
   return v == GemmVariant::kCudaWgmmaTma || v == GemmVariant::kCudaWgmmaWs || v == GemmVariant::kCudaWgmmaPersistent;
 }
@@ -274,6 +276,44 @@ TEST_P(CudaGemmAuto, OddSizesAndBatches) {
   cs.lda_pad = 1;
   cs.alpha = 0.5f;
   cs.beta = -1.25f;
+  expect_gemm_ok(cs);
+}
+
+// Operands TMA cannot describe (odd K or N), large enough that auto runs wgmma_persistent on
+// padded copies of them (gemm_hopper_staging_pays) on an H100.
+TEST_P(CudaGemmAuto, StagesWhatTmaCannotDescribe) {
+  const DType d = GetParam();
+  GemmCase cs;
+  cs.dtype = d;
+  cs.device = Device::cuda(0);
+  cs.m = 4097, cs.n = 4095, cs.k = 4093;
+  cs.samples = 4096;
+  expect_gemm_ok(cs);
+  if (hopper_device() && d != DType::kF32) {
+    Buffer a(d, 4097 * 4093, Device::cuda()), b(d, 4093 * 4095, Device::cuda()), c(d, 4097 * 4095, Device::cuda());
+    EXPECT_EQ(resolve_gemm_variant(a.view({4097, 4093}), b.view({4093, 4095}), c.view({4097, 4095})),
+              GemmVariant::kCudaWgmmaPersistent);
+  }
+  // Batched, A with odd rows and gaps between batches, B shared by every batch.
+  cs = GemmCase{};
+  cs.dtype = d;
+  cs.device = Device::cuda(0);
+  cs.m = 1500, cs.n = 1600, cs.k = 2001;
+  cs.batch = 3;
+  cs.lda_pad = 1;
+  cs.batch_gap = 5;
+  cs.b_bcast = Broadcast::kStride0;
+  cs.alpha = 0.5f;
+  cs.beta = -1.25f;
+  cs.samples = 4096;
+  expect_gemm_ok(cs);
+  // B with odd rows (N = 1601), A aligned.
+  cs.n = 1601;
+  cs.k = 2048;
+  cs.lda_pad = 0;
+  cs.batch_gap = 0;
+  cs.b_bcast = Broadcast::kNone;
+  cs.beta = 0.0f;
   expect_gemm_ok(cs);
 }
 

@@ -14,6 +14,7 @@
 //     the TMA unit, so the consumers return to the tensor cores after ~64 shared-memory stores per
 //     thread instead of waiting on 64 global ones.
 //
+//   * operands TMA cannot describe (auto only): padded copies in the workspace first (Staging).
 //   * small M (decode shapes, M <= 64) and split-K: gemm_config.h's gemm_hopper_plan picks the
 //     tile configuration and how many K ranges to cut each tile into when the tiles alone do not
 //     fill the SMs (the fp32 partials meet in a workspace, summed in split order).
@@ -69,6 +70,80 @@ GemmHopperPlan plan_for(const GemmParams& p) {
   const DeviceFacts* facts = nullptr;
   if (current_device_facts(&facts) == cudaSuccess) sm_count = facts->sm_count;
   return gemm_hopper_plan(p.m, p.n, p.k, p.batch, sm_count);
+}
+
+// Padded copies of the operands TMA cannot describe (rows or batches not 16-byte aligned). Only
+// auto gets here with such operands (gemm.cpp refuses them for a forced rung): the copies' rows
+// are K (A) or N (B) rounded up to 8 elements, made with strided 2-D copies at the front of the
+// workspace, A's then B's; TMA never reads the padding (the maps end at K and N).
+struct Staging {
+  bool a = false, b = false;
+  int64_t lda = 0, ldb = 0;           // the copies' row strides
+  int64_t batches_a = 1, batches_b = 1;
+  size_t b_offset = 0, bytes = 0;     // B's copy after A's; the total, 256-byte aligned
+};
+
+Staging staging_for(const GemmParams& p) {
+  const int e = static_cast<int>(dtype_size(p.dtype));
+  const auto round8 = [](int64_t x) { return (x + 7) / 8 * 8; };
+  const auto round256 = [](int64_t x) { return static_cast<size_t>((x + 255) / 256 * 256); };
+  Staging st;
+  st.a = !tma_rejects({p.a, p.m, p.k, p.lda, p.batch, p.batch_stride_a, e}, "a").empty();
+  st.b = !tma_rejects({p.b, p.k, p.n, p.ldb, p.batch, p.batch_stride_b, e}, "b").empty();
+  size_t a_bytes = 0, b_bytes = 0;
+  if (st.a) {
+    st.lda = round8(p.k);
+    st.batches_a = p.batch_stride_a != 0 ? p.batch : 1;
+    a_bytes = round256(st.batches_a * p.m * st.lda * e);
+  }
+  if (st.b) {
+    st.ldb = round8(p.n);
+    st.batches_b = p.batch_stride_b != 0 ? p.batch : 1;
+    b_bytes = round256(st.batches_b * p.k * st.ldb * e);
+  }
+  st.b_offset = a_bytes;
+  st.bytes = a_bytes + b_bytes;
+  return st;
+}
+
+// rows x cols of `batches` matrices (ld, batch stride in elements) into dst with row stride dst_ld.
+cudaError_t copy_rows(void* dst, int64_t dst_ld, const void* src, int64_t ld, int64_t batch_stride, int64_t rows,
+                      int64_t cols, int64_t batches, int e, cudaStream_t stream) {
+  // Batches that follow each other row after row are one copy of batches * rows rows.
+  const bool one = batches == 1 || batch_stride == rows * ld;
+  const int64_t height = one ? batches * rows : rows;
+  for (int64_t z = 0; z < (one ? 1 : batches); ++z) {
+    if (cudaError_t err = cudaMemcpy2DAsync(static_cast<char*>(dst) + z * rows * dst_ld * e, dst_ld * e,
+                                            static_cast<const char*>(src) + z * batch_stride * e, ld * e, cols * e,
+                                            height, cudaMemcpyDeviceToDevice, stream);
+        err != cudaSuccess)
+      return err;
+  }
+  return cudaSuccess;
+}
+
+// p with its operands replaced by their staged copies (made on `stream`) where `st` says.
+cudaError_t stage(const GemmParams& p, const Staging& st, void* workspace, cudaStream_t stream, GemmParams* q) {
+  const int e = static_cast<int>(dtype_size(p.dtype));
+  *q = p;
+  if (st.a) {
+    if (cudaError_t err = copy_rows(workspace, st.lda, p.a, p.lda, p.batch_stride_a, p.m, p.k, st.batches_a, e, stream);
+        err != cudaSuccess)
+      return err;
+    q->a = workspace;
+    q->lda = st.lda;
+    q->batch_stride_a = st.batches_a > 1 ? p.m * st.lda : 0;
+  }
+  if (st.b) {
+    void* b = static_cast<char*>(workspace) + st.b_offset;
+    if (cudaError_t err = copy_rows(b, st.ldb, p.b, p.ldb, p.batch_stride_b, p.k, p.n, st.batches_b, e, stream);
+        err != cudaSuccess)
+      return err;
+    q->b = b;
+    q->ldb = st.ldb;
+    q->batch_stride_b = st.batches_b > 1 ? p.k * st.ldb : 0;
+  }
+  return cudaSuccess;
 }
 
 template <bool kSmallM>
@@ -144,17 +219,25 @@ cudaError_t launch(const GemmParams& p, int splits, const Workspace& workspace, 
 
 cudaError_t gemm_wgmma_persistent(const GemmParams& p, const Workspace& workspace, cudaStream_t stream) {
   const GemmHopperPlan plan = plan_for(p);
+  const Staging st = staging_for(p);
+  GemmParams q = p;
+  Workspace rest = workspace;  // after the staged copies: split-K's scratch
+  if (st.bytes > 0) {
+    if (workspace.data == nullptr || workspace.bytes < st.bytes) return cudaErrorInvalidValue;
+    if (cudaError_t e = stage(p, st, workspace.data, stream, &q); e != cudaSuccess) return e;
+    rest = {static_cast<char*>(workspace.data) + st.bytes, workspace.bytes - st.bytes};
+  }
   return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    return plan.small_m ? launch<T, true>(p, plan.splits, workspace, stream)
-                        : launch<T, false>(p, plan.splits, workspace, stream);
+    return plan.small_m ? launch<T, true>(q, plan.splits, rest, stream)
+                        : launch<T, false>(q, plan.splits, rest, stream);
   });
 }
 
 cudaError_t gemm_wgmma_persistent_workspace(const GemmParams& p, size_t* bytes) {
   const GemmHopperPlan plan = plan_for(p);
   size_t counters_offset = 0;
-  *bytes = plan.small_m ? split_bytes<true>(p, plan.splits, &counters_offset)
-                        : split_bytes<false>(p, plan.splits, &counters_offset);
+  *bytes = staging_for(p).bytes + (plan.small_m ? split_bytes<true>(p, plan.splits, &counters_offset)
+                                                : split_bytes<false>(p, plan.splits, &counters_offset));
   return cudaSuccess;
 }
 
