@@ -34,9 +34,11 @@ std::string shape_string(const TensorView& t) {
   return s.str();
 }
 
-// One operand seen as (batch, rows, cols) with a row stride and a batch stride.
+// One operand seen as (batch, rows, cols) stored row-major (col_major false: rows ld apart) or
+// column-major (col_major true: columns ld apart), with a batch stride.
 struct Operand {
   int64_t batch, rows, cols, ld, batch_stride;
+  bool col_major;
 };
 
 Operand as_matrix(const TensorView& t, const char* name) {
@@ -51,15 +53,23 @@ Operand as_matrix(const TensorView& t, const char* name) {
     invalid(std::string(name) + ": expected data aligned to " + std::to_string(dtype_size(t.dtype)) +
             " bytes (the element size); given address " + std::to_string(reinterpret_cast<uintptr_t>(t.data)));
   const int r = t.rank;
-  Operand op{r == 3 ? t.shape[0] : 1, t.shape[r - 2], t.shape[r - 1], t.strides[r - 2],
-             r == 3 ? t.strides[0] : 0};
-  if (t.strides[r - 1] != 1)
-    invalid(std::string(name) + ": expected unit stride in the last dimension (row-major); given strides of " +
-            t.describe());
-  if (op.ld < op.cols && op.rows > 1)
-    invalid(std::string(name) + ": expected row stride (leading dimension) >= " + std::to_string(op.cols) +
-            "; given " + std::to_string(op.ld));
-  if (op.rows == 1) op.ld = std::max(op.ld, op.cols);  // a single row: its stride is never used
+  const int64_t rows = t.shape[r - 2], cols = t.shape[r - 1];
+  const int64_t row_stride = t.strides[r - 2], col_stride = t.strides[r - 1];
+  Operand op{r == 3 ? t.shape[0] : 1, rows, cols, 0, r == 3 ? t.strides[0] : 0, false};
+  // Row-major: unit stride along a row, rows at least a row apart; column-major the other way
+  // round. A dimension of extent 1 never steps, so its stride does not matter (a row vector with
+  // strided elements is a column-major (1, K) matrix).
+  if ((cols == 1 || col_stride == 1) && (rows == 1 || row_stride >= cols)) {
+    op.ld = rows == 1 ? cols : row_stride;
+  } else if ((rows == 1 || row_stride == 1) && (cols == 1 || col_stride >= rows)) {
+    op.col_major = true;
+    op.ld = cols == 1 ? rows : col_stride;
+  } else {
+    invalid(std::string(name) +
+            ": expected a row-major view (unit stride in the last dimension, row stride >= " + std::to_string(cols) +
+            ") or a column-major one (unit stride in the second-to-last, column stride >= " + std::to_string(rows) +
+            "); given strides of " + t.describe());
+  }
   if (r == 3 && op.batch > 1 && op.batch_stride < 0)
     invalid(std::string(name) + ": expected a non-negative batch stride; given " + std::to_string(op.batch_stride));
   return op;
@@ -74,7 +84,7 @@ bool overlaps(const TensorView& x, const char* x_name, const TensorView& y, cons
 
 GemmParams make_params(const TensorView& a, const TensorView& b, const TensorView& c, float alpha,
                        float beta) {
-  const Operand A = as_matrix(a, "a"), B = as_matrix(b, "b"), C = as_matrix(c, "c");
+  Operand A = as_matrix(a, "a"), B = as_matrix(b, "b"), C = as_matrix(c, "c");
   for (const TensorView* t : {&b, &c})
     if (t->dtype != a.dtype)
       invalid(std::string(t == &b ? "b" : "c") + ": expected dtype " + std::string(dtype_name(a.dtype)) +
@@ -96,9 +106,10 @@ GemmParams make_params(const TensorView& a, const TensorView& b, const TensorVie
     if (op.batch != 1 && op.batch != C.batch)
       invalid(std::string(name) + ": expected batch " + std::to_string(C.batch) + " (c's) or 1; given " +
               std::to_string(op.batch));
-  if (C.batch > 1 && C.batch_stride < (C.rows - 1) * C.ld + C.cols)
-    invalid("c: expected batch stride >= " + std::to_string((C.rows - 1) * C.ld + C.cols) +
-            " so that batches do not overlap; given " + std::to_string(C.batch_stride));
+  const int64_t c_span = C.col_major ? (C.cols - 1) * C.ld + C.rows : (C.rows - 1) * C.ld + C.cols;
+  if (C.batch > 1 && C.batch_stride < c_span)
+    invalid("c: expected batch stride >= " + std::to_string(c_span) + " so that batches do not overlap; given " +
+            std::to_string(C.batch_stride));
   const bool overlaps_a = overlaps(c, "c", a, "a"), overlaps_b = overlaps(c, "c", b, "b");
   if (overlaps_a || overlaps_b)
     invalid(std::string("c: expected an output that does not overlap ") + (overlaps_a ? "a" : "b") +
@@ -114,9 +125,21 @@ GemmParams make_params(const TensorView& a, const TensorView& b, const TensorVie
   p.lda = A.ld;
   p.ldb = B.ld;
   p.ldc = C.ld;
+  p.trans_a = A.col_major;
+  p.trans_b = B.col_major;
   p.batch_stride_a = A.batch == 1 ? 0 : A.batch_stride;
   p.batch_stride_b = B.batch == 1 ? 0 : B.batch_stride;
   p.batch_stride_c = C.batch_stride;
+  if (C.col_major) {
+    // A column-major C is the row-major C^T = B^T A^T: swap the operands and their layouts.
+    std::swap(p.a, p.b);
+    std::swap(p.m, p.n);
+    std::swap(p.lda, p.ldb);
+    std::swap(p.batch_stride_a, p.batch_stride_b);
+    const bool ta = p.trans_a;
+    p.trans_a = !p.trans_b;
+    p.trans_b = !ta;
+  }
   p.alpha = alpha;
   p.beta = beta;
   p.dtype = a.dtype;
@@ -129,9 +152,11 @@ GemmParams make_params(const TensorView& a, const TensorView& b, const TensorVie
 // any alignment.
 std::string gemm_hopper_rejects(const GemmParams& p) {
   const int bytes = static_cast<int>(dtype_size(p.dtype));
-  if (std::string why = tma_rejects({p.a, p.m, p.k, p.lda, p.batch, p.batch_stride_a, bytes}, "a"); !why.empty())
+  if (std::string why = tma_rejects(
+          {p.a, p.a_stored_rows(), p.a_stored_cols(), p.lda, p.batch, p.batch_stride_a, bytes}, "a");
+      !why.empty())
     return why;
-  return tma_rejects({p.b, p.k, p.n, p.ldb, p.batch, p.batch_stride_b, bytes}, "b");
+  return tma_rejects({p.b, p.b_stored_rows(), p.b_stored_cols(), p.ldb, p.batch, p.batch_stride_b, bytes}, "b");
 }
 #endif
 

@@ -148,27 +148,36 @@ inline TensorView shifted(TensorView t, int64_t elements) {
 
 // ---- poisoned storage with a guard zone -------------------------------------------------------
 
-// Storage of one operand: `batches` matrices of rows x cols, rows `ld` apart, batches
-// `batch_stride` apart, starting `offset` elements into a buffer that ends with a guard zone.
-// Everything outside the view is poisoned (NaN) by the families' operand builders.
+// Storage of one operand: `batches` matrices of rows x cols, stored row-major (rows `ld` apart) or
+// column-major (col_major: columns `ld` apart), batches `batch_stride` apart, starting `offset`
+// elements into a buffer that ends with a guard zone. Everything outside the view is poisoned
+// (NaN) by the families' operand builders.
 struct GuardedLayout {
-  int64_t rows = 0, cols = 0, ld = 0;
+  int64_t rows = 0, cols = 0, ld = 0;  // rows and cols of the matrix as the view shows it
   int64_t offset = 0;
   int64_t batches = 1;  // matrices stored (1 when broadcast)
   int64_t batch_stride = 0;
+  bool col_major = false;
   static constexpr int64_t kGuard = 67;  // elements after the last one the view covers
 
-  int64_t storage() const { return offset + (batches - 1) * batch_stride + rows * ld + kGuard; }
+  // The stored rows (ld apart) and their width.
+  int64_t stored_rows() const { return col_major ? cols : rows; }
+  int64_t stored_cols() const { return col_major ? rows : cols; }
+  int64_t storage() const { return offset + (batches - 1) * batch_stride + stored_rows() * ld + kGuard; }
   int64_t count() const { return batches * rows * cols; }
   // Index in the buffer of element (i, j), and of element (i, j) of matrix z (z < batches).
-  int64_t index(int64_t i, int64_t j) const { return offset + i * ld + j; }
-  int64_t at(int64_t z, int64_t i, int64_t j) const { return offset + z * batch_stride + i * ld + j; }
+  int64_t index(int64_t i, int64_t j) const { return at(0, i, j); }
+  int64_t at(int64_t z, int64_t i, int64_t j) const {
+    return offset + z * batch_stride + (col_major ? j * ld + i : i * ld + j);
+  }
   // Marks the elements the view covers.
   std::vector<char> mask() const {
     std::vector<char> m(static_cast<size_t>(storage()), 0);
     for (int64_t z = 0; z < batches; ++z)
-      for (int64_t i = 0; i < rows; ++i)
-        if (cols > 0) std::memset(&m[static_cast<size_t>(at(z, i, 0))], 1, static_cast<size_t>(cols));
+      for (int64_t r = 0; r < stored_rows(); ++r)
+        if (stored_cols() > 0)
+          std::memset(&m[static_cast<size_t>(offset + z * batch_stride + r * ld)], 1,
+                      static_cast<size_t>(stored_cols()));
     return m;
   }
 };

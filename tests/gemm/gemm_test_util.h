@@ -53,10 +53,11 @@ using Layout = GuardedLayout;
 inline TensorView make_view(void* base, DType dtype, Device device, const Layout& l, int64_t batch,
                             Broadcast bc) {
   char* data = static_cast<char*>(base) + l.offset * static_cast<int64_t>(dtype_size(dtype));
+  const int64_t row_stride = l.col_major ? 1 : l.ld, col_stride = l.col_major ? l.ld : 1;
   if (batch == 0 || bc == Broadcast::kRank2)
-    return TensorView(data, dtype, device, {l.rows, l.cols}, {l.ld, 1});
+    return TensorView(data, dtype, device, {l.rows, l.cols}, {row_stride, col_stride});
   const int64_t bs = bc == Broadcast::kStride0 ? 0 : l.batch_stride;
-  return TensorView(data, dtype, device, {batch, l.rows, l.cols}, {bs, l.ld, 1});
+  return TensorView(data, dtype, device, {batch, l.rows, l.cols}, {bs, row_stride, col_stride});
 }
 
 // Fills the view elements of `l` in host memory with uniform [-1, 1] values of `dtype`. Large
@@ -90,7 +91,8 @@ struct GemmCase {
   Device device = Device::cpu();
   int64_t m = 1, n = 1, k = 1;
   int64_t batch = 0;            // 0: rank-2 operands; >= 1: rank-3 C of this batch
-  int64_t lda_pad = 0, ldb_pad = 0, ldc_pad = 0;  // leading dimension = width + pad
+  int64_t lda_pad = 0, ldb_pad = 0, ldc_pad = 0;  // leading dimension = stored width + pad
+  bool a_col_major = false, b_col_major = false, c_col_major = false;  // the layouts (NN when all false)
   int64_t batch_gap = 0;        // extra elements between batches (all operands)
   int64_t offset = 0;           // elements from the buffer's (256-byte aligned) start to each view
   Broadcast a_bcast = Broadcast::kNone, b_bcast = Broadcast::kNone;
@@ -104,7 +106,9 @@ struct GemmCase {
     s << gemm_variant_name(variant) << " " << dtype_name(dtype) << " on " << device_name(device) << " M=" << m
       << " N=" << n << " K=" << k;
     if (batch) s << " batch=" << batch << " (a " << broadcast_name(a_bcast) << ", b " << broadcast_name(b_bcast) << ")";
-    s << " lda=" << k + lda_pad << " ldb=" << n + ldb_pad << " ldc=" << n + ldc_pad;
+    if (a_col_major || b_col_major || c_col_major)
+      s << " layout " << (a_col_major ? "T" : "N") << (b_col_major ? "T" : "N") << (c_col_major ? " (C col-major)" : "");
+    s << " lda=" << layout_a().ld << " ldb=" << layout_b().ld << " ldc=" << layout_c().ld;
     if (batch_gap) s << " batch_gap=" << batch_gap;
     if (offset) s << " offset=" << offset;
     s << " alpha=" << alpha << " beta=" << beta;
@@ -114,18 +118,19 @@ struct GemmCase {
     return s.str();
   }
 
-  Layout layout_a() const { return layout(m, k, k + lda_pad, a_bcast); }
-  Layout layout_b() const { return layout(k, n, n + ldb_pad, b_bcast); }
-  Layout layout_c() const { return layout(m, n, n + ldc_pad, Broadcast::kNone); }
+  Layout layout_a() const { return layout(m, k, lda_pad, a_col_major, a_bcast); }
+  Layout layout_b() const { return layout(k, n, ldb_pad, b_col_major, b_bcast); }
+  Layout layout_c() const { return layout(m, n, ldc_pad, c_col_major, Broadcast::kNone); }
 
  private:
-  Layout layout(int64_t rows, int64_t cols, int64_t ld, Broadcast bc) const {
+  Layout layout(int64_t rows, int64_t cols, int64_t pad, bool col_major, Broadcast bc) const {
     Layout l;
     l.batches = (batch == 0 || bc != Broadcast::kNone) ? 1 : batch;
     l.rows = rows;
     l.cols = cols;
-    l.ld = ld;
-    l.batch_stride = rows * ld + batch_gap;
+    l.col_major = col_major;
+    l.ld = l.stored_cols() + pad;
+    l.batch_stride = l.stored_rows() * l.ld + batch_gap;
     l.offset = offset;
     return l;
   }
@@ -248,7 +253,7 @@ inline bool gemm_case_tma_describable(const GemmCase& cs) {
   const int64_t e = static_cast<int64_t>(dtype_size(cs.dtype));
   if ((cs.offset * e) % 16 != 0) return false;
   const auto ok = [&](const Layout& l, Broadcast bc) {
-    if (l.rows > 1 && (l.ld * e) % 16 != 0) return false;
+    if (l.stored_rows() > 1 && (l.ld * e) % 16 != 0) return false;
     const bool batched = cs.batch > 1 && bc == Broadcast::kNone;
     return !batched || (l.batch_stride * e) % 16 == 0;
   };
@@ -313,6 +318,27 @@ inline std::vector<Mnk> odd_sizes() {
 }
 
 inline std::string dtype_label(DType d) { return std::string(dtype_name(d)); }
+
+// The operand layouts a test walks: A and B each row- or column-major (NN, NT, TN, TT), and with
+// `with_c` the same four again with a column-major C (which the library computes as C^T = B^T A^T).
+struct GemmLayout {
+  bool a_col_major, b_col_major, c_col_major;
+  std::string name() const {
+    return std::string(a_col_major ? "T" : "N") + (b_col_major ? "T" : "N") + (c_col_major ? "_Ccol" : "");
+  }
+  void apply(GemmCase& cs) const {
+    cs.a_col_major = a_col_major;
+    cs.b_col_major = b_col_major;
+    cs.c_col_major = c_col_major;
+  }
+};
+
+inline std::vector<GemmLayout> gemm_layouts(bool with_c) {
+  std::vector<GemmLayout> out;
+  for (int c = 0; c < (with_c ? 2 : 1); ++c)
+    for (int ab = 0; ab < 4; ++ab) out.push_back({(ab & 2) != 0, (ab & 1) != 0, c != 0});
+  return out;
+}
 
 }  // namespace optimized::testing
 

@@ -206,6 +206,34 @@ TEST_P(CpuGemm, AliasedInputsAreFine) {
   EXPECT_TRUE(r.passed) << r.first_failure;
 }
 
+TEST_P(CpuGemm, Layouts) {
+  // Every layout of A, B and C, on sizes with a dimension of 1 (where a view's stride along it
+  // does not matter), odd sizes, padded leading dimensions, batches with a broadcast operand.
+  for (const GemmLayout& l : gemm_layouts(true)) {
+    SCOPED_TRACE(l.name());
+    for (Mnk s : {Mnk{17, 33, 65}, Mnk{1, 257, 1}, Mnk{257, 1, 129}, Mnk{127, 129, 131}, Mnk{1, 1, 1}}) {
+      GemmCase cs = base(s.m, s.n, s.k);
+      l.apply(cs);
+      expect_gemm_ok(cs);
+      cs.lda_pad = 3;
+      cs.ldb_pad = 5;
+      cs.ldc_pad = 7;
+      cs.alpha = 0.5f;
+      cs.beta = -1.25f;
+      expect_gemm_ok(cs);
+    }
+    GemmCase cs = base(37, 41, 29);
+    l.apply(cs);
+    cs.batch = 3;
+    cs.batch_gap = 5;
+    cs.a_bcast = Broadcast::kStride0;
+    expect_gemm_ok(cs);
+    cs.a_bcast = Broadcast::kNone;
+    cs.b_bcast = Broadcast::kRank2;
+    expect_nan_inf_propagation(cs);
+  }
+}
+
 TEST_P(CpuGemm, NanAndInfPropagate) {
   for (Mnk s : {Mnk{17, 33, 65}, Mnk{127, 129, 131}, Mnk{2, 3, 4}, Mnk{1, 257, 1}}) {
     GemmCase cs = base(s.m, s.n, s.k);
@@ -254,6 +282,22 @@ TEST_P(CpuGemmBig, BigPackedOdd1031x1033x1021) {
   cs.alpha = 0.5f;
   cs.beta = -1.25f;
   expect_gemm_ok(cs);
+}
+
+TEST_P(CpuGemmBig, BigPackedTransposedOperands) {
+  // The packed rung's panels from column-major A and B (and a column-major C).
+  for (const GemmLayout& l : {GemmLayout{true, true, false}, GemmLayout{false, true, true}}) {
+    GemmCase cs;
+    cs.variant = GemmVariant::kCpuPacked;
+    cs.dtype = GetParam();
+    cs.m = 531;
+    cs.n = 1033;
+    cs.k = 1021;
+    cs.samples = 4096;
+    cs.lda_pad = 3;
+    l.apply(cs);
+    expect_gemm_ok(cs);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, CpuGemmBig, ::testing::ValuesIn(kDtypes),

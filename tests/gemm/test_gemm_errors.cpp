@@ -238,8 +238,9 @@ TEST_F(GemmErrors, NonUnitInnerStride) {
     EXPECT_CONTAINS(e, "stride");
   }
   {
-    // Column-major B.
-    Caught e = call([&] { matmul(A(), raw(b_.data(), DType::kF32, Device::cpu(), {K, N}, {1, K}), C()); });
+    // Unit stride along the rows, but columns closer together than a column's length: neither
+    // row- nor column-major.
+    Caught e = call([&] { matmul(A(), raw(b_.data(), DType::kF32, Device::cpu(), {K, N}, {1, K - 1}), C()); });
     EXPECT_ERROR(e, Status::kInvalidArgument);
     EXPECT_MENTIONS(e, "b");
     EXPECT_CONTAINS(e, "stride");

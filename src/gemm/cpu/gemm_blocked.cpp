@@ -5,6 +5,7 @@
 // Inside a block the loop order is i-k-j: the inner loop runs along a row of B and a row of the
 // scratch (both contiguous), so the compiler vectorizes it, and the KB x NB block of B is reused
 // by all MB rows while it sits in L2. Threads (OpenMP) take whole (batch, M-block) units.
+// Column-major operands: A is read with its strides; B is copied into a row-major tile per block.
 // This file is compiled for the baseline ISA, so the vectorization is whatever that allows
 // (SSE2 on x86-64): this rung shows what blocking alone buys, the SIMD microkernel is gemm_packed.
 #include <omp.h>
@@ -43,19 +44,23 @@ void run(const GemmParams& p, int threads) {
   const int64_t units = p.batch * m_blocks;
   int nth = threads > 0 ? threads : omp_get_max_threads();
   nth = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(nth, units)));
-  constexpr bool kWide = std::is_same_v<T, Acc>;  // B is read in place; 16-bit B is widened first
+  constexpr bool kWide = std::is_same_v<T, Acc>;
+  // B is read in place when it is row-major fp32/fp64; 16-bit or column-major B is copied (widened,
+  // row-major) into a tile first. A is read with its strides along rows and along K.
+  const bool b_in_place = kWide && !p.trans_b;
+  const int64_t a_rs = p.trans_a ? 1 : p.lda, a_cs = p.trans_a ? p.lda : 1;
 
 #pragma omp parallel num_threads(nth)
   {
     std::vector<Acc> acc(kMB * kNB);
-    std::vector<Acc> btile(kWide ? 0 : kKB * kNB);  // fp16/bf16: B block widened to fp32
+    std::vector<Acc> btile(b_in_place ? 0 : kKB * kNB);
 
 #pragma omp for schedule(dynamic, 1)
     for (int64_t u = 0; u < units; ++u) {
       const int64_t bi = u / m_blocks;
       const int64_t i0 = (u % m_blocks) * kMB;
       const int64_t mb = std::min(kMB, p.m - i0);
-      const T* a = static_cast<const T*>(p.a) + bi * p.batch_stride_a + i0 * p.lda;
+      const T* a = static_cast<const T*>(p.a) + bi * p.batch_stride_a + i0 * a_rs;
       const T* b = static_cast<const T*>(p.b) + bi * p.batch_stride_b;
       T* c = static_cast<T*>(p.c) + bi * p.batch_stride_c + i0 * p.ldc;
 
@@ -66,21 +71,21 @@ void run(const GemmParams& p, int threads) {
           const int64_t kb = std::min(kKB, p.k - k0);
           const Acc* bblk;
           int64_t ldbb;
-          if constexpr (kWide) {
+          if (b_in_place) {
             bblk = reinterpret_cast<const Acc*>(b) + k0 * p.ldb + j0;
             ldbb = p.ldb;
           } else {
             for (int64_t k = 0; k < kb; ++k)
               for (int64_t j = 0; j < nb; ++j)
-                btile[k * kNB + j] = widen(b[(k0 + k) * p.ldb + j0 + j], p.dtype);
+                btile[k * kNB + j] = widen(b[p.b_index(k0 + k, j0 + j)], p.dtype);
             bblk = btile.data();
             ldbb = kNB;
           }
           for (int64_t i = 0; i < mb; ++i) {
             Acc* __restrict crow = acc.data() + i * kNB;
-            const T* ai = a + i * p.lda + k0;
+            const T* ai = a + i * a_rs + k0 * a_cs;
             for (int64_t k = 0; k < kb; ++k) {
-              const Acc aik = widen(ai[k], p.dtype);
+              const Acc aik = widen(ai[k * a_cs], p.dtype);
               const Acc* __restrict brow = bblk + k * ldbb;
               for (int64_t j = 0; j < nb; ++j) crow[j] += aik * brow[j];
             }

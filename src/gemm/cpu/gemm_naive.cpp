@@ -1,6 +1,7 @@
 // gemm_naive: the i-j-k triple loop, one fp32 accumulator (fp64 for fp64) per element of C, one thread.
 // The readable baseline of the CPU ladder. The inner loop walks B down a column (stride ldb), so
-// every load of B touches a new cache line once N is more than a few lines wide.
+// every load of B touches a new cache line once N is more than a few lines wide. Both operands are
+// read through the params' layout (a_index, b_index): row- or column-major.
 #include <cstdint>
 
 #include "core/host_dtype.h"
@@ -22,7 +23,7 @@ void run(const GemmParams& p) {
       for (int64_t j = 0; j < p.n; ++j) {
         typename D::Acc acc = 0;
         const typename D::Acc alpha = p.alpha, beta = p.beta;
-        for (int64_t k = 0; k < p.k; ++k) acc += D::load(a[i * p.lda + k]) * D::load(b[k * p.ldb + j]);
+        for (int64_t k = 0; k < p.k; ++k) acc += D::load(a[p.a_index(i, k)]) * D::load(b[p.b_index(k, j)]);
         T& out = c[i * p.ldc + j];
         // beta == 0: C is write-only (its old value, NaN or not, is never read).
         out = D::store(beta == 0 ? alpha * acc : alpha * acc + beta * D::load(out));

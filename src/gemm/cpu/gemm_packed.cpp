@@ -69,12 +69,12 @@ void portable_kernel(int64_t kc, const float* ap, const float* bp, float* c, int
   kernel_edge<kPMR, kPNR>(portable_full, kc, ap, bp, c, ldc, alpha, beta, m, n);
 }
 
-void portable_pack_a(DType dtype, const void* a, int64_t lda, int64_t mc, int64_t kc, float* ap) {
-  pack_a_dispatch<kPMR>(dtype, a, lda, mc, kc, ap);
+void portable_pack_a(DType dtype, const void* a, int64_t rs, int64_t cs, int64_t mc, int64_t kc, float* ap) {
+  pack_a_dispatch<kPMR>(dtype, a, rs, cs, mc, kc, ap);
 }
 
-void portable_pack_b(DType dtype, const void* b, int64_t ldb, int64_t kc, int64_t nc, float* bp) {
-  pack_b_dispatch<kPNR>(dtype, b, ldb, kc, nc, bp);
+void portable_pack_b(DType dtype, const void* b, int64_t rs, int64_t cs, int64_t kc, int64_t nc, float* bp) {
+  pack_b_dispatch<kPNR>(dtype, b, rs, cs, kc, nc, bp);
 }
 
 void portable_epilogue(DType dtype, const float* w, int64_t ldw, void* c, int64_t ldc,
@@ -143,6 +143,9 @@ void gemm_packed(const GemmParams& p, int threads) {
   const DType dtype = p.dtype;
   const size_t esz = dtype_size(dtype);
   const bool wide = dtype == DType::kF32;  // fp32 C is accumulated in place
+  // The operands' strides along (row, column) as the product sees them: packing reads either layout.
+  const int64_t a_rs = p.trans_a ? 1 : p.lda, a_cs = p.trans_a ? p.lda : 1;
+  const int64_t b_rs = p.trans_b ? 1 : p.ldb, b_cs = p.trans_b ? p.ldb : 1;
 
   // Threads: no more than the work can use (tiny products run on one).
   int nth = threads > 0 ? threads : omp_get_max_threads();
@@ -193,7 +196,7 @@ void gemm_packed(const GemmParams& p, int threads) {
 #pragma omp for schedule(dynamic, 1)
           for (int64_t s0 = 0; s0 < n_panels; s0 += 4) {
             const int64_t s1 = std::min(n_panels, s0 + 4);
-            ops.pack_b(dtype, B + static_cast<size_t>(pc * p.ldb + jc + s0 * NR) * esz, p.ldb, kc,
+            ops.pack_b(dtype, B + static_cast<size_t>(p.b_index(pc, jc + s0 * NR)) * esz, b_rs, b_cs, kc,
                        std::min(nc - s0 * NR, (s1 - s0) * NR), bp + s0 * NR * kc);
           }
           const float alpha = wide ? p.alpha : 1.0f;
@@ -208,7 +211,7 @@ void gemm_packed(const GemmParams& p, int threads) {
             const int64_t q_hi = n_panels * (cchunk + 1) / col_chunks;
             for (int64_t ic = row_lo; ic < row_hi; ic += MC) {
               const int64_t mc = std::min(MC, row_hi - ic);
-              ops.pack_a(dtype, A + static_cast<size_t>(ic * p.lda + pc) * esz, p.lda, mc, kc, ap);
+              ops.pack_a(dtype, A + static_cast<size_t>(p.a_index(ic, pc)) * esz, a_rs, a_cs, mc, kc, ap);
               // One MR x KC micro-panel of A stays in L1 while the NR panels of B stream from L2.
               for (int64_t ir = 0; ir < mc; ir += MR) {
                 const int m = static_cast<int>(std::min(MR, mc - ir));

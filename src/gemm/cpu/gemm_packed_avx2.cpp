@@ -59,12 +59,12 @@ void kernel(int64_t kc, const float* ap, const float* bp, float* c, int64_t ldc,
   kernel_edge<kMR, kNR>(kernel_full, kc, ap, bp, c, ldc, alpha, beta, m, n);
 }
 
-void pack_a(DType dtype, const void* a, int64_t lda, int64_t mc, int64_t kc, float* ap) {
-  pack_a_dispatch<kMR>(dtype, a, lda, mc, kc, ap);
+void pack_a(DType dtype, const void* a, int64_t rs, int64_t cs, int64_t mc, int64_t kc, float* ap) {
+  pack_a_dispatch<kMR>(dtype, a, rs, cs, mc, kc, ap);
 }
 
-void pack_b(DType dtype, const void* b, int64_t ldb, int64_t kc, int64_t nc, float* bp) {
-  pack_b_dispatch<kNR>(dtype, b, ldb, kc, nc, bp);
+void pack_b(DType dtype, const void* b, int64_t rs, int64_t cs, int64_t kc, int64_t nc, float* bp) {
+  pack_b_dispatch<kNR>(dtype, b, rs, cs, kc, nc, bp);
 }
 
 void epilogue(DType dtype, const float* w, int64_t ldw, void* c, int64_t ldc, int64_t rows,

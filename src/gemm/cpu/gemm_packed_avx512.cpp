@@ -62,14 +62,15 @@ void kernel(int64_t kc, const float* ap, const float* bp, float* c, int64_t ldc,
   kernel_edge<kMR, kNR>(kernel_full, kc, ap, bp, c, ldc, alpha, beta, m, n);
 }
 
-void pack_a(DType dtype, const void* a, int64_t lda, int64_t mc, int64_t kc, float* ap) {
-  pack_a_dispatch<kMR>(dtype, a, lda, mc, kc, ap);
+void pack_a(DType dtype, const void* a, int64_t rs, int64_t cs, int64_t mc, int64_t kc, float* ap) {
+  pack_a_dispatch<kMR>(dtype, a, rs, cs, mc, kc, ap);
 }
 
 // fp32 B panels: one or two 16-wide (masked at the edge) copies per row.
-void pack_b(DType dtype, const void* b, int64_t ldb, int64_t kc, int64_t nc, float* bp) {
-  if (dtype != DType::kF16) return pack_b_dispatch<kNR>(dtype, b, ldb, kc, nc, bp);
-  // fp16: widen 16 at a time with vcvtph2ps (exact).
+void pack_b(DType dtype, const void* b, int64_t rs, int64_t cs, int64_t kc, int64_t nc, float* bp) {
+  if (dtype != DType::kF16 || cs != 1) return pack_b_dispatch<kNR>(dtype, b, rs, cs, kc, nc, bp);
+  // Row-major fp16: widen 16 at a time with vcvtph2ps (exact).
+  const int64_t ldb = rs;
   const uint16_t* src = static_cast<const uint16_t*>(b);
   for (int64_t j0 = 0; j0 < nc; j0 += kNR) {
     const int64_t cols = nc - j0 < kNR ? nc - j0 : kNR;

@@ -10,6 +10,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <type_traits>
 
 #include "optimized/core.h"
 
@@ -29,12 +30,14 @@ struct Blocking {
 struct IsaOps {
   const char* name;  // "avx512", "avx2", "portable"
   Blocking blk;
-  // Pack rows [0, mc) x cols [0, kc) of A (row stride lda, elements of `dtype`) into ceil(mc/MR)
-  // micro-panels, each k-major (MR values per k), rows past mc zero-filled.
-  void (*pack_a)(DType dtype, const void* a, int64_t lda, int64_t mc, int64_t kc, float* ap);
-  // Pack rows [0, kc) x cols [0, nc) of B (row stride ldb) into ceil(nc/NR) micro-panels, each
-  // k-major (NR values per k), columns past nc zero-filled.
-  void (*pack_b)(DType dtype, const void* b, int64_t ldb, int64_t kc, int64_t nc, float* bp);
+  // Pack rows [0, mc) x cols [0, kc) of A (element (i, k) at a[i * rs + k * cs], elements of
+  // `dtype`: rs = lda, cs = 1 row-major; rs = 1, cs = lda column-major) into ceil(mc/MR)
+  // micro-panels, each k-major (MR values per k), rows past mc zero-filled. Packing is where the
+  // layouts meet: whatever A's layout, the panels are the same.
+  void (*pack_a)(DType dtype, const void* a, int64_t rs, int64_t cs, int64_t mc, int64_t kc, float* ap);
+  // Pack rows [0, kc) x cols [0, nc) of B (element (k, j) at b[k * rs + j * cs]) into ceil(nc/NR)
+  // micro-panels, each k-major (NR values per k), columns past nc zero-filled.
+  void (*pack_b)(DType dtype, const void* b, int64_t rs, int64_t cs, int64_t kc, int64_t nc, float* bp);
   // C[0:m, 0:n] = alpha * (Ap @ Bp) + beta * C for m <= MR, n <= NR; beta == 0: C is not read.
   void (*kernel)(int64_t kc, const float* ap, const float* bp, float* c, int64_t ldc, float alpha,
                  float beta, int m, int n);
@@ -79,65 +82,81 @@ struct LoadBF16 {
   static float load(uint16_t v) { return bf2f(v); }
 };
 
-template <int MR, class L>
-void pack_a_generic(const typename L::T* a, int64_t lda, int64_t mc, int64_t kc, float* ap) {
+// The packing loops with A's (B's) strides; Cs is int64_t, or std::integral_constant<int64_t, 1>
+// for the row-major case so that the compiler sees unit-stride loads.
+template <int MR, class L, class Cs>
+void pack_a_strided(const typename L::T* a, int64_t rs, Cs cs, int64_t mc, int64_t kc, float* ap) {
   for (int64_t i0 = 0; i0 < mc; i0 += MR) {
     const int64_t rows = mc - i0 < MR ? mc - i0 : MR;
-    const typename L::T* src = a + i0 * lda;
+    const typename L::T* src = a + i0 * rs;
     if (rows == MR) {
       for (int64_t k = 0; k < kc; ++k) {
 #pragma GCC unroll 16
-        for (int i = 0; i < MR; ++i) ap[k * MR + i] = L::load(src[i * lda + k]);
+        for (int i = 0; i < MR; ++i) ap[k * MR + i] = L::load(src[i * rs + k * cs]);
       }
     } else {
       for (int64_t k = 0; k < kc; ++k) {
-        for (int i = 0; i < MR; ++i) ap[k * MR + i] = i < rows ? L::load(src[i * lda + k]) : 0.0f;
+        for (int i = 0; i < MR; ++i) ap[k * MR + i] = i < rows ? L::load(src[i * rs + k * cs]) : 0.0f;
       }
     }
     ap += MR * kc;
   }
 }
 
-template <int NR, class L>
-void pack_b_generic(const typename L::T* b, int64_t ldb, int64_t kc, int64_t nc, float* bp) {
+template <int NR, class L, class Cs>
+void pack_b_strided(const typename L::T* b, int64_t rs, Cs cs, int64_t kc, int64_t nc, float* bp) {
   for (int64_t j0 = 0; j0 < nc; j0 += NR) {
     const int64_t cols = nc - j0 < NR ? nc - j0 : NR;
-    const typename L::T* src = b + j0;
+    const typename L::T* src = b + j0 * cs;
     if (cols == NR) {
       for (int64_t k = 0; k < kc; ++k) {
 #pragma GCC unroll 4
-        for (int j = 0; j < NR; ++j) bp[k * NR + j] = L::load(src[k * ldb + j]);
+        for (int j = 0; j < NR; ++j) bp[k * NR + j] = L::load(src[k * rs + j * cs]);
       }
     } else {
       for (int64_t k = 0; k < kc; ++k) {
-        for (int j = 0; j < NR; ++j) bp[k * NR + j] = j < cols ? L::load(src[k * ldb + j]) : 0.0f;
+        for (int j = 0; j < NR; ++j) bp[k * NR + j] = j < cols ? L::load(src[k * rs + j * cs]) : 0.0f;
       }
     }
     bp += NR * kc;
   }
 }
 
+using Unit = std::integral_constant<int64_t, 1>;
+
+template <int MR, class L>
+void pack_a_generic(const typename L::T* a, int64_t rs, int64_t cs, int64_t mc, int64_t kc, float* ap) {
+  if (cs == 1) return pack_a_strided<MR, L>(a, rs, Unit{}, mc, kc, ap);
+  pack_a_strided<MR, L>(a, rs, cs, mc, kc, ap);
+}
+
+template <int NR, class L>
+void pack_b_generic(const typename L::T* b, int64_t rs, int64_t cs, int64_t kc, int64_t nc, float* bp) {
+  if (cs == 1) return pack_b_strided<NR, L>(b, rs, Unit{}, kc, nc, bp);
+  pack_b_strided<NR, L>(b, rs, cs, kc, nc, bp);
+}
+
 template <int MR>
-void pack_a_dispatch(DType dtype, const void* a, int64_t lda, int64_t mc, int64_t kc, float* ap) {
+void pack_a_dispatch(DType dtype, const void* a, int64_t rs, int64_t cs, int64_t mc, int64_t kc, float* ap) {
   switch (dtype) {
     case DType::kF16:
-      return pack_a_generic<MR, LoadF16>(static_cast<const uint16_t*>(a), lda, mc, kc, ap);
+      return pack_a_generic<MR, LoadF16>(static_cast<const uint16_t*>(a), rs, cs, mc, kc, ap);
     case DType::kBF16:
-      return pack_a_generic<MR, LoadBF16>(static_cast<const uint16_t*>(a), lda, mc, kc, ap);
+      return pack_a_generic<MR, LoadBF16>(static_cast<const uint16_t*>(a), rs, cs, mc, kc, ap);
     default:
-      return pack_a_generic<MR, LoadF32>(static_cast<const float*>(a), lda, mc, kc, ap);
+      return pack_a_generic<MR, LoadF32>(static_cast<const float*>(a), rs, cs, mc, kc, ap);
   }
 }
 
 template <int NR>
-void pack_b_dispatch(DType dtype, const void* b, int64_t ldb, int64_t kc, int64_t nc, float* bp) {
+void pack_b_dispatch(DType dtype, const void* b, int64_t rs, int64_t cs, int64_t kc, int64_t nc, float* bp) {
   switch (dtype) {
     case DType::kF16:
-      return pack_b_generic<NR, LoadF16>(static_cast<const uint16_t*>(b), ldb, kc, nc, bp);
+      return pack_b_generic<NR, LoadF16>(static_cast<const uint16_t*>(b), rs, cs, kc, nc, bp);
     case DType::kBF16:
-      return pack_b_generic<NR, LoadBF16>(static_cast<const uint16_t*>(b), ldb, kc, nc, bp);
+      return pack_b_generic<NR, LoadBF16>(static_cast<const uint16_t*>(b), rs, cs, kc, nc, bp);
     default:
-      return pack_b_generic<NR, LoadF32>(static_cast<const float*>(b), ldb, kc, nc, bp);
+      return pack_b_generic<NR, LoadF32>(static_cast<const float*>(b), rs, cs, kc, nc, bp);
   }
 }
 
