@@ -46,9 +46,11 @@ constexpr const char* kOp = "matmul";
 // when they collapse into one stride for a, b and the output together. The innermost merged group
 // becomes the C++ batch; any outer groups (batch dimensions that do not collapse, as with
 // (2, 1, M, K) @ (7, K, N)) are walked here, one C++ call per outer index with offset pointers,
-// instead of materializing an expanded copy. Only the matrices themselves must qualify (unit
-// stride along a row, rows at least a row apart); operands that do not (transposed, expanded rows)
-// are copied with .contiguous() as given, before broadcasting: a broadcast is never materialized.
+// instead of materializing an expanded copy. Only the matrices themselves must qualify: row-major
+// (unit stride along a row, rows at least a row apart) or column-major (the transpose of that:
+// x.t(), x.mT, the weight of a linear layer as x @ w.t()), which the C++ API takes as they are;
+// operands that do not (expanded rows, other strides) are copied with .contiguous() as given,
+// before broadcasting: a broadcast is never materialized.
 
 // One operand seen as a batch of (rows, cols) matrices: element (batch index p, i, j) lies at
 // data + sum_d p_d * batch_strides[d] + i * row_stride + j * col_stride.
@@ -83,13 +85,16 @@ Matrices as_matrices(const at::Tensor& t, bool is_a) {
   return m;
 }
 
-// Whether the C++ API takes each matrix as it is: unit stride along a row (unless one column),
-// rows at least a row apart (unless one row). Strides of size-1 dimensions carry no information.
-bool qualifies(const Matrices& m) {
-  if (m.cols > 1 && m.col_stride != 1) return false;
-  if (m.rows > 1 && m.row_stride < m.cols) return false;
-  return true;
+// Whether the C++ API takes each matrix as it is: row-major (unit stride along a row unless one
+// column, rows at least a row apart unless one row) or column-major (the same with rows and
+// columns swapped). Strides of size-1 dimensions carry no information.
+bool row_major(const Matrices& m) {
+  return (m.cols == 1 || m.col_stride == 1) && (m.rows == 1 || m.row_stride >= m.cols);
 }
+bool column_major(const Matrices& m) {
+  return (m.rows == 1 || m.row_stride == 1) && (m.cols == 1 || m.col_stride >= m.rows);
+}
+bool qualifies(const Matrices& m) { return row_major(m) || column_major(m); }
 
 // The stride of broadcast batch dimension d (of `rank`) for an operand: 0 where it is broadcast
 // (missing on the left, or of size 1), as Tensor::expand would give.
@@ -143,8 +148,15 @@ TensorView matrix_view(const Matrices& m, int64_t offset, const BatchGroup* grou
   const int r = v.rank;
   v.shape[r - 2] = m.rows;
   v.shape[r - 1] = m.cols;
-  v.strides[r - 2] = m.rows == 1 ? m.cols : m.row_stride;  // one row: its stride is never used
-  v.strides[r - 1] = 1;                                      // unit (or, for one column, meaningless)
+  // The strides of the layout the C++ API will see (a stride along a dimension of one is never
+  // used; it is set so that the view reads as that layout).
+  if (row_major(m)) {
+    v.strides[r - 2] = m.rows == 1 ? m.cols : m.row_stride;
+    v.strides[r - 1] = 1;
+  } else {
+    v.strides[r - 2] = 1;
+    v.strides[r - 1] = m.cols == 1 ? m.rows : m.col_stride;
+  }
   if (group) {
     v.shape[0] = group->size;
     v.strides[0] = group->stride[which];
@@ -200,7 +212,8 @@ at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view var
   // The C++ API takes dimensions >= 1 only: an empty result, or an empty sum (K = 0), is the glue's.
   if (k == 0) return out.zero_();
 
-  // Matrices that do not qualify (transposed, expanded rows) are copied, un-broadcast.
+  // Matrices that do not qualify (neither row- nor column-major: expanded rows, other strides) are
+  // copied, un-broadcast.
   if (!qualifies(ma)) ma = as_matrices(a.contiguous(), true);
   if (!qualifies(mb)) mb = as_matrices(b.contiguous(), false);
   // The output as (*batch, M, N), contiguous.

@@ -50,7 +50,7 @@ std::string param_name(const ::testing::TestParamInfo<VariantParam>& info) {
 class CudaGemm : public ::testing::TestWithParam<VariantParam> {
  protected:
   void SetUp() override { SKIP_WITHOUT_CUDA(); }
-  GemmCase base(int64_t m, int64_t n, int64_t k) const {
+  GemmCase base(int64_t m, int64_t n, int64_t k, GemmLayout layout = {false, false, false}) const {
     GemmCase cs;
     cs.variant = std::get<0>(GetParam());
     cs.dtype = std::get<1>(GetParam());
@@ -58,9 +58,11 @@ class CudaGemm : public ::testing::TestWithParam<VariantParam> {
     cs.m = m;
     cs.n = n;
     cs.k = k;
-    if (is_hopper(cs.variant)) {  // rows of A and B 16-byte aligned (what TMA needs)
-      cs.lda_pad = (vec() - k % vec()) % vec();
-      cs.ldb_pad = (vec() - n % vec()) % vec();
+    layout.apply(cs);
+    if (is_hopper(cs.variant)) {  // stored rows of A and B 16-byte aligned (what TMA needs)
+      const int64_t a_width = cs.layout_a().stored_cols(), b_width = cs.layout_b().stored_cols();
+      cs.lda_pad = (vec() - a_width % vec()) % vec();
+      cs.ldb_pad = (vec() - b_width % vec()) % vec();
     }
     return cs;
   }
@@ -238,6 +240,43 @@ TEST_P(CudaGemm, NonDefaultStream) {
   expect_case(cs);
 }
 
+// Every layout of A and B (NN, NT, TN, TT) and a column-major C (computed as C^T = B^T A^T):
+// odd sizes, one-row and one-column problems (where a view's stride along the unit dimension does
+// not matter), the small-M and split-K shapes, misaligned leading dimensions (which the Hopper
+// rungs refuse), alpha/beta, batches with a broadcast operand, NaN/Inf.
+TEST_P(CudaGemm, Layouts) {
+  for (const GemmLayout& l : gemm_layouts(true)) {
+    SCOPED_TRACE(l.name());
+    for (Mnk s : {Mnk{1, 1, 1}, Mnk{17, 33, 65}, Mnk{1, 257, 1}, Mnk{257, 1, 129}, Mnk{127, 129, 131},
+                  Mnk{256, 192, 320}, Mnk{4, 300, 512}, Mnk{48, 1000, 3000}, Mnk{300, 520, 1000}}) {
+      GemmCase cs = base(s.m, s.n, s.k, l);
+      expect_case(cs);
+      cs.alpha = 0.5f;
+      cs.beta = -1.25f;
+      cs.ldc_pad = 3;
+      expect_case(cs);
+      cs.lda_pad += 1;  // stored rows an odd number of elements apart
+      cs.ldb_pad += 3;
+      expect_case(cs);
+    }
+    GemmCase cs = base(129, 136, 72, l);
+    cs.batch = 3;
+    cs.b_bcast = Broadcast::kStride0;
+    cs.batch_gap = 2 * vec();
+    expect_case(cs);
+    cs.b_bcast = Broadcast::kNone;
+    cs.a_bcast = Broadcast::kRank2;
+    cs.alpha = 0.5f;
+    cs.beta = -1.25f;
+    expect_case(cs);
+    cs = base(1031, 1029, 1027, l);
+    cs.samples = 4096;
+    expect_case(cs);
+    expect_nan_inf_propagation(base(64, 72, 48, l));
+    expect_nan_inf_propagation(base(255, 257, 100, l));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaGemm, ::testing::ValuesIn(cuda_variants()), param_name);
 
 // ---- kAuto on CUDA tensors ---------------------------------------------------------------------
@@ -315,6 +354,19 @@ TEST_P(CudaGemmAuto, StagesWhatTmaCannotDescribe) {
   cs.b_bcast = Broadcast::kNone;
   cs.beta = 0.0f;
   expect_gemm_ok(cs);
+  // Column-major operands with odd stored rows (staged in their own layouts), and a column-major C.
+  for (const GemmLayout& l : gemm_layouts(true)) {
+    if (!l.a_col_major && !l.b_col_major && !l.c_col_major) continue;
+    SCOPED_TRACE(l.name());
+    cs = GemmCase{};
+    cs.dtype = d;
+    cs.device = Device::cuda(0);
+    cs.m = 1501, cs.n = 1603, cs.k = 2001;
+    cs.batch = 2;
+    cs.samples = 4096;
+    l.apply(cs);
+    expect_gemm_ok(cs);
+  }
 }
 
 // ---- every CUDA variant gives the same finite results on the same inputs ------------------------
@@ -333,11 +385,16 @@ TEST_P(CudaGemmAuto, AllVariantsAgree) {
     cs.n = s.n;
     cs.k = s.k;
     const int64_t vec = 16 / static_cast<int64_t>(dtype_size(d));  // rows 16-byte aligned: every rung runs
-    cs.lda_pad = (vec - s.k % vec) % vec;
-    cs.ldb_pad = (vec - s.n % vec) % vec;
-    cs.alpha = 0.5f;
-    cs.beta = -1.25f;
-    expect_variants_agree(cs, variants);
+    for (const GemmLayout& l : gemm_layouts(false)) {
+      l.apply(cs);
+      const int64_t a_width = cs.layout_a().stored_cols(), b_width = cs.layout_b().stored_cols();
+      cs.lda_pad = (vec - a_width % vec) % vec;
+      cs.ldb_pad = (vec - b_width % vec) % vec;
+      cs.alpha = 0.5f;
+      cs.beta = -1.25f;
+      SCOPED_TRACE(l.name());
+      expect_variants_agree(cs, variants);
+    }
   }
 }
 

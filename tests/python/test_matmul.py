@@ -214,7 +214,7 @@ def test_nd_empty_dimensions(device, shapes, rng):
 
 def _nd_layouts(device, dtype, rng):
     """(name, a, b, copied): N-D operands in strided layouts; copied says whether the glue must
-    copy an operand (its matrices do not have unit-stride rows) or must pass it as it is."""
+    copy an operand (its matrices are neither row- nor column-major) or must pass it as it is."""
     r = lambda *shape: rand(shape, dtype, device, rng)  # noqa: E731
     yield "batch step a[::2]", r(6, 5, 7)[::2], r(3, 7, 4), False
     yield "row-padded 4-D slice a", r(3, 5, 17, 2 * 19)[..., :19], r(3, 5, 19, 23), False
@@ -226,10 +226,12 @@ def _nd_layouts(device, dtype, rng):
     yield "interleaved matrices b", r(5, 4, 7), r(7, 5, 3, 2).permute(2, 1, 0, 3), False
     yield "strided 1-D b", r(3, 5, 7), r(21)[::3], False
     yield "1-D a, permuted batch b", r(7), r(2, 3, 7, 4).transpose(0, 1), False
-    yield "transposed matrices a", r(3, 5, 19, 17).transpose(-1, -2), r(3, 5, 19, 23), True
-    yield "transposed b, broadcast", r(2, 1, 11, 13), r(7, 6, 13).mT, True
+    yield "transposed matrices a", r(3, 5, 19, 17).transpose(-1, -2), r(3, 5, 19, 23), False
+    yield "transposed b, broadcast", r(2, 1, 11, 13), r(7, 6, 13).mT, False
+    yield "both transposed, padded", r(3, 19, 2 * 17)[..., :17].mT, r(3, 23, 19).mT, False
+    yield "strided 1-D a (a column-major row)", r(14)[::2], r(2, 7, 5), False
     yield "expanded rows b", r(2, 3, 5, 7), r(1, 4).expand(7, 4), True
-    yield "strided 1-D a", r(14)[::2], r(2, 7, 5), True
+    yield "rows and columns both strided a", r(3, 10, 2 * 7)[:, ::2, ::2], r(7, 4), True
     yield "expanded 1-D b", r(2, 5, 7), r(1).expand(7), True
 
 
@@ -259,8 +261,9 @@ def _copies_inside(a, b) -> list[str]:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_nd_foldable_views_are_not_copied(device, rng):
-    """Strided batch views go to the kernels as they are (folded or looped over), broadcast
-    operands are not expanded into copies; only matrices without unit-stride rows are copied."""
+    """Strided batch views and transposed matrices go to the kernels as they are (folded or looped
+    over), broadcast operands are not expanded into copies; only matrices that are neither row- nor
+    column-major are copied."""
     for name, a, b, copied in _nd_layouts(device, torch.float32, rng):
         copies = _copies_inside(a, b)
         if copied:
@@ -518,7 +521,7 @@ def test_cuda_graph_capture_and_replay(dtype, rng):
 
 @requires_cuda
 def test_cuda_graph_with_transposed_input(rng):
-    """The copy that makes a transposed input contiguous is captured too (caching allocator)."""
+    """Transposed inputs (column-major, passed without a copy) under capture and replay."""
     a = rand((64, 48), torch.bfloat16, "cuda", rng)
     b = rand((80, 64), torch.bfloat16, "cuda", rng)
     optimized_ops.matmul(a.t(), b.t())

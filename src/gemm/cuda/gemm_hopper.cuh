@@ -45,16 +45,17 @@ inline size_t hopper_split_bytes(const GemmParams& p, int block_m, int block_n, 
   return *counters_offset + static_cast<size_t>(tiles) * sizeof(unsigned);
 }
 
-// The maps of A (box 64 K x kBM rows) and B (box 64 N x 64 K rows) and the arguments of p, for
-// tiles of kBM x 64k. The launcher has checked gemm_hopper_rejects(p) (gemm.cpp) is empty; the
+// The maps of the stored A and B (kernels/gemm/wgmma_mainloop.cuh: a row-major A in boxes of 64 K
+// x block_m rows, every other operand in 64 x 64 boxes) and the arguments of p, for tiles of
+// block_m x 64k. The launcher has checked gemm_hopper_rejects(p) (gemm.cpp) is empty; the
 // driver can still refuse a map (cudaErrorInvalidValue). map_c (optional): C's map (box 64 x 64)
 // for a TMA-store epilogue, made when beta == 0 (TMA stores, it does not read C), N is a multiple
 // of 8 and TMA can describe C; args->c_tma says whether it was.
 inline cudaError_t make_hopper_args(const GemmParams& p, int block_m, CUtensorMap* map_a, CUtensorMap* map_b,
                                     HopperGemmArgs* args, CUtensorMap* map_c = nullptr) {
-  const TmaMatrix a{p.a, p.m, p.k, p.lda, p.batch, p.batch_stride_a, 2};
-  const TmaMatrix b{p.b, p.k, p.n, p.ldb, p.batch, p.batch_stride_b, 2};
-  if (cudaError_t e = make_tma_map_sw128(map_a, a, 64, block_m); e != cudaSuccess) return e;
+  const TmaMatrix a{p.a, p.a_stored_rows(), p.a_stored_cols(), p.lda, p.batch, p.batch_stride_a, 2};
+  const TmaMatrix b{p.b, p.b_stored_rows(), p.b_stored_cols(), p.ldb, p.batch, p.batch_stride_b, 2};
+  if (cudaError_t e = make_tma_map_sw128(map_a, a, 64, p.trans_a ? 64 : block_m); e != cudaSuccess) return e;
   if (cudaError_t e = make_tma_map_sw128(map_b, b, 64, 64); e != cudaSuccess) return e;
   args->c = p.c;
   args->m = static_cast<int>(p.m);
@@ -77,5 +78,17 @@ inline cudaError_t make_hopper_args(const GemmParams& p, int block_m, CUtensorMa
   }
   return cudaSuccess;
 }
+
+// Calls f.template operator()<kTransA, kTransB>() for p's layout (the Hopper kernels are compiled
+// once per layout: the layout decides the TMA boxes and wgmma's transpose immediates).
+template <typename F>
+cudaError_t dispatch_gemm_layout(const GemmParams& p, F&& f) {
+  if (p.trans_a) return p.trans_b ? f.template operator()<true, true>() : f.template operator()<true, false>();
+  return p.trans_b ? f.template operator()<false, true>() : f.template operator()<false, false>();
+}
+
+// "NN", "NT", "TN" or "TT" (A's layout, then B's), for kernel names.
+template <bool kTransA, bool kTransB>
+constexpr const char* kLayoutName = kTransA ? (kTransB ? "TT" : "TN") : (kTransB ? "NT" : "NN");
 
 }  // namespace optimized::cuda

@@ -15,6 +15,8 @@
 //     thread instead of waiting on 64 global ones.
 //
 //   * operands TMA cannot describe (auto only): padded copies in the workspace first (Staging).
+//   * layouts: one instantiation per layout of A and B (row- or column-major each;
+//     wgmma_mainloop.cuh): the same boxes and bytes, wgmma's transpose immediates differ.
 //   * small M (decode shapes, M <= 64) and split-K: gemm_config.h's gemm_hopper_plan picks the
 //     tile configuration and how many K ranges to cut each tile into when the tiles alone do not
 //     fill the SMs (the fp32 partials meet in a workspace, summed in split order).
@@ -23,6 +25,7 @@
 //            along M, grid = min(units, the clusters that fit at once) x 2;
 //   small_m: block tile 64 x 128 x 64, 8 stages (192 KiB) + 16 KiB of C staging, one consumer.
 #include <atomic>
+#include <string>
 #include <type_traits>
 
 #include "core/device_facts.h"
@@ -33,34 +36,34 @@
 namespace optimized::cuda {
 namespace {
 
-// The two configurations (gemm_config.h, GemmHopperPlan).
-template <bool kSmallM>
+// The two configurations (gemm_config.h, GemmHopperPlan), for one layout of A and B.
+template <bool kSmallM, bool kTransA = false, bool kTransB = false>
 struct Config {
   static constexpr int kConsumers = kSmallM ? 1 : 2;
   static constexpr int kCluster = kSmallM ? 1 : 2;
-  using Tile = std::conditional_t<kSmallM, kernels::WgmmaTile<64, 128, 8, kTmaStoreStagingBytes<1>>,
-                                  kernels::WgmmaTile<128, 256, 4, kTmaStoreStagingBytes<2>>>;
+  using Tile =
+      std::conditional_t<kSmallM, kernels::WgmmaTile<64, 128, 8, kTmaStoreStagingBytes<1>, kTransA, kTransB>,
+                         kernels::WgmmaTile<128, 256, 4, kTmaStoreStagingBytes<2>, kTransA, kTransB>>;
   using Scheduler = kernels::PersistentTiles<8, kCluster>;
   using Shape = WgmmaWsShape<Tile, kConsumers>;
 };
 constexpr int kMaxDevices = 64;
 
-template <typename T, bool kSmallM>
+template <typename T, bool kSmallM, bool kTransA, bool kTransB>
 const void* kernel_ptr() {
-  using C = Config<kSmallM>;
+  using C = Config<kSmallM, kTransA, kTransB>;
   return reinterpret_cast<const void*>(
       &gemm_wgmma_ws_kernel<T, typename C::Tile, C::kConsumers, typename C::Scheduler, C::kCluster, true>);
 }
 
-template <typename T, bool kSmallM>
-const char* kernel_name() {
-  constexpr bool f16 = std::is_same_v<T, __half>;
-  if constexpr (kSmallM)
-    return f16 ? "gemm_wgmma_persistent<fp16, 64x128x64, 8 stages, producer + 1 consumer, small M>"
-               : "gemm_wgmma_persistent<bf16, 64x128x64, 8 stages, producer + 1 consumer, small M>";
-  else
-    return f16 ? "gemm_wgmma_persistent<fp16, 128x256x64, 4 stages, producer + 2 consumers, cluster 2x1>"
-               : "gemm_wgmma_persistent<bf16, 128x256x64, 4 stages, producer + 2 consumers, cluster 2x1>";
+template <typename T, bool kSmallM, bool kTransA, bool kTransB>
+const std::string& kernel_name() {
+  static const std::string name =
+      std::string("gemm_wgmma_persistent<") + (std::is_same_v<T, __half> ? "fp16" : "bf16") + ", " +
+      kLayoutName<kTransA, kTransB> +
+      (kSmallM ? ", 64x128x64, 8 stages, producer + 1 consumer, small M>"
+               : ", 128x256x64, 4 stages, producer + 2 consumers, cluster 2x1>");
+  return name;
 }
 
 // The plan for p on the current device (SM count from the device facts; 132, an H100's, when they
@@ -74,8 +77,9 @@ GemmHopperPlan plan_for(const GemmParams& p) {
 
 // Padded copies of the operands TMA cannot describe (rows or batches not 16-byte aligned). Only
 // auto gets here with such operands (gemm.cpp refuses them for a forced rung): the copies' rows
-// are K (A) or N (B) rounded up to 8 elements, made with strided 2-D copies at the front of the
-// workspace, A's then B's; TMA never reads the padding (the maps end at K and N).
+// are the stored rows (K or M for A, N or K for B, by layout) rounded up to 8 elements, made with
+// strided 2-D copies at the front of the workspace, A's then B's, in the operands' own layouts;
+// TMA never reads the padding (the maps end at the stored widths).
 struct Staging {
   bool a = false, b = false;
   int64_t lda = 0, ldb = 0;           // the copies' row strides
@@ -88,18 +92,18 @@ Staging staging_for(const GemmParams& p) {
   const auto round8 = [](int64_t x) { return (x + 7) / 8 * 8; };
   const auto round256 = [](int64_t x) { return static_cast<size_t>((x + 255) / 256 * 256); };
   Staging st;
-  st.a = !tma_rejects({p.a, p.m, p.k, p.lda, p.batch, p.batch_stride_a, e}, "a").empty();
-  st.b = !tma_rejects({p.b, p.k, p.n, p.ldb, p.batch, p.batch_stride_b, e}, "b").empty();
+  st.a = !tma_rejects({p.a, p.a_stored_rows(), p.a_stored_cols(), p.lda, p.batch, p.batch_stride_a, e}, "a").empty();
+  st.b = !tma_rejects({p.b, p.b_stored_rows(), p.b_stored_cols(), p.ldb, p.batch, p.batch_stride_b, e}, "b").empty();
   size_t a_bytes = 0, b_bytes = 0;
   if (st.a) {
-    st.lda = round8(p.k);
+    st.lda = round8(p.a_stored_cols());
     st.batches_a = p.batch_stride_a != 0 ? p.batch : 1;
-    a_bytes = round256(st.batches_a * p.m * st.lda * e);
+    a_bytes = round256(st.batches_a * p.a_stored_rows() * st.lda * e);
   }
   if (st.b) {
-    st.ldb = round8(p.n);
+    st.ldb = round8(p.b_stored_cols());
     st.batches_b = p.batch_stride_b != 0 ? p.batch : 1;
-    b_bytes = round256(st.batches_b * p.k * st.ldb * e);
+    b_bytes = round256(st.batches_b * p.b_stored_rows() * st.ldb * e);
   }
   st.b_offset = a_bytes;
   st.bytes = a_bytes + b_bytes;
@@ -127,21 +131,23 @@ cudaError_t stage(const GemmParams& p, const Staging& st, void* workspace, cudaS
   const int e = static_cast<int>(dtype_size(p.dtype));
   *q = p;
   if (st.a) {
-    if (cudaError_t err = copy_rows(workspace, st.lda, p.a, p.lda, p.batch_stride_a, p.m, p.k, st.batches_a, e, stream);
+    if (cudaError_t err = copy_rows(workspace, st.lda, p.a, p.lda, p.batch_stride_a, p.a_stored_rows(),
+                                    p.a_stored_cols(), st.batches_a, e, stream);
         err != cudaSuccess)
       return err;
     q->a = workspace;
     q->lda = st.lda;
-    q->batch_stride_a = st.batches_a > 1 ? p.m * st.lda : 0;
+    q->batch_stride_a = st.batches_a > 1 ? p.a_stored_rows() * st.lda : 0;
   }
   if (st.b) {
     void* b = static_cast<char*>(workspace) + st.b_offset;
-    if (cudaError_t err = copy_rows(b, st.ldb, p.b, p.ldb, p.batch_stride_b, p.k, p.n, st.batches_b, e, stream);
+    if (cudaError_t err = copy_rows(b, st.ldb, p.b, p.ldb, p.batch_stride_b, p.b_stored_rows(), p.b_stored_cols(),
+                                    st.batches_b, e, stream);
         err != cudaSuccess)
       return err;
     q->b = b;
     q->ldb = st.ldb;
-    q->batch_stride_b = st.batches_b > 1 ? p.k * st.ldb : 0;
+    q->batch_stride_b = st.batches_b > 1 ? p.b_stored_rows() * st.ldb : 0;
   }
   return cudaSuccess;
 }
@@ -154,7 +160,7 @@ size_t split_bytes(const GemmParams& p, int splits, size_t* counters_offset) {
 
 // Concurrent clusters of the kernel on the current device, asked once per device (the GPCs decide,
 // not just the SM count).
-template <typename T, bool kSmallM>
+template <typename T, bool kSmallM, bool kTransA, bool kTransB>
 cudaError_t clusters_that_fit(cudaLaunchConfig_t config, int* out) {
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
@@ -162,7 +168,8 @@ cudaError_t clusters_that_fit(cudaLaunchConfig_t config, int* out) {
   int clusters = device < kMaxDevices ? fit[device].load(std::memory_order_relaxed) : 0;
   if (clusters == 0) {
     config.gridDim = dim3(Config<kSmallM>::kCluster);
-    if (cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel_ptr<T, kSmallM>(), &config); e != cudaSuccess)
+    if (cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel_ptr<T, kSmallM, kTransA, kTransB>(), &config);
+        e != cudaSuccess)
       return e;
     if (clusters < 1) return cudaErrorInvalidConfiguration;
     if (device < kMaxDevices) fit[device].store(clusters, std::memory_order_relaxed);
@@ -171,15 +178,15 @@ cudaError_t clusters_that_fit(cudaLaunchConfig_t config, int* out) {
   return cudaSuccess;
 }
 
-template <typename T, bool kSmallM>
+template <typename T, bool kSmallM, bool kTransA, bool kTransB>
 cudaError_t launch(const GemmParams& p, int splits, const Workspace& workspace, cudaStream_t stream) {
-  using C = Config<kSmallM>;
+  using C = Config<kSmallM, kTransA, kTransB>;
   using Tile = typename C::Tile;
   CUtensorMap map_a, map_b, map_c{};
   HopperGemmArgs args;
   if (cudaError_t e = make_hopper_args(p, Tile::kBM, &map_a, &map_b, &args, &map_c); e != cudaSuccess) return e;
-  if (cudaError_t e = cudaFuncSetAttribute(kernel_ptr<T, kSmallM>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           Tile::kSmemBytes);
+  if (cudaError_t e = cudaFuncSetAttribute(kernel_ptr<T, kSmallM, kTransA, kTransB>(),
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
       e != cudaSuccess)
     return e;
   typename C::Scheduler sched{static_cast<int>(ceil_div(p.m, int64_t(Tile::kBM))),
@@ -208,7 +215,7 @@ cudaError_t launch(const GemmParams& p, int splits, const Workspace& workspace, 
   config.dynamicSmemBytes = Tile::kSmemBytes;
   config.stream = stream;
   int clusters = 0;
-  if (cudaError_t e = clusters_that_fit<T, kSmallM>(config, &clusters); e != cudaSuccess) return e;
+  if (cudaError_t e = clusters_that_fit<T, kSmallM, kTransA, kTransB>(config, &clusters); e != cudaSuccess) return e;
   config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(sched.total(), clusters) * C::kCluster));
   return cudaLaunchKernelEx(
       &config, &gemm_wgmma_ws_kernel<T, Tile, C::kConsumers, typename C::Scheduler, C::kCluster, true>, map_a,
@@ -228,8 +235,10 @@ cudaError_t gemm_wgmma_persistent(const GemmParams& p, const Workspace& workspac
     rest = {static_cast<char*>(workspace.data) + st.bytes, workspace.bytes - st.bytes};
   }
   return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    return plan.small_m ? launch<T, true>(q, plan.splits, rest, stream)
-                        : launch<T, false>(q, plan.splits, rest, stream);
+    return dispatch_gemm_layout(q, [&]<bool kTransA, bool kTransB>() {
+      return plan.small_m ? launch<T, true, kTransA, kTransB>(q, plan.splits, rest, stream)
+                          : launch<T, false, kTransA, kTransB>(q, plan.splits, rest, stream);
+    });
   });
 }
 
@@ -244,16 +253,19 @@ cudaError_t gemm_wgmma_persistent_workspace(const GemmParams& p, size_t* bytes) 
 cudaError_t gemm_wgmma_persistent_resources(const GemmParams& p, KernelResources* out) {
   const GemmHopperPlan plan = plan_for(p);
   return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    const auto describe = [&]<bool kSmallM>() -> cudaError_t {
-      using C = Config<kSmallM>;
-      if (cudaError_t e = cudaFuncSetAttribute(kernel_ptr<T, kSmallM>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               C::Tile::kSmemBytes);
-          e != cudaSuccess)
-        return e;
-      return describe_kernel(kernel_ptr<T, kSmallM>(), kernel_name<T, kSmallM>(), C::Shape::kThreads,
-                             C::Tile::kSmemBytes, out);
-    };
-    return plan.small_m ? describe.template operator()<true>() : describe.template operator()<false>();
+    return dispatch_gemm_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
+      const auto describe = [&]<bool kSmallM>() -> cudaError_t {
+        using C = Config<kSmallM, kTransA, kTransB>;
+        const void* kernel = kernel_ptr<T, kSmallM, kTransA, kTransB>();
+        if (cudaError_t e =
+                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::Tile::kSmemBytes);
+            e != cudaSuccess)
+          return e;
+        return describe_kernel(kernel, kernel_name<T, kSmallM, kTransA, kTransB>().c_str(), C::Shape::kThreads,
+                               C::Tile::kSmemBytes, out);
+      };
+      return plan.small_m ? describe.template operator()<true>() : describe.template operator()<false>();
+    });
   });
 }
 

@@ -10,7 +10,12 @@
 // k-block ends with a full wait for the tensor cores and a block barrier before its stage is
 // refilled, so loads and math overlap only through the ring's depth.
 //
+// Layouts: A and B may each be row- or column-major; TMA copies the stored boxes as they are and
+// wgmma's transpose immediates say which way each operand runs (wgmma_mainloop.cuh), so the four
+// layouts are four instantiations of the same kernel with the same work.
+//
 //   block tile 128 x 128 x 64, 3 stages (96 KiB: two blocks per SM), grouped rasterization.
+#include <string>
 #include <type_traits>
 
 #include "gemm/cuda/gemm_hopper.cuh"
@@ -22,11 +27,12 @@
 namespace optimized::cuda {
 namespace {
 
-using Tile = kernels::WgmmaTile<128, 128, 3>;
+template <bool kTransA, bool kTransB>
+using TileFor = kernels::WgmmaTile<128, 128, 3, 0, kTransA, kTransB>;
 using Scheduler = kernels::OneTilePerBlock<8>;
 constexpr int kThreads = 128;
 
-template <typename T>
+template <typename T, typename Tile>
 __global__ void __launch_bounds__(kThreads) gemm_wgmma_tma_kernel(const __grid_constant__ CUtensorMap map_a,
                                                                   const __grid_constant__ CUtensorMap map_b,
                                                                   const HopperGemmArgs args, const Scheduler sched) {
@@ -60,7 +66,7 @@ __global__ void __launch_bounds__(kThreads) gemm_wgmma_tma_kernel(const __grid_c
     kernels::ptx::wgmma_fence();
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      kernels::wgmma_kblock<T, Tile::kBN>(acc[h], ring.a(cur.stage) + h * 64 * 128, ring.b(cur.stage));
+      kernels::wgmma_kblock<T, Tile>(acc[h], ring.a(cur.stage) + h * 64 * 128, ring.b(cur.stage));
     kernels::ptx::wgmma_commit();
     kernels::ptx::wgmma_wait<0>();
     __syncthreads();  // every warp's wgmma has read the stage: refill it
@@ -80,15 +86,17 @@ __global__ void __launch_bounds__(kThreads) gemm_wgmma_tma_kernel(const __grid_c
   }
 }
 
-template <typename T>
-const char* kernel_name() {
-  return std::is_same_v<T, __half> ? "gemm_wgmma_tma<fp16, 128x128x64, 3 stages, 1 warpgroup>"
-                                   : "gemm_wgmma_tma<bf16, 128x128x64, 3 stages, 1 warpgroup>";
+template <typename T, bool kTransA, bool kTransB>
+const std::string& kernel_name() {
+  static const std::string name = std::string("gemm_wgmma_tma<") + (std::is_same_v<T, __half> ? "fp16" : "bf16") +
+                                  ", " + kLayoutName<kTransA, kTransB> + ", 128x128x64, 3 stages, 1 warpgroup>";
+  return name;
 }
 
-template <typename T>
+template <typename T, bool kTransA, bool kTransB>
 cudaError_t prepare_kernel(const void** kernel) {
-  const void* k = reinterpret_cast<const void*>(&gemm_wgmma_tma_kernel<T>);
+  using Tile = TileFor<kTransA, kTransB>;
+  const void* k = reinterpret_cast<const void*>(&gemm_wgmma_tma_kernel<T, Tile>);
   if (cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
       e != cudaSuccess)
     return e;
@@ -96,19 +104,20 @@ cudaError_t prepare_kernel(const void** kernel) {
   return cudaSuccess;
 }
 
-template <typename T>
+template <typename T, bool kTransA, bool kTransB>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
+  using Tile = TileFor<kTransA, kTransB>;
   CUtensorMap map_a, map_b;
   HopperGemmArgs args;
   if (cudaError_t e = make_hopper_args(p, Tile::kBM, &map_a, &map_b, &args); e != cudaSuccess) return e;
   const void* kernel = nullptr;
-  if (cudaError_t e = prepare_kernel<T>(&kernel); e != cudaSuccess) return e;
+  if (cudaError_t e = prepare_kernel<T, kTransA, kTransB>(&kernel); e != cudaSuccess) return e;
   Scheduler sched{static_cast<int>(ceil_div(p.m, int64_t(Tile::kBM))), static_cast<int>(ceil_div(p.n, int64_t(Tile::kBN))), 0};
   for (int64_t z0 = 0; z0 < p.batch; z0 += kMaxGridZ) {
     sched.z_base = z0;
     const dim3 grid(static_cast<unsigned>(sched.tiles_m * sched.tiles_n), 1,
                     static_cast<unsigned>(std::min<int64_t>(p.batch - z0, kMaxGridZ)));
-    gemm_wgmma_tma_kernel<T><<<grid, kThreads, Tile::kSmemBytes, stream>>>(map_a, map_b, args, sched);
+    gemm_wgmma_tma_kernel<T, Tile><<<grid, kThreads, Tile::kSmemBytes, stream>>>(map_a, map_b, args, sched);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
   return cudaSuccess;
@@ -117,14 +126,19 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t gemm_wgmma_tma(const GemmParams& p, const Workspace&, cudaStream_t stream) {
-  return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t { return launch<T>(p, stream); });
+  return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
+    return dispatch_gemm_layout(p, [&]<bool kTransA, bool kTransB>() { return launch<T, kTransA, kTransB>(p, stream); });
+  });
 }
 
 cudaError_t gemm_wgmma_tma_resources(const GemmParams& p, KernelResources* out) {
   return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    const void* kernel = nullptr;
-    if (cudaError_t e = prepare_kernel<T>(&kernel); e != cudaSuccess) return e;
-    return describe_kernel(kernel, kernel_name<T>(), kThreads, Tile::kSmemBytes, out);
+    return dispatch_gemm_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
+      const void* kernel = nullptr;
+      if (cudaError_t e = prepare_kernel<T, kTransA, kTransB>(&kernel); e != cudaSuccess) return e;
+      return describe_kernel(kernel, kernel_name<T, kTransA, kTransB>().c_str(), kThreads,
+                             TileFor<kTransA, kTransB>::kSmemBytes, out);
+    });
   });
 }
 

@@ -5,7 +5,10 @@
 // flight). setmaxnreg moves the producer's registers to the consumers, which is what lets each
 // consumer hold a 64 x 256 accumulator (128 registers) and the block tile grow to 128 x 256.
 //
+// One instantiation per layout of A and B (row- or column-major each; wgmma_mainloop.cuh).
+//
 //   block tile 128 x 256 x 64, 4 stages (192 KiB), one tile per block, grouped rasterization.
+#include <string>
 #include <type_traits>
 
 #include "gemm/cuda/gemm_wgmma_ws.cuh"
@@ -14,28 +17,35 @@
 namespace optimized::cuda {
 namespace {
 
-using Tile = kernels::WgmmaTile<128, 256, 4>;
+template <bool kTransA, bool kTransB>
+using TileFor = kernels::WgmmaTile<128, 256, 4, 0, kTransA, kTransB>;
 constexpr int kConsumers = 2;
 using Scheduler = kernels::OneTilePerBlock<8>;
-using Shape = WgmmaWsShape<Tile, kConsumers>;
+using Shape = WgmmaWsShape<TileFor<false, false>, kConsumers>;  // the same for every layout
+constexpr int kSmemBytes = TileFor<false, false>::kSmemBytes;
 
-template <typename T>
+template <typename T, bool kTransA, bool kTransB>
 const void* kernel_ptr() {
-  return reinterpret_cast<const void*>(&gemm_wgmma_ws_kernel<T, Tile, kConsumers, Scheduler>);
+  return reinterpret_cast<const void*>(
+      &gemm_wgmma_ws_kernel<T, TileFor<kTransA, kTransB>, kConsumers, Scheduler>);
 }
 
-template <typename T>
-const char* kernel_name() {
-  return std::is_same_v<T, __half> ? "gemm_wgmma_ws<fp16, 128x256x64, 4 stages, producer + 2 consumers>"
-                                   : "gemm_wgmma_ws<bf16, 128x256x64, 4 stages, producer + 2 consumers>";
+template <typename T, bool kTransA, bool kTransB>
+const std::string& kernel_name() {
+  static const std::string name = std::string("gemm_wgmma_ws<") + (std::is_same_v<T, __half> ? "fp16" : "bf16") +
+                                  ", " + kLayoutName<kTransA, kTransB> +
+                                  ", 128x256x64, 4 stages, producer + 2 consumers>";
+  return name;
 }
 
-template <typename T>
+template <typename T, bool kTransA, bool kTransB>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
+  using Tile = TileFor<kTransA, kTransB>;
   CUtensorMap map_a, map_b, map_c{};
   HopperGemmArgs args;
   if (cudaError_t e = make_hopper_args(p, Tile::kBM, &map_a, &map_b, &args); e != cudaSuccess) return e;
-  if (cudaError_t e = cudaFuncSetAttribute(kernel_ptr<T>(), cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
+  if (cudaError_t e = cudaFuncSetAttribute(kernel_ptr<T, kTransA, kTransB>(),
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
       e != cudaSuccess)
     return e;
   Scheduler sched{static_cast<int>(ceil_div(p.m, int64_t(Tile::kBM))), static_cast<int>(ceil_div(p.n, int64_t(Tile::kBN))), 0};
@@ -53,15 +63,20 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t gemm_wgmma_ws(const GemmParams& p, const Workspace&, cudaStream_t stream) {
-  return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t { return launch<T>(p, stream); });
+  return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
+    return dispatch_gemm_layout(p, [&]<bool kTransA, bool kTransB>() { return launch<T, kTransA, kTransB>(p, stream); });
+  });
 }
 
 cudaError_t gemm_wgmma_ws_resources(const GemmParams& p, KernelResources* out) {
   return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    if (cudaError_t e = cudaFuncSetAttribute(kernel_ptr<T>(), cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
-        e != cudaSuccess)
-      return e;
-    return describe_kernel(kernel_ptr<T>(), kernel_name<T>(), Shape::kThreads, Tile::kSmemBytes, out);
+    return dispatch_gemm_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
+      const void* kernel = kernel_ptr<T, kTransA, kTransB>();
+      if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+          e != cudaSuccess)
+        return e;
+      return describe_kernel(kernel, kernel_name<T, kTransA, kTransB>().c_str(), Shape::kThreads, kSmemBytes, out);
+    });
   });
 }
 

@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(WgmmaWsShape<Tile, kConsumers>::kThreads, 1)
     for (int kb = kernels::split_begin(t.split, args.splits, args.k_blocks); kb < kb_end; ++kb) {
       kernels::ptx::mbarrier_wait(&ring.full[cur.stage], cur.phase);
       kernels::ptx::wgmma_fence();
-      kernels::wgmma_kblock<T, Tile::kBN>(acc, ring.a(cur.stage) + rows * 128, ring.b(cur.stage));
+      kernels::wgmma_kblock<T, Tile>(acc, ring.a(cur.stage) + rows * 128, ring.b(cur.stage));
       kernels::ptx::wgmma_commit();
       kernels::ptx::wgmma_wait<1>();  // the previous k-block's group is done with its stage
       if (held >= 0 && releaser) release<kCluster>(&ring.empty[held]);

@@ -3,13 +3,21 @@
 // wgmma_ws, wgmma_persistent) compose these with a scheduler and an epilogue; linear, grouped
 // (MoE) GEMM and attention reuse them.
 //
-// One stage holds the k-block [k0, k0 + 64) of the block tile:
-//   A: kBM rows x 64 K, K-major (a row of A per M index, 128 bytes, 128-byte swizzle): one TMA box
-//      (64 x kBM) of a row-major A.
-//   B: 64 K rows x kBN, MN-major (N contiguous): kBN / 64 TMA boxes of (64 N x 64 K) from a
-//      row-major B, 8 KiB each, one after the other.
-// 64 16-bit elements per k-block make each row exactly one 128-byte swizzle row (the widest TMA
-// swizzle), which keeps shared-memory reads of wgmma conflict-free.
+// One stage holds the k-block [k0, k0 + 64) of the block tile, in the layout the operand has in
+// global memory (TMA copies boxes as they are stored; wgmma reads either layout of 16-bit
+// operands, told by its transpose immediates):
+//   A row-major (kTransA false): kBM rows x 64 K, K-major (a row of A per M index, 128 bytes,
+//      128-byte swizzle): one TMA box (64 K x kBM rows).
+//   A column-major (kTransA true, stored (K, M)): 64 K rows x kBM, MN-major (M contiguous):
+//      kBM / 64 boxes of (64 M x 64 K), 8 KiB each, one after the other.
+//   B row-major (kTransB false): 64 K rows x kBN, MN-major (N contiguous): kBN / 64 boxes of
+//      (64 N x 64 K), 8 KiB each.
+//   B column-major (kTransB true, stored (N, K)): kBN rows x 64 K, K-major: kBN / 64 boxes of
+//      (64 K x 64 N rows), 8 KiB each.
+// Either way a stage has the same bytes, the 64 rows of A a consumer warpgroup multiplies start
+// 64 * 128 bytes apart (one box), and B comes in kBN / 64 boxes (what the cluster multicast
+// splits). 64 16-bit elements per k-block or per 64 columns make each row exactly one 128-byte
+// swizzle row (the widest TMA swizzle), which keeps shared-memory reads of wgmma conflict-free.
 //
 // Barriers: full[s] completes when the producer's arrive (with the stage's byte count) and the
 // TMA bytes have all landed; empty[s] completes when every consumer warp has released the stage.
@@ -32,13 +40,15 @@
 namespace optimized::kernels {
 
 // kExtraBytes: room after the ring (1024-aligned, e.g. an epilogue's staging buffers).
-template <int kBM_, int kBN_, int kStages_, int kExtraBytes_ = 0>
+// kTransA / kTransB: the operands' layouts in global memory (GemmParams' trans_a / trans_b).
+template <int kBM_, int kBN_, int kStages_, int kExtraBytes_ = 0, bool kTransA_ = false, bool kTransB_ = false>
 struct WgmmaTile {
   static constexpr int kBM = kBM_, kBN = kBN_, kBK = 64, kStages = kStages_, kExtraBytes = kExtraBytes_;
+  static constexpr bool kTransA = kTransA_, kTransB = kTransB_;
   static_assert(kExtraBytes % 1024 == 0, "the extra region keeps 1024-byte alignment");
   static_assert(kBM % 64 == 0 && kBN % 64 == 0 && kBN <= 256, "wgmma tiles: M in 64s, N in 64s up to 256");
   static constexpr int kBoxBytes = 64 * 128;           // one (64 x 64) box of 16-bit elements
-  static constexpr int kABytes = kBM * 128;            // kBM rows of 128 bytes
+  static constexpr int kABytes = kBM * 128;            // kBM rows of 128 bytes, or kBM / 64 boxes
   static constexpr int kBBytes = (kBN / 64) * kBoxBytes;
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kRingBytes = kStages * kStageBytes;
@@ -87,7 +97,8 @@ struct RingCursor {
 };
 
 // The producer's part (one thread): the k-block at k0 of the tile at (m0, n0) in batch za / zb of
-// A / B (3-D tensor maps: inner, outer, batch) into stage s, counted on full[s].
+// A / B (3-D tensor maps of the stored matrices: inner, outer, batch; A's box is 64 x kBM when
+// row-major, 64 x 64 otherwise; B's 64 x 64) into stage s, counted on full[s].
 // kCluster > 1: the blocks of a cluster hold tiles of the same columns (n0) and share B: this
 // block loads its A and every kCluster-th box of B, multicast to all of them, so each brings
 // 1 / kCluster of B from L2; every block's full[s] still expects the whole stage.
@@ -96,33 +107,49 @@ __device__ __forceinline__ void wgmma_load_kblock(const WgmmaRing<Tile>& ring, i
                                                   const CUtensorMap* map_b, int m0, int n0, int k0, int za, int zb,
                                                   int cluster_rank = 0) {
   ptx::mbarrier_arrive_expect_tx(&ring.full[s], Tile::kStageBytes);
-  ptx::tma_load_3d(ring.a(s), map_a, &ring.full[s], k0, m0, za);
+  if constexpr (!Tile::kTransA) {
+    ptx::tma_load_3d(ring.a(s), map_a, &ring.full[s], k0, m0, za);
+  } else {
+#pragma unroll
+    for (int j = 0; j < Tile::kBM / 64; ++j)
+      ptx::tma_load_3d(ring.a(s) + j * Tile::kBoxBytes, map_a, &ring.full[s], m0 + 64 * j, k0, za);
+  }
 #pragma unroll
   for (int j = 0; j < Tile::kBN / 64; ++j) {
+    // Box j: columns [n0 + 64j, n0 + 64j + 64) of B, whichever way B is stored.
+    const int inner = Tile::kTransB ? k0 : n0 + 64 * j, outer = Tile::kTransB ? n0 + 64 * j : k0;
     if constexpr (kCluster == 1) {
-      ptx::tma_load_3d(ring.b(s) + j * Tile::kBoxBytes, map_b, &ring.full[s], n0 + 64 * j, k0, zb);
+      ptx::tma_load_3d(ring.b(s) + j * Tile::kBoxBytes, map_b, &ring.full[s], inner, outer, zb);
     } else if (j % kCluster == cluster_rank) {
-      ptx::tma_load_3d_multicast(ring.b(s) + j * Tile::kBoxBytes, map_b, &ring.full[s], n0 + 64 * j, k0, zb,
+      ptx::tma_load_3d_multicast(ring.b(s) + j * Tile::kBoxBytes, map_b, &ring.full[s], inner, outer, zb,
                                  static_cast<uint16_t>((1u << kCluster) - 1));
     }
   }
 }
 
-// acc (64 x kN per warpgroup) += A rows [row0, row0 + 64) of the stage x B (64 x kN): four
-// k-steps of 16, issued asynchronously (the caller commits and waits).
-template <typename T, int kN>
-__device__ __forceinline__ void wgmma_kblock(float (&acc)[kN / 2], const unsigned char* a_rows, const unsigned char* b) {
+// acc (64 x kBN per warpgroup) += A rows [row0, row0 + 64) of the stage (a_rows: the stage's A
+// + row0 * 128, which is where those rows start in either layout) x B (64 x kBN): four k-steps of
+// 16, issued asynchronously (the caller commits and waits). A k-step moves a K-major operand 32
+// bytes along its swizzled rows and an MN-major one 16 rows (2048 bytes) down.
+template <typename T, typename Tile>
+__device__ __forceinline__ void wgmma_kblock(float (&acc)[Tile::kBN / 2], const unsigned char* a_rows,
+                                             const unsigned char* b) {
   using Tag = std::conditional_t<std::is_same_v<T, __half>, ptx::F16Tag, ptx::Bf16Tag>;
+  constexpr int kN = Tile::kBN;
+  // wgmma's transpose immediates: 1 for an MN-major operand.
+  constexpr int kTnspA = Tile::kTransA ? 1 : 0, kTnspB = Tile::kTransB ? 0 : 1;
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
-    const uint64_t da = ptx::make_smem_desc_k_major_sw128(a_rows + kk * 32);
-    const uint64_t db = ptx::make_smem_desc_mn_major_sw128(b + kk * 16 * 128, 64 * 128);
+    const uint64_t da = Tile::kTransA ? ptx::make_smem_desc_mn_major_sw128(a_rows + kk * 16 * 128, Tile::kBoxBytes)
+                                      : ptx::make_smem_desc_k_major_sw128(a_rows + kk * 32);
+    const uint64_t db = Tile::kTransB ? ptx::make_smem_desc_k_major_sw128(b + kk * 32)
+                                      : ptx::make_smem_desc_mn_major_sw128(b + kk * 16 * 128, Tile::kBoxBytes);
     if constexpr (kN == 256)
-      ptx::wgmma_m64n256k16<0, 1>(acc, da, db, 1, Tag{});
+      ptx::wgmma_m64n256k16<kTnspA, kTnspB>(acc, da, db, 1, Tag{});
     else if constexpr (kN == 128)
-      ptx::wgmma_m64n128k16<0, 1>(acc, da, db, 1, Tag{});
+      ptx::wgmma_m64n128k16<kTnspA, kTnspB>(acc, da, db, 1, Tag{});
     else
-      ptx::wgmma_m64n64k16<0, 1>(acc, da, db, 1, Tag{});
+      ptx::wgmma_m64n64k16<kTnspA, kTnspB>(acc, da, db, 1, Tag{});
   }
 }
 
