@@ -61,7 +61,7 @@ CublasGemm::~CublasGemm() {
 }
 
 void CublasGemm::run(CublasMode mode, int64_t m, int64_t n, int64_t k, int64_t batch,
-                     const void* a, const void* b, void* c, float alpha, float beta) {
+                     const void* a, const void* b, void* c, float alpha, float beta, bool trans_a, bool trans_b) {
   cudaDataType_t type = CUDA_R_32F;
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
   switch (mode) {
@@ -72,15 +72,17 @@ void CublasGemm::run(CublasMode mode, int64_t m, int64_t n, int64_t k, int64_t b
   }
   auto handle = static_cast<cublasHandle_t>(handle_);
   const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k);
-  // Column-major view: C^T (n x m) = B^T (n x k) * A^T (k x m).
+  // Column-major view: C^T (n x m) = B^T (n x k) * A^T (k x m). A row-major B is B^T column-major
+  // (op N, ld n); a B stored (N, K) is column-major B, transposed by op T (ld k); likewise A.
+  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int ldb = trans_b ? ik : in, lda = trans_a ? im : ik;
   if (batch == 1) {
-    check_cublas(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, in, im, ik, &alpha, b, type, in, a,
-                              type, ik, &beta, c, type, in, compute, CUBLAS_GEMM_DEFAULT),
+    check_cublas(cublasGemmEx(handle, op_b, op_a, in, im, ik, &alpha, b, type, ldb, a, type, lda, &beta, c, type,
+                              in, compute, CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx");
   } else {
-    check_cublas(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, in, im, ik, &alpha, b,
-                                            type, in, k * n, a, type, ik, m * k, &beta, c, type, in,
-                                            m * n, static_cast<int>(batch), compute,
+    check_cublas(cublasGemmStridedBatchedEx(handle, op_b, op_a, in, im, ik, &alpha, b, type, ldb, k * n, a, type,
+                                            lda, m * k, &beta, c, type, in, m * n, static_cast<int>(batch), compute,
                                             CUBLAS_GEMM_DEFAULT),
                  "cublasGemmStridedBatchedEx");
   }

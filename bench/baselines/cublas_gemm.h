@@ -32,10 +32,11 @@ class CublasGemm {
   CublasGemm(const CublasGemm&) = delete;
   CublasGemm& operator=(const CublasGemm&) = delete;
 
-  // Contiguous row-major operands; batch > 1 uses strided batches (M*K, K*N, M*N apart).
-  // Throws std::runtime_error naming the cuBLAS status on failure.
+  // Contiguous operands, C row-major; A row-major (M, K), or stored column-major as (K, M) when
+  // trans_a; B (K, N), or stored (N, K) when trans_b. batch > 1 uses strided batches (M*K, K*N,
+  // M*N apart). Throws std::runtime_error naming the cuBLAS status on failure.
   void run(CublasMode mode, int64_t m, int64_t n, int64_t k, int64_t batch, const void* a,
-           const void* b, void* c, float alpha, float beta);
+           const void* b, void* c, float alpha, float beta, bool trans_a = false, bool trans_b = false);
 
  private:
   void* handle_ = nullptr;  // cublasHandle_t

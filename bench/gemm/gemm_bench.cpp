@@ -30,9 +30,12 @@ using optimized::DType;
 using optimized::GemmVariant;
 using optimized::TensorView;
 
+std::string GemmShape::layout() const { return std::string(trans_a ? "T" : "N") + (trans_b ? "T" : "N"); }
+
 std::string GemmShape::label() const {
   std::string s = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
-  return batch == 1 ? s : std::to_string(batch) + "x" + s;
+  if (batch != 1) s = std::to_string(batch) + "x" + s;
+  return trans_a || trans_b ? s + " " + layout() : s;
 }
 
 GemmShape parse_gemm_shape(const std::string& text) {
@@ -58,9 +61,13 @@ bool row_on_cuda(GemmVariant v, bool gpu) { return v == GemmVariant::kAuto ? gpu
 std::string variant_name(GemmVariant v) { return std::string(optimized::gemm_variant_name(v)); }
 std::string cube(int64_t s) { return std::to_string(s) + "^3"; }
 
-TensorView view3(void* data, DType dtype, Device device, int64_t batch, int64_t rows, int64_t cols) {
-  if (batch == 1) return TensorView(data, dtype, device, {rows, cols});
-  return TensorView(data, dtype, device, {batch, rows, cols});
+// A contiguous (batch, rows, cols) operand, stored row-major, or column-major (as (batch, cols,
+// rows) in memory) when col_major.
+TensorView view3(void* data, DType dtype, Device device, int64_t batch, int64_t rows, int64_t cols,
+                 bool col_major = false) {
+  const int64_t rs = col_major ? 1 : cols, cs = col_major ? rows : 1;
+  if (batch == 1) return TensorView(data, dtype, device, {rows, cols}, {rs, cs});
+  return TensorView(data, dtype, device, {batch, rows, cols}, {rows * cols, rs, cs});
 }
 
 // Operands of one group: nsets rotating sets on the group's device, set 0's inputs also on the host.
@@ -85,15 +92,19 @@ struct Operands {
       sets.push_back(std::move(set));
     }
     host_out.resize(static_cast<size_t>(c_count) * optimized::dtype_size(dtype));
-    ha = view3(host_a.data(), dtype, Device::cpu(), s.batch, s.m, s.k);
-    hb = view3(host_b.data(), dtype, Device::cpu(), s.batch, s.k, s.n);
+    ha = view3(host_a.data(), dtype, Device::cpu(), s.batch, s.m, s.k, s.trans_a);
+    hb = view3(host_b.data(), dtype, Device::cpu(), s.batch, s.k, s.n, s.trans_b);
     if (beta != 0) hc0 = view3(host_c0.data(), dtype, Device::cpu(), s.batch, s.m, s.n);
     hout = view3(host_out.data(), dtype, Device::cpu(), s.batch, s.m, s.n);
   }
 
   const Set& set(int i) const { return sets[static_cast<size_t>(i) % sets.size()]; }
-  TensorView a(int i) const { return view3(set(i).a.data(), set(i).a.dtype(), set(i).a.device(), s.batch, s.m, s.k); }
-  TensorView b(int i) const { return view3(set(i).b.data(), set(i).b.dtype(), set(i).b.device(), s.batch, s.k, s.n); }
+  TensorView a(int i) const {
+    return view3(set(i).a.data(), set(i).a.dtype(), set(i).a.device(), s.batch, s.m, s.k, s.trans_a);
+  }
+  TensorView b(int i) const {
+    return view3(set(i).b.data(), set(i).b.dtype(), set(i).b.device(), s.batch, s.k, s.n, s.trans_b);
+  }
   TensorView c(int i) const { return view3(set(i).c.data(), set(i).c.dtype(), set(i).c.device(), s.batch, s.m, s.n); }
 
   // Set 0's C in its pre-run state: poisoned (NaN) when beta == 0, else C0.
@@ -144,6 +155,8 @@ class GemmGroup : public BenchGroup {
     r.backend = cuda ? "cuda" : "cpu";
     r.dtype = std::string(optimized::dtype_name(dtype_));
     r.shape = {{"m", s_.m}, {"n", s_.n}, {"k", s_.k}, {"batch", s_.batch}};
+    if (s_.trans_a) r.shape.push_back({"trans_a", 1});
+    if (s_.trans_b) r.shape.push_back({"trans_b", 1});
     r.shape_label = s_.label();
     if (!cuda) r.threads = threads;
     const double es = static_cast<double>(optimized::dtype_size(dtype_));
@@ -193,7 +206,8 @@ class GemmGroup : public BenchGroup {
       const CublasMode mode = cublas_mode_for(dtype_);
       return checked([this, cublas, mode](int i) {
         const auto& set = ops_->set(i);
-        cublas->run(mode, s_.m, s_.n, s_.k, s_.batch, set.a.data(), set.b.data(), set.c.data(), alpha_, beta_);
+        cublas->run(mode, s_.m, s_.n, s_.k, s_.batch, set.a.data(), set.b.data(), set.c.data(), alpha_, beta_,
+                    s_.trans_a, s_.trans_b);
       });
 #endif
     }
@@ -202,7 +216,7 @@ class GemmGroup : public BenchGroup {
       const auto& set = ops_->set(i);
       openblas_sgemm(s_.m, s_.n, s_.k, s_.batch, static_cast<const float*>(set.a.data()),
                      static_cast<const float*>(set.b.data()), static_cast<float*>(set.c.data()), alpha_, beta_,
-                     nthreads);
+                     nthreads, s_.trans_a, s_.trans_b);
     });
     // OpenBLAS worker threads spin for ~2^28 cycles after a call before they sleep; let them settle
     // so they do not steal cores from the OpenMP threads of the rows that follow.
@@ -262,11 +276,13 @@ Groups gemm_groups(const GemmBenchConfig& cfg, bool gpu) {
         if (!gpu) skip = "no CUDA GPU found (" + optimized::cuda_unavailable_reason() + ")";
         else if (v != GemmVariant::kAuto) skip = optimized::gemm_variant_rejects_dtype(v, dtype);
         // The Hopper rungs load through TMA, which needs 16-byte rows; the benchmark's operands
-        // are contiguous, so K and N must be multiples of 16 bytes (auto falls back elsewhere).
+        // are contiguous, so the stored widths (K or M of A, N or K of B by layout) must be
+        // multiples of 16 bytes (auto falls back elsewhere).
         const int64_t per16 = 16 / static_cast<int64_t>(optimized::dtype_size(dtype));
+        const int64_t a_width = shape.trans_a ? shape.m : shape.k, b_width = shape.trans_b ? shape.k : shape.n;
         if (skip.empty() && optimized::gemm_variant_name(v).starts_with("wgmma_") &&
-            (shape.k % per16 != 0 || shape.n % per16 != 0))
-          skip = "TMA needs rows of A and B 16-byte aligned (K and N multiples of " + std::to_string(per16) +
+            ((shape.m * shape.k > a_width && a_width % per16 != 0) || (shape.k * shape.n > b_width && b_width % per16 != 0)))
+          skip = "TMA needs rows of A and B 16-byte aligned (stored widths multiples of " + std::to_string(per16) +
                  " here); auto copies them into aligned rows or runs mma_pipeline";
         g->add_row(v, skip);
       }
@@ -352,6 +368,10 @@ class GemmFamily : public Family {
                     "gemv, auto), separated by commas")
         ->delimiter(',')
         ->capture_default_str();
+    sub->add_option("--layout", layouts_,
+                    "NN, NT, TN, TT: A then B row-major (N) or stored column-major (T); every shape runs in each "
+                    "[default: NN]")
+        ->delimiter(',');
     sub->add_option("--threads", threads_, "CPU thread counts (0: all) [default: 1 and all]")->delimiter(',');
     sub->add_option("--alpha", alpha_, "alpha")->capture_default_str();
     sub->add_option("--beta", beta_, "beta (non-zero: C is read too and counted in min bytes)")->capture_default_str();
@@ -380,6 +400,19 @@ class GemmFamily : public Family {
     if (given_mnk == 3) cfg.shapes.push_back({m_, n_, k_, batch_});
     if (cfg.shapes.empty()) cfg.shapes.push_back({1024, 1024, 1024, batch_});
     if (batch_ < 1) throw std::invalid_argument("--batch: expected >= 1; given " + std::to_string(batch_));
+    if (!layouts_.empty()) {
+      std::vector<GemmShape> shapes;
+      for (const GemmShape& base : cfg.shapes)
+        for (const std::string& l : layouts_) {
+          if (l.size() != 2 || (l[0] != 'N' && l[0] != 'T') || (l[1] != 'N' && l[1] != 'T'))
+            throw std::invalid_argument("--layout: expected NN, NT, TN or TT; given '" + l + "'");
+          GemmShape s = base;
+          s.trans_a = l[0] == 'T';
+          s.trans_b = l[1] == 'T';
+          shapes.push_back(s);
+        }
+      cfg.shapes = shapes;
+    }
     cfg.dtypes = parse_float_dtypes(dtypes_, "--dtype: matmul takes");
     cfg.variants = parse_variants(variants_);
     cfg.threads = resolve_threads(threads_);
@@ -431,7 +464,7 @@ class GemmFamily : public Family {
   }
 
  private:
-  std::vector<std::string> sizes_, dtypes_{"fp32"}, variants_{"all"};
+  std::vector<std::string> sizes_, dtypes_{"fp32"}, variants_{"all"}, layouts_;
   int64_t m_ = 0, n_ = 0, k_ = 0, batch_ = 1;
   std::vector<int> threads_;
   float alpha_ = 1.0f, beta_ = 0.0f;

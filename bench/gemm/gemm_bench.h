@@ -4,6 +4,8 @@
 // float64 (optimized_ops_testing), then timed by the driver (harness/driver.h) next to the baseline
 // of the same dtype and shape measured in the same run: cuBLAS on the GPU, OpenBLAS sgemm on the CPU.
 // flops = 2 M N K batch; min_bytes = (M K + K N + M N (x2 when beta != 0)) E batch.
+// --layout NN,NT,TN,TT runs each shape with A and/or B stored column-major (cuBLAS gets the same
+// layouts through its op flags).
 #pragma once
 
 #include <cstdint>
@@ -19,7 +21,11 @@ namespace bench {
 
 struct GemmShape {
   int64_t m = 0, n = 0, k = 0, batch = 1;
-  std::string label() const;  // "4096x4096x4096", "8x1024x1024x1024" with a batch
+  // The layouts: A stored column-major ((K, M) in memory) and B stored column-major ((N, K)).
+  bool trans_a = false, trans_b = false;
+  std::string layout() const;  // "NN", "NT", "TN" or "TT"
+  // "4096x4096x4096", "8x1024x1024x1024" with a batch; " NT" etc. appended unless NN
+  std::string label() const;
 };
 
 // "4096" (cube) or "4097x4095x4093" (MxNxK) or "8x1024x1024x1024" (batch x M x N x K).
