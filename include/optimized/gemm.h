@@ -47,7 +47,11 @@ int gemm_variant_min_compute_capability(GemmVariant variant);
 GemmVariant resolve_gemm_variant(const TensorView& a, const TensorView& b, const TensorView& c);
 
 // Bytes of ExecutionContext::workspace a matmul of (batch, m, k) @ (batch, k, n) needs on `device`
-// (0 on the CPU, and for every rung today). Throws Error for sizes < 1 or a dtype the variant refuses.
+// with contiguous operands in any of the layouts (A and B each row- or column-major; the largest
+// need of the four): 0 on the CPU; on CUDA, wgmma_persistent's split-K partials and, for auto, the
+// aligned copies of operands whose rows TMA cannot take. Operands with padded rows may need more
+// (matmul then says so, naming the workspace). Throws Error for sizes < 1 or a dtype the variant
+// refuses.
 size_t matmul_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batch, DType dtype, Device device,
                               GemmVariant variant = GemmVariant::kAuto);
 

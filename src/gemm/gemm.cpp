@@ -216,9 +216,12 @@ void matmul(const TensorView& a, const TensorView& b, const TensorView& c, float
   // Forced, a Hopper rung takes only what TMA describes; chosen by auto, wgmma_persistent stages
   // such operands through padded copies in its workspace.
   if (variant != GemmVariant::kAuto && row.arch == ArchRule::kArchSpecific)
-    if (std::string why = gemm_hopper_rejects(p); !why.empty())
+    if (std::string why = gemm_hopper_rejects(p); !why.empty()) {
+      // With a column-major C the params hold B^T as "a" and A^T as "b": name the user's operand.
+      if (as_matrix(c, "c").col_major && why.size() > 1 && why[1] == ':') why[0] = why[0] == 'a' ? 'b' : 'a';
       invalid(why + " (variant " + std::string(row.name) +
               " loads through TMA; auto copies such operands into aligned rows or runs mma_pipeline)");
+    }
   launch_on_cuda(row, p, a.device.index, ctx, "matmul (" + std::string(row.name) + ")");
 #else
   throw Error(Status::kUnsupported, "a: CUDA tensors given but this build is CPU-only (built without CUDA)");
@@ -240,16 +243,20 @@ size_t matmul_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batch, DT
       throw Error(Status::kUnsupported, "variant: " + why);
     if (row.backend == Backend::kCpu || !device.is_cuda()) continue;
 #if OPTIMIZED_WITH_CUDA
-    // The launcher's query on the sizes of a contiguous problem (the need depends on the sizes
-    // only), on `device` (the split of K depends on its SM count).
-    GemmParams p;
-    p.m = m, p.n = n, p.k = k, p.batch = batch, p.dtype = dtype;
-    p.lda = k, p.ldb = n, p.ldc = n;
-    p.batch_stride_a = m * k, p.batch_stride_b = k * n, p.batch_stride_c = m * n;
+    // The launcher's query on contiguous problems of these sizes in each layout (the need depends
+    // on the sizes and the stored rows' alignment), on `device` (the split of K depends on its SM
+    // count).
     static const bool usable = cuda_unavailable_reason().empty();
     std::optional<DeviceGuard> guard;  // without a usable device the query plans for an H100's 132 SMs
     if (usable) guard.emplace(device.index);
-    need = std::max(need, launcher_workspace_bytes(row, p, "matmul_workspace_bytes (" + std::string(row.name) + ")"));
+    for (int layout = 0; layout < 4; ++layout) {
+      GemmParams p;
+      p.m = m, p.n = n, p.k = k, p.batch = batch, p.dtype = dtype;
+      p.trans_a = (layout & 1) != 0, p.trans_b = (layout & 2) != 0;
+      p.lda = p.a_stored_cols(), p.ldb = p.b_stored_cols(), p.ldc = n;
+      p.batch_stride_a = m * k, p.batch_stride_b = k * n, p.batch_stride_c = m * n;
+      need = std::max(need, launcher_workspace_bytes(row, p, "matmul_workspace_bytes (" + std::string(row.name) + ")"));
+    }
 #endif
   }
   return need;
