@@ -1,9 +1,12 @@
-// GEMM: C = alpha * A @ B + beta * C on row-major matrices with leading dimensions.
+// GEMM: C = alpha * A @ B + beta * C on row- or column-major matrices with leading dimensions.
 //
 //   A: (M, K) or (batch, M, K)   B: (K, N) or (batch, K, N)   C: (M, N) or (batch, M, N)
 //
-// The last dimension of each operand must have unit stride; rows may be further apart than the
-// width (leading dimension >= width). A batch dimension may have stride 0 on A or B (broadcast).
+// Each operand is row-major (unit stride in the last dimension, rows at least a row apart:
+// leading dimension >= width) or column-major (unit stride in the second-to-last dimension,
+// columns at least a column apart), the NN/NT/TN/TT cases of BLAS; the layout is read from the
+// views' strides (a dimension of extent 1 may have any stride). A column-major C is computed as
+// C^T = B^T A^T. A batch dimension may have stride 0 on A or B (broadcast).
 // A, B and C share one dtype (fp32, fp16 or bf16; fp64 on the CPU rungs cpu_naive and cpu_blocked);
 // products accumulate in fp32 (fp64 for fp64), alpha and beta are fp32. When beta == 0, C is not read (BLAS convention): NaN in the old C does not propagate.
 #pragma once
