@@ -68,7 +68,8 @@ typedef enum optimized_dtype {
   OPTIMIZED_DTYPE_F8E4M3 = 3,
   OPTIMIZED_DTYPE_I32 = 4,
   OPTIMIZED_DTYPE_I64 = 5,
-  OPTIMIZED_DTYPE_F64 = 6  /* GEMM: CPU rungs cpu_naive and cpu_blocked only */
+  OPTIMIZED_DTYPE_F64 = 6, /* GEMM: CPU rungs cpu_naive and cpu_blocked only */
+  OPTIMIZED_DTYPE_F8E5M2 = 7
 } optimized_dtype;
 
 typedef enum optimized_device_type {

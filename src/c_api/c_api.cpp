@@ -64,9 +64,9 @@ optimized_status guarded(const char* function, Body&& body) {
 }
 
 optimized::DType to_dtype(int32_t dtype, const char* name) {
-  if (dtype < OPTIMIZED_DTYPE_F32 || dtype > OPTIMIZED_DTYPE_F64)
+  if (dtype < OPTIMIZED_DTYPE_F32 || dtype > OPTIMIZED_DTYPE_F8E5M2)
     invalid(std::string(name) + ": expected dtype to be an optimized_dtype value (0.." +
-            std::to_string(OPTIMIZED_DTYPE_F64) + "); given " + std::to_string(dtype));
+            std::to_string(OPTIMIZED_DTYPE_F8E5M2) + "); given " + std::to_string(dtype));
   return static_cast<optimized::DType>(dtype);
 }
 

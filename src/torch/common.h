@@ -100,13 +100,14 @@ inline DType to_dtype(at::ScalarType t, const std::string& prefix) {
     case at::kBFloat16: return DType::kBF16;
     case at::kDouble: return DType::kF64;
     case c10::ScalarType::Float8_e4m3fn: return DType::kF8E4M3;
+    case c10::ScalarType::Float8_e5m2: return DType::kF8E5M2;
     case at::kInt: return DType::kI32;
     case at::kLong: return DType::kI64;
     default: break;
   }
   TORCH_CHECK_NOT_IMPLEMENTED(false, prefix +
                                          "expected a dtype of the library (float32, float16, bfloat16, float64, "
-                                         "float8_e4m3fn, int32, int64); given " + dtype_str(t));
+                                         "float8_e4m3fn, float8_e5m2, int32, int64); given " + dtype_str(t));
 }
 
 // The C++ device of a torch device: cpu or cuda (an index of -1, "cuda", is device 0). Any other

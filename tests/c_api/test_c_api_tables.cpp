@@ -140,7 +140,8 @@ TEST(CApiTables, GemmCheckFollowsTheCppRule) {
   for (GemmVariant v : all_gemm_variants()) {
     const std::string name(gemm_variant_name(v));
     const int32_t device = gemm_variant_is_cuda(v) ? OPTIMIZED_DEVICE_CUDA : OPTIMIZED_DEVICE_CPU;
-    for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kI32, DType::kI64, DType::kF64}) {
+    for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kF8E5M2, DType::kI32, DType::kI64,
+                    DType::kF64}) {
       const std::string why = gemm_variant_rejects_dtype(v, d);
       const optimized_status s = optimized_variant_check("gemm", name.c_str(), static_cast<int32_t>(d), device);
       if (why.empty()) {
@@ -163,7 +164,8 @@ TEST(CApiTables, FusedCheckFollowsTheCppRule) {
   for (FusedVariant v : all_fused_variants()) {
     const std::string name(fused_variant_name(v));
     const Device device = fused_variant_is_cuda(v) ? Device::cuda(0) : Device::cpu();
-    for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kI32, DType::kI64, DType::kF64}) {
+    for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kF8E5M2, DType::kI32, DType::kI64,
+                    DType::kF64}) {
       bool takes = true;
       try {
         resolve_fused_variant(FusedOp::kSoftmax, d, device, 1, false);
