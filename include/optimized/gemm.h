@@ -65,4 +65,53 @@ void matmul(const TensorView& a, const TensorView& b, const TensorView& c, float
             float beta = 0.0f, GemmVariant variant = GemmVariant::kAuto,
             const ExecutionContext& ctx = {});
 
+// ---- Scaled (fp8) GEMM -------------------------------------------------------------------------
+//
+//   C = (scale_a . A) @ (scale_b . B) + bias        A (M, K), B (K, N) fp8; C (M, N) fp32/bf16/fp16
+//
+// A and B are fp8 (fp8_e4m3, fp8_e5m2; not both e5m2), any strides the plain GEMM takes (row- or
+// column-major); the Hopper rung reads both K-major (A row-major, B column-major, as
+// torch._scaled_mm takes them: mat2 = w.t()) and auto copies other layouts into that one first.
+// Products accumulate in fp32. The scales are fp32, each one of the layouts below, with the
+// shapes given (a scale tensor may be of any rank whose dimensions multiply out to that count,
+// contiguous):
+//   kTensor        one scale for the operand                  (1)
+//   kRowwise       A: one per row; B: one per column          A (M), B (N)
+//   kBlock1x128    one per row of A / column of B per 128 K   A (M, ceil(K/128)), B (N, ceil(K/128))
+//   kBlock128x128  one per 128 x 128 block                    A (ceil(M/128), ceil(K/128)),
+//                                                             B (ceil(K/128), ceil(N/128))
+// (the last two are DeepSeek-V3's layouts: activations 1x128, weights 128x128). bias: optional,
+// (N) of C's dtype, added after the scales. C may not overlap the inputs.
+enum class ScaleLayout : uint8_t { kTensor, kRowwise, kBlock1x128, kBlock128x128 };
+std::string_view scale_layout_name(ScaleLayout layout);  // "tensor", "rowwise", "block_1x128", "block_128x128"
+ScaleLayout parse_scale_layout(std::string_view name);    // throws Error naming the choices
+// The number of scales an operand needs: a is the A operand (M x K), else B (K x N).
+int64_t scale_count(ScaleLayout layout, int64_t rows, int64_t cols, bool a);
+
+enum class ScaledGemmVariant : uint8_t {
+  kAuto,           // wgmma_fp8 on an H100 (layouts copied K-major when needed), else naive / cpu
+  kCpu,            // dequantize-on-load loops with fp32 accumulation, threads
+  kCudaNaive,      // one thread per output, fp32 accumulation (any GPU, any layout)
+  kCudaWgmmaFp8,   // Hopper: TMA + fp8 wgmma (QGMMA), persistent, promotion to fp32 every 128 K
+};
+std::string_view scaled_gemm_variant_name(ScaledGemmVariant variant);
+ScaledGemmVariant parse_scaled_gemm_variant(std::string_view name);
+std::span<const ScaledGemmVariant> all_scaled_gemm_variants();  // every variant but kAuto
+bool scaled_gemm_variant_is_cuda(ScaledGemmVariant variant);
+
+// Bytes of ExecutionContext::workspace a scaled matmul of (m, k) @ (k, n) needs on `device` when
+// A is not row-major or B not column-major (K-major copies for the Hopper rung); 0 otherwise.
+size_t scaled_matmul_workspace_bytes(int64_t m, int64_t n, int64_t k, Device device, bool a_k_major = true,
+                                     bool b_k_major = true, ScaledGemmVariant variant = ScaledGemmVariant::kAuto);
+
+// The variant kAuto resolves to for these operands.
+ScaledGemmVariant resolve_scaled_gemm_variant(const TensorView& a, const TensorView& b, const TensorView& c);
+
+// Validates every argument (Error with kInvalidArgument or kUnsupported, naming it), then runs on
+// the operands' device, asynchronously on ctx.cuda_stream.
+void scaled_matmul(const TensorView& a, const TensorView& b, const TensorView& c, const TensorView& scale_a,
+                   ScaleLayout scale_a_layout, const TensorView& scale_b, ScaleLayout scale_b_layout,
+                   const TensorView* bias = nullptr, ScaledGemmVariant variant = ScaledGemmVariant::kAuto,
+                   const ExecutionContext& ctx = {});
+
 }  // namespace optimized

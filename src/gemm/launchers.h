@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "gemm/gemm_params.h"
+#include "gemm/scaled_params.h"
 #include "optimized/core.h"
 
 namespace optimized::cuda {
@@ -24,6 +25,13 @@ cudaError_t gemm_wgmma_tma(const GemmParams& p, const Workspace& workspace, cuda
 cudaError_t gemm_wgmma_ws(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);
 cudaError_t gemm_wgmma_persistent(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);
 cudaError_t gemm_wgmma_persistent_workspace(const GemmParams& p, size_t* bytes);
+
+// The scaled (fp8) GEMM (scaled_variants.h): the naive rung (any layout, any GPU), and the Hopper
+// rung (sm_90a builds), which reads A and B K-major through TMA; its workspace holds K-major
+// copies of operands in other layouts (made first, on the stream).
+cudaError_t scaled_gemm_naive(const ScaledGemmParams& p, const Workspace& workspace, cudaStream_t stream);
+cudaError_t scaled_gemm_wgmma_fp8(const ScaledGemmParams& p, const Workspace& workspace, cudaStream_t stream);
+cudaError_t scaled_gemm_wgmma_fp8_workspace(const ScaledGemmParams& p, size_t* bytes);
 
 // What the compiler and the occupancy calculator say of the kernel a launcher would run for p.
 struct KernelResources {
@@ -47,6 +55,9 @@ cudaError_t gemm_gemv_resources(const GemmParams& p, KernelResources* out);
 cudaError_t gemm_wgmma_tma_resources(const GemmParams& p, KernelResources* out);
 cudaError_t gemm_wgmma_ws_resources(const GemmParams& p, KernelResources* out);
 cudaError_t gemm_wgmma_persistent_resources(const GemmParams& p, KernelResources* out);
+
+cudaError_t scaled_gemm_naive_resources(const ScaledGemmParams& p, KernelResources* out);
+cudaError_t scaled_gemm_wgmma_fp8_resources(const ScaledGemmParams& p, KernelResources* out);
 
 // Fills `out` from cudaFuncGetAttributes and the occupancy calculator (shared by the launchers).
 cudaError_t describe_kernel(const void* kernel, const char* name, int threads_per_block,

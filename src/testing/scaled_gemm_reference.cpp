@@ -20,18 +20,6 @@ double fp8_to_double(uint8_t bits, Fp8Format format) {
   return format == Fp8Format::kE4M3 ? fp8_e4m3_to_float(bits) : fp8_e5m2_to_float(bits);
 }
 
-int64_t scale_count(ScaleLayout layout, int64_t rows, int64_t cols, bool a) {
-  // A: rows = M, cols = K; B: rows = K, cols = N.
-  const int64_t outer = a ? rows : cols, k = a ? cols : rows;
-  switch (layout) {
-    case ScaleLayout::kTensor: return 1;
-    case ScaleLayout::kRowwise: return outer;
-    case ScaleLayout::kBlock1x128: return outer * blocks128(k);
-    case ScaleLayout::kBlock128x128: return blocks128(rows) * blocks128(cols);
-  }
-  return 0;
-}
-
 double scale_at(const ScaledOperand& op, int64_t r, int64_t c, bool a) {
   const int64_t outer = a ? r : c, k = a ? c : r, k_blocks = blocks128(a ? op.cols : op.rows);
   switch (op.layout) {

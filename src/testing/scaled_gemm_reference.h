@@ -28,11 +28,12 @@
 #include <cstdint>
 
 #include "optimized/core.h"
+#include "optimized/gemm.h"
 
 namespace optimized::testing {
 
 enum class Fp8Format : uint8_t { kE4M3, kE5M2 };
-enum class ScaleLayout : uint8_t { kTensor, kRowwise, kBlock1x128, kBlock128x128 };
+// The scale layouts are the library's (optimized::ScaleLayout, optimized::scale_count in gemm.h).
 
 double fp8_to_double(uint8_t bits, Fp8Format format);
 
@@ -46,8 +47,6 @@ struct ScaledOperand {
   ScaleLayout layout = ScaleLayout::kTensor;
 };
 
-// The number of scales an operand of the layout has: a is the A operand (M x K), else B (K x N).
-int64_t scale_count(ScaleLayout layout, int64_t rows, int64_t cols, bool a);
 // The scale of element (r, c) of the operand.
 double scale_at(const ScaledOperand& op, int64_t r, int64_t c, bool a);
 

@@ -41,10 +41,15 @@ namespace optimized::kernels {
 
 // kExtraBytes: room after the ring (1024-aligned, e.g. an epilogue's staging buffers).
 // kTransA / kTransB: the operands' layouts in global memory (GemmParams' trans_a / trans_b).
-template <int kBM_, int kBN_, int kStages_, int kExtraBytes_ = 0, bool kTransA_ = false, bool kTransB_ = false>
+// kElemBytes: 2 for 16-bit operands (k-blocks of 64), 1 for fp8 (k-blocks of 128, both operands
+// K-major: A row-major, B column-major); a stage row is 128 bytes either way.
+template <int kBM_, int kBN_, int kStages_, int kExtraBytes_ = 0, bool kTransA_ = false, bool kTransB_ = false,
+          int kElemBytes_ = 2>
 struct WgmmaTile {
-  static constexpr int kBM = kBM_, kBN = kBN_, kBK = 64, kStages = kStages_, kExtraBytes = kExtraBytes_;
+  static constexpr int kElemBytes = kElemBytes_;
+  static constexpr int kBM = kBM_, kBN = kBN_, kBK = 128 / kElemBytes, kStages = kStages_, kExtraBytes = kExtraBytes_;
   static constexpr bool kTransA = kTransA_, kTransB = kTransB_;
+  static_assert(kElemBytes == 2 || (kElemBytes == 1 && !kTransA && kTransB), "8-bit operands are K-major only");
   static_assert(kExtraBytes % 1024 == 0, "the extra region keeps 1024-byte alignment");
   static_assert(kBM % 64 == 0 && kBN % 64 == 0 && kBN <= 256, "wgmma tiles: M in 64s, N in 64s up to 256");
   static constexpr int kBoxBytes = 64 * 128;           // one (64 x 64) box of 16-bit elements
@@ -97,8 +102,8 @@ struct RingCursor {
 };
 
 // The producer's part (one thread): the k-block at k0 of the tile at (m0, n0) in batch za / zb of
-// A / B (3-D tensor maps of the stored matrices: inner, outer, batch; A's box is 64 x kBM when
-// row-major, 64 x 64 otherwise; B's 64 x 64) into stage s, counted on full[s].
+// A / B (3-D tensor maps of the stored matrices: inner, outer, batch; boxes of 128-byte rows: A's
+// kBM rows when row-major, 64 otherwise; B's 64) into stage s, counted on full[s].
 // kCluster > 1: the blocks of a cluster hold tiles of the same columns (n0) and share B: this
 // block loads its A and every kCluster-th box of B, multicast to all of them, so each brings
 // 1 / kCluster of B from L2; every block's full[s] still expects the whole stage.
