@@ -35,6 +35,7 @@ std::vector<std::unique_ptr<bench::Family>> make_families() {
   std::vector<std::unique_ptr<bench::Family>> f;
   f.push_back(bench::make_gemm_family());
   f.push_back(bench::make_fused_family());
+  f.push_back(bench::make_scaled_gemm_family());
   return f;
 }
 

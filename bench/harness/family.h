@@ -63,5 +63,6 @@ class Family {
 // The families (bench/main.cpp's registry), in report order.
 std::unique_ptr<Family> make_gemm_family();   // bench/gemm/gemm_bench.cpp
 std::unique_ptr<Family> make_fused_family();  // bench/fused/fused_bench.cpp
+std::unique_ptr<Family> make_scaled_gemm_family();  // bench/gemm/scaled_bench.cpp
 
 }  // namespace bench

@@ -29,6 +29,7 @@
 
 #include "optimized/core.h"
 #include "optimized/gemm.h"
+#include "testing/check.h"
 
 namespace optimized::testing {
 
@@ -57,5 +58,12 @@ void scaled_matmul_reference_f64(const ScaledOperand& a, const ScaledOperand& b,
 
 // The allowed error of one output element (above). out: the output dtype (bf16, fp16, fp32).
 double scaled_gemm_allowed_error(DType out, int64_t k, int64_t promotion, double ref, double magnitude);
+
+// Checks an output c (host, (M, N) row-major, rows ldc apart, dtype out) of scaled_matmul against
+// the reference, + bias (host, N doubles, or null), with the bound above for `promotion`.
+// samples == 0 checks every element; otherwise `samples` elements from a fixed-seed generator plus
+// the four corners (only those are computed: large problems stay cheap).
+CheckResult check_scaled_gemm(const ScaledOperand& a, const ScaledOperand& b, const double* bias, const void* c,
+                              DType out, int64_t ldc, int64_t promotion, int64_t samples = 0);
 
 }  // namespace optimized::testing
