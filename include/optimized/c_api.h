@@ -16,10 +16,10 @@
  *   - CUDA work is enqueued on the given stream (a cudaStream_t passed as void*; NULL is the
  *     legacy default stream) and is asynchronous: synchronize the stream before reading results.
  *
- * Sections, one per family: GEMM (optimized_matmul), the fused memory-bound ops (softmax, norms,
- * bias + GELU, SiLU-and-mul; forward and backward), the streaming loader (opaque handles: a shard
- * writer and a loader), and one variant query for every family (optimized_variant_name /
- * optimized_variant_check), read from the C++ variant tables.
+ * Sections, one per family: GEMM (optimized_matmul), the scaled fp8 GEMM (optimized_scaled_matmul),
+ * the fused memory-bound ops (softmax, norms, bias + GELU, SiLU-and-mul; forward and backward), the
+ * streaming loader (opaque handles: a shard writer and a loader), and one variant query for every
+ * family (optimized_variant_name / optimized_variant_check), read from the C++ variant tables.
  *
  * Example (C = A @ B, fp32 on the CPU, contiguous row-major):
  *
@@ -121,14 +121,39 @@ OPTIMIZED_C_EXPORT const char* optimized_gemm_variant_name(int32_t index);
 OPTIMIZED_C_EXPORT optimized_status optimized_gemm_variant_check(const char* variant, int32_t dtype,
                                                                  int32_t device_type);
 
-/* ---- every family: one variant query ------------------------------------------------------
- * The families with named variants: "gemm", "fused", "loader". Each query reads the family's C++
- * variant table (all_gemm_variants(), all_fused_variants(), all_loader_variants()), so a variant
- * added in C++ is listed
- * here without a C edit. A family name that is not one of these: INVALID_ARGUMENT, with a message
- * naming the families. */
+/* ---- scaled (fp8) GEMM (include/optimized/gemm.h, scaled_matmul) ----------------------------
+ * C = (scale_a . A) @ (scale_b . B) + bias
+ *   a: (M, K), b: (K, N): fp8, OPTIMIZED_DTYPE_F8E4M3 or OPTIMIZED_DTYPE_F8E5M2 (not both e5m2), each
+ *      row- or column-major (unit stride in one of the two dimensions; the Hopper rung reads a
+ *      row-major and b column-major, i.e. both K-major, and copies other layouts first).
+ *   c: (M, N) fp32, bf16 or fp16, row-major (rows may be further apart than N); products accumulate
+ *      in fp32. c may not overlap any input.
+ *   scale_a, scale_b: fp32, contiguous, on the operands' device, of any rank whose sizes multiply to
+ *      the count of the layout named by scale_a_layout / scale_b_layout:
+ *        "tensor"         one scale for the operand                   (1)
+ *        "rowwise"        a: one per row; b: one per column           a (M), b (N)
+ *        "block_1x128"    per row of a / column of b, per 128 of K     a (M, ceil(K/128)), b (N, ceil(K/128))
+ *        "block_128x128"  one per 128 x 128 block                     a (ceil(M/128), ceil(K/128)),
+ *                                                                     b (ceil(K/128), ceil(N/128))
+ *      (block layouts row-major as shown).
+ *   bias: (N) of c's dtype, contiguous, added after the scales; NULL for none.
+ * variant: "auto" (or NULL), or a name from optimized_variant_name("scaled_gemm", i): "cpu",
+ * "naive", "wgmma_fp8" (compute capability 9.0; refuses B scales in block_1x128). cuda_stream as for
+ * optimized_matmul. Errors name the argument (a, b, c, scale_a, scale_a_layout, ..., bias, variant). */
+OPTIMIZED_C_EXPORT optimized_status optimized_scaled_matmul(const optimized_tensor* a, const optimized_tensor* b,
+                                                            optimized_tensor* c, const optimized_tensor* scale_a,
+                                                            const char* scale_a_layout,
+                                                            const optimized_tensor* scale_b,
+                                                            const char* scale_b_layout, const optimized_tensor* bias,
+                                                            const char* variant, void* cuda_stream);
 
-/* Name of family `index` (0-based: "gemm", "fused", "loader"), or NULL past the end. */
+/* ---- every family: one variant query ------------------------------------------------------
+ * The families with named variants: "gemm", "fused", "loader", "scaled_gemm". Each query reads the
+ * family's C++ variant table (all_gemm_variants(), all_fused_variants(), all_loader_variants(),
+ * all_scaled_gemm_variants()), so a variant added in C++ is listed here without a C edit. A family
+ * name that is not one of these: INVALID_ARGUMENT, with a message naming the families. */
+
+/* Name of family `index` (0-based: "gemm", "fused", "loader", "scaled_gemm"), or NULL past the end. */
 OPTIMIZED_C_EXPORT const char* optimized_family_name(int32_t index);
 
 /* *count = the number of variants of `family` ("auto" excluded). */
@@ -144,7 +169,9 @@ OPTIMIZED_C_EXPORT const char* optimized_variant_name(const char* family, int32_
  * variant of the other device) or UNSUPPORTED (the dtype), the reason in optimized_last_error().
  * Whether a device is present is not checked. The loader's variants take records of any dtype on
  * either device (dtype and device_type must still be valid values). For "gemm" the same as
- * optimized_gemm_variant_check(). */
+ * optimized_gemm_variant_check(). For "scaled_gemm" `dtype` is the inputs' (a's and b's): every
+ * variant takes OPTIMIZED_DTYPE_F8E4M3 and OPTIMIZED_DTYPE_F8E5M2, and refuses the others
+ * (UNSUPPORTED). */
 OPTIMIZED_C_EXPORT optimized_status optimized_variant_check(const char* family, const char* variant,
                                                             int32_t dtype, int32_t device_type);
 

@@ -99,12 +99,16 @@ ScaledGemmVariant parse_scaled_gemm_variant(std::string_view name);
 std::span<const ScaledGemmVariant> all_scaled_gemm_variants();  // every variant but kAuto
 bool scaled_gemm_variant_is_cuda(ScaledGemmVariant variant);
 
-// Bytes of ExecutionContext::workspace a scaled matmul of (m, k) @ (k, n) needs on `device` when
-// A is not row-major or B not column-major (K-major copies for the Hopper rung); 0 otherwise.
+// Bytes of ExecutionContext::workspace a scaled matmul of (m, k) @ (k, n) with contiguous operands
+// needs on `device`: wgmma_fp8's K-major copies of A when it is not row-major and of B when it is
+// not column-major, or when K is not a multiple of 16 (rows TMA cannot take); 0 on the CPU and
+// for the naive rung. Operands with padded or misaligned rows may need more (scaled_matmul then
+// says so, naming the workspace).
 size_t scaled_matmul_workspace_bytes(int64_t m, int64_t n, int64_t k, Device device, bool a_k_major = true,
                                      bool b_k_major = true, ScaledGemmVariant variant = ScaledGemmVariant::kAuto);
 
-// The variant kAuto resolves to for these operands.
+// The variant kAuto resolves to for these operands with scales wgmma_fp8 takes (scaled_matmul
+// itself runs the naive rung on an H100 when B's scales are block_1x128).
 ScaledGemmVariant resolve_scaled_gemm_variant(const TensorView& a, const TensorView& b, const TensorView& c);
 
 // Validates every argument (Error with kInvalidArgument or kUnsupported, naming it), then runs on

@@ -2,10 +2,10 @@
 // the C++ API and turns every exception into a status code plus a thread-local message. Nothing
 // thrown crosses the extern "C" boundary: each entry runs inside guarded() (catch (...)).
 //
-// One section per family: core (views, errors), GEMM, fused, loader, and the variant query of every
-// family, which reads the C++ tables (all_gemm_variants(), all_fused_variants(), the loader's
-// names) so that a variant added in C++ is reachable from C without an edit here
-// (tests/c_api/test_c_api_tables.cpp checks it).
+// One section per family: core (views, errors), GEMM, the scaled (fp8) GEMM, fused, loader, and the
+// variant query of every family, which reads the C++ tables (all_gemm_variants(),
+// all_scaled_gemm_variants(), all_fused_variants(), the loader's names) so that a variant added in
+// C++ is reachable from C without an edit here (tests/c_api/test_c_api_tables.cpp checks it).
 #include "optimized/c_api.h"
 
 #include <array>
@@ -143,6 +143,41 @@ void gemm_check(const char* variant, int32_t dtype, int32_t device_type) {
     throw optimized::Error(optimized::Status::kUnsupported, "variant: " + why);
 }
 
+// ---- scaled (fp8) GEMM -------------------------------------------------------------------------
+
+// The scale layout called `name`; otherwise INVALID_ARGUMENT naming the argument (`arg`) and the
+// choices (the names are the C++ ones, scale_layout_name()).
+optimized::ScaleLayout scale_layout(const char* name, const char* arg) {
+  constexpr optimized::ScaleLayout kAll[] = {optimized::ScaleLayout::kTensor, optimized::ScaleLayout::kRowwise,
+                                             optimized::ScaleLayout::kBlock1x128,
+                                             optimized::ScaleLayout::kBlock128x128};
+  std::string choices;
+  for (optimized::ScaleLayout l : kAll) {
+    if (name && optimized::scale_layout_name(l) == name) return l;
+    choices += (choices.empty() ? "" : ", ") + std::string(optimized::scale_layout_name(l));
+  }
+  std::string given = "NULL";
+  if (name) given.assign("'").append(name).append("'");
+  invalid(std::string(arg) + ": expected one of " + choices + "; given " + given);
+}
+
+// A scaled GEMM variant runs on one kind of device, on fp8 inputs (fp8_e4m3, fp8_e5m2: `dtype` is
+// a's and b's; C's dtype is separate). The table's rows all take both formats (scaled_variants.h).
+void scaled_gemm_check(const char* variant, int32_t dtype, int32_t device_type) {
+  if (!variant) invalid("variant: expected a name (\"auto\" or a variant); given NULL");
+  const optimized::ScaledGemmVariant v = optimized::parse_scaled_gemm_variant(variant);
+  const optimized::DType d = to_dtype(dtype, "dtype");
+  const optimized::Device device = to_device(device_type, 0, "device_type");
+  if (v != optimized::ScaledGemmVariant::kAuto && optimized::scaled_gemm_variant_is_cuda(v) != device.is_cuda())
+    invalid("variant: " + std::string(variant) + " runs on " +
+            (optimized::scaled_gemm_variant_is_cuda(v) ? "CUDA" : "the CPU") + " tensors; given " +
+            (device.is_cuda() ? "CUDA" : "CPU") + " tensors");
+  if (d != optimized::DType::kF8E4M3 && d != optimized::DType::kF8E5M2)
+    throw optimized::Error(optimized::Status::kUnsupported,
+                           "variant: " + std::string(variant) + " takes fp8_e4m3, fp8_e5m2 inputs; given " +
+                               std::string(optimized::dtype_name(d)));
+}
+
 // ---- fused -------------------------------------------------------------------------------------
 
 optimized::FusedVariant fused_variant(const char* variant) {
@@ -205,6 +240,9 @@ constexpr Family kFamilies[] = {
      [](size_t i) { return optimized::fused_variant_name(optimized::all_fused_variants()[i]).data(); }, fused_check},
     {"loader", [] { return optimized::all_loader_variants().size(); },
      [](size_t i) { return optimized::loader_variant_name(optimized::all_loader_variants()[i]).data(); }, loader_check},
+    {"scaled_gemm", [] { return optimized::all_scaled_gemm_variants().size(); },
+     [](size_t i) { return optimized::scaled_gemm_variant_name(optimized::all_scaled_gemm_variants()[i]).data(); },
+     scaled_gemm_check},
 };
 
 const Family& family(const char* name) {
@@ -377,6 +415,24 @@ const char* optimized_gemm_variant_name(int32_t index) {
 
 optimized_status optimized_gemm_variant_check(const char* variant, int32_t dtype, int32_t device_type) {
   return guarded("optimized_gemm_variant_check", [&] { gemm_check(variant, dtype, device_type); });
+}
+
+// ---- scaled (fp8) GEMM -------------------------------------------------------------------------
+
+optimized_status optimized_scaled_matmul(const optimized_tensor* a, const optimized_tensor* b, optimized_tensor* c,
+                                         const optimized_tensor* scale_a, const char* scale_a_layout,
+                                         const optimized_tensor* scale_b, const char* scale_b_layout,
+                                         const optimized_tensor* bias, const char* variant, void* cuda_stream) {
+  return guarded("optimized_scaled_matmul", [&] {
+    const optimized::TensorView va = to_view(a, "a"), vb = to_view(b, "b"), vc = to_view(c, "c");
+    const optimized::TensorView vsa = to_view(scale_a, "scale_a"), vsb = to_view(scale_b, "scale_b");
+    const optimized::ScaleLayout la = scale_layout(scale_a_layout, "scale_a_layout");
+    const optimized::ScaleLayout lb = scale_layout(scale_b_layout, "scale_b_layout");
+    const optimized::TensorView vbias = optional_view(bias, "bias");
+    const optimized::ScaledGemmVariant v =
+        variant ? optimized::parse_scaled_gemm_variant(variant) : optimized::ScaledGemmVariant::kAuto;
+    optimized::scaled_matmul(va, vb, vc, vsa, la, vsb, lb, bias ? &vbias : nullptr, v, context(cuda_stream));
+  });
 }
 
 // ---- every family ------------------------------------------------------------------------------

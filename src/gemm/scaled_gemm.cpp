@@ -125,6 +125,9 @@ ScaledGemmParams make_params(const TensorView& a, const TensorView& b, const Ten
     if (bias->dtype != c.dtype)
       invalid("bias: expected dtype " + std::string(dtype_name(c.dtype)) + " (c's); given " +
               std::string(dtype_name(bias->dtype)));
+    if (reinterpret_cast<uintptr_t>(bias->data) % dtype_size(bias->dtype) != 0)
+      invalid("bias: expected data aligned to " + std::to_string(dtype_size(bias->dtype)) +
+              " bytes (the element size); given address " + std::to_string(reinterpret_cast<uintptr_t>(bias->data)));
     if (!(bias->device == a.device))
       invalid("bias: expected device " + device_name(a.device) + "; given " + device_name(bias->device));
     if (!bias->is_contiguous() || bias->numel() != p.n)

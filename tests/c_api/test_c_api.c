@@ -3,6 +3,9 @@
  * reference on fresh random inputs with poisoned outputs, on the CPU (and CUDA, when a device is
  * present):
  *   - GEMM: every variant, odd shapes, strided A, broadcast B;
+ *   - the scaled (fp8) GEMM: a small product worked out by hand, through each CPU variant name (and on
+ *     CUDA when a device is present), B row- and column-major, with and without bias, block scales
+ *     into bf16, and its refusals;
  *   - fused: softmax, log_softmax, layer_norm, rms_norm (plain and with residual), bias_gelu (erf and
  *     tanh), silu_and_mul, forward and backward, odd sizes, padded rows, optional operands present
  *     and absent;
@@ -378,13 +381,13 @@ static void thread_local_error(void) {
 
 static void variant_queries(void) {
   const optimized_status I = OPTIMIZED_STATUS_INVALID_ARGUMENT, U = OPTIMIZED_STATUS_UNSUPPORTED;
-  const char* const families[] = {"gemm", "fused", "loader"};
+  const char* const families[] = {"gemm", "fused", "loader", "scaled_gemm"};
   int nf = 0;
   while (optimized_family_name(nf) != NULL) ++nf;
-  check(nf == 3 && strcmp(optimized_family_name(0), families[0]) == 0 &&
+  check(nf == 4 && strcmp(optimized_family_name(0), families[0]) == 0 &&
             strcmp(optimized_family_name(1), families[1]) == 0 && strcmp(optimized_family_name(2), families[2]) == 0 &&
-            optimized_family_name(-1) == NULL,
-        "families: gemm, fused, loader", NULL);
+            strcmp(optimized_family_name(3), families[3]) == 0 && optimized_family_name(-1) == NULL,
+        "families: gemm, fused, loader, scaled_gemm", NULL);
 
   for (int f = 0; f < nf; ++f) {
     const char* family = optimized_family_name(f);
@@ -394,11 +397,13 @@ static void variant_queries(void) {
     check(optimized_variant_count(family, &count) == OPTIMIZED_STATUS_OK && count >= 2, what, optimized_last_error());
     int listed = 0, accepted = 0;
     for (const char* name; (name = optimized_variant_name(family, listed)) != NULL; ++listed) {
-      /* Each listed variant runs somewhere: on its device with fp32 or bf16 (the loader: anything). */
+      /* Each listed variant runs somewhere: on its device with fp32 or bf16 (the loader: anything; the
+       * scaled GEMM: fp8 inputs). */
       int ok = 0;
       for (int device = 0; device < 2 && !ok; ++device)
         ok = optimized_variant_check(family, name, OPTIMIZED_DTYPE_F32, device) == OPTIMIZED_STATUS_OK ||
-             optimized_variant_check(family, name, OPTIMIZED_DTYPE_BF16, device) == OPTIMIZED_STATUS_OK;
+             optimized_variant_check(family, name, OPTIMIZED_DTYPE_BF16, device) == OPTIMIZED_STATUS_OK ||
+             optimized_variant_check(family, name, OPTIMIZED_DTYPE_F8E4M3, device) == OPTIMIZED_STATUS_OK;
       accepted += ok;
       if (strcmp(name, "auto") == 0) accepted = -1000;
     }
@@ -491,19 +496,230 @@ static void variant_queries(void) {
   /* unknown families */
   int32_t count = 77;
   const char* name = optimized_variant_name("attention", 0);
-  check(name == NULL && strstr(optimized_last_error(), "family: expected one of gemm, fused, loader; given 'attention'"),
+  check(name == NULL && strstr(optimized_last_error(), "family: expected one of gemm, fused, loader, scaled_gemm; given 'attention'"),
         "variant name: an unknown family is NULL with a message naming the families", optimized_last_error());
   expect_error("variant count: unknown family", optimized_variant_count("attention", &count), I,
-               "family: expected one of gemm, fused, loader; given 'attention'");
+               "family: expected one of gemm, fused, loader, scaled_gemm; given 'attention'");
   check(count == 77, "variant count: an unknown family leaves *count alone", NULL);
   expect_error("variant count: NULL family", optimized_variant_count(NULL, &count), I,
-               "family: expected one of gemm, fused, loader; given NULL");
+               "family: expected one of gemm, fused, loader, scaled_gemm; given NULL");
   expect_error("variant count: NULL result", optimized_variant_count("gemm", NULL), I, "count: expected a pointer");
   expect_error("variant check: unknown family",
                optimized_variant_check("GEMM", "auto", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU), I,
-               "family: expected one of gemm, fused, loader; given 'GEMM'");
+               "family: expected one of gemm, fused, loader, scaled_gemm; given 'GEMM'");
   check(optimized_variant_name("fused", 0) != NULL && optimized_last_error()[0] == '\0',
         "variant name: success clears the message", optimized_last_error());
+}
+
+/* ---- scaled (fp8) GEMM ----------------------------------------------------------------------- */
+
+/* One small product worked out by hand (every value exact in fp32 and bf16):
+ *   A (2 x 3, e4m3) = [[1, 2, 0.5], [-4, 3, 1.5]], scale_a per row [0.5, 2]
+ *   B (3 x 2, e5m2) = [[1, -1], [2, 0.5], [3, 4]], scale_b per tensor 0.25
+ *   A @ B = [[6.5, 2], [6.5, 11.5]]; scaled [[0.8125, 0.25], [3.25, 5.75]]; + bias [1, -1]:
+ *   [[1.8125, -0.75], [4.25, 4.75]]. */
+static uint8_t g_fp8_a[6] = {0x38, 0x40, 0x30, 0xC8, 0x44, 0x3C};  /* e4m3, row-major (M, K) */
+static uint8_t g_fp8_b[6] = {0x3C, 0xBC, 0x40, 0x38, 0x42, 0x44};  /* e5m2, row-major (K, N) */
+static uint8_t g_fp8_bt[6] = {0x3C, 0x40, 0x42, 0xBC, 0x38, 0x44}; /* the same B column-major: stored (N, K) */
+static float g_fp8_sa[2] = {0.5f, 2.0f}, g_fp8_sb[1] = {0.25f}, g_fp8_bias[2] = {1.0f, -1.0f};
+static const float g_fp8_want[4] = {1.8125f, -0.75f, 4.25f, 4.75f};
+
+/* The views of the worked example over a, b (row-major, or column-major when b_col_major), c,
+ * the scales and the bias, on `device_type`. */
+typedef struct {
+  optimized_tensor a, b, c, sa, sb, bias;
+} scaled_views;
+
+static void scaled_example_views(scaled_views* v, void* a, void* b, int b_col_major, void* c, int32_t c_dtype,
+                                 void* sa, void* sb, void* bias, int32_t device_type) {
+  const int64_t sha[2] = {2, 3}, shb[2] = {3, 2}, shc[2] = {2, 2}, two[1] = {2}, one[1] = {1};
+  const optimized_device_type d = (optimized_device_type)device_type;
+  optimized_tensor_contiguous(&v->a, a, OPTIMIZED_DTYPE_F8E4M3, d, 0, 2, sha);
+  optimized_tensor_contiguous(&v->b, b, OPTIMIZED_DTYPE_F8E5M2, d, 0, 2, shb);
+  if (b_col_major) v->b.strides[0] = 1, v->b.strides[1] = 3;
+  optimized_tensor_contiguous(&v->c, c, (optimized_dtype)c_dtype, d, 0, 2, shc);
+  optimized_tensor_contiguous(&v->sa, sa, OPTIMIZED_DTYPE_F32, d, 0, 1, two);
+  optimized_tensor_contiguous(&v->sb, sb, OPTIMIZED_DTYPE_F32, d, 0, 1, one);
+  optimized_tensor_contiguous(&v->bias, bias, (optimized_dtype)c_dtype, d, 0, 1, two);
+}
+
+/* Whether c (4 fp32 values, then 4 NaN guards) holds the example's result (minus the bias when
+ * without_bias). */
+static int scaled_example_ok(const float* c, int without_bias, char* detail, size_t detail_size) {
+  int ok = 1;
+  for (int i = 0; i < 4; ++i) {
+    const float want = g_fp8_want[i] - (without_bias ? g_fp8_bias[i % 2] : 0.0f);
+    ok &= c[i] == want;
+  }
+  for (int i = 4; i < 8; ++i) ok &= isnan(c[i]);
+  snprintf(detail, detail_size, "got [%g, %g, %g, %g], guard [%g, ...]; %s", c[0], c[1], c[2], c[3], c[4],
+           optimized_last_error());
+  return ok;
+}
+
+static void scaled_matmul_tests(void) {
+  const optimized_status I = OPTIMIZED_STATUS_INVALID_ARGUMENT, U = OPTIMIZED_STATUS_UNSUPPORTED;
+  float c[8];
+  char what[160], detail[512];
+  scaled_views v;
+
+  /* Every CPU variant name (and NULL = auto), B row- and column-major, with and without bias. */
+  const char* const variants[] = {"cpu", "auto", NULL};
+  for (int vi = 0; vi < 3; ++vi)
+    for (int col = 0; col < 2; ++col)
+      for (int with_bias = 0; with_bias < 2; ++with_bias) {
+        memset(c, 0xFF, sizeof c);
+        scaled_example_views(&v, g_fp8_a, col ? g_fp8_bt : g_fp8_b, col, c, OPTIMIZED_DTYPE_F32, g_fp8_sa, g_fp8_sb,
+                             g_fp8_bias, OPTIMIZED_DEVICE_CPU);
+        const optimized_status s = optimized_scaled_matmul(&v.a, &v.b, &v.c, &v.sa, "rowwise", &v.sb, "tensor",
+                                                           with_bias ? &v.bias : NULL, variants[vi], NULL);
+        snprintf(what, sizeof what, "scaled matmul %s: e4m3 x e5m2 (B %s) %s bias, fp32 out",
+                 variants[vi] ? variants[vi] : "NULL (auto)", col ? "column-major" : "row-major",
+                 with_bias ? "with" : "without");
+        const int ok = scaled_example_ok(c, !with_bias, detail, sizeof detail);
+        check(s == OPTIMIZED_STATUS_OK && ok && optimized_last_error()[0] == '\0', what, detail);
+      }
+
+  /* The same through the block layouts (K = 3: one block: A's 1x128 scales (M, 1) are its row
+   * scales, B's 128x128 scale (1, 1) its tensor scale), into bf16 with a bf16 bias. */
+  {
+    uint16_t cb[8], bias_bf16[2] = {float_to_bf16(g_fp8_bias[0]), float_to_bf16(g_fp8_bias[1])};
+    memset(cb, 0xFF, sizeof cb);
+    scaled_example_views(&v, g_fp8_a, g_fp8_bt, 1, cb, OPTIMIZED_DTYPE_BF16, g_fp8_sa, g_fp8_sb, bias_bf16,
+                         OPTIMIZED_DEVICE_CPU);
+    v.sa.rank = 2, v.sa.shape[0] = 2, v.sa.shape[1] = 1, v.sa.strides[0] = 1, v.sa.strides[1] = 1; /* (M, ceil(K/128)) */
+    const optimized_status s = optimized_scaled_matmul(&v.a, &v.b, &v.c, &v.sa, "block_1x128", &v.sb,
+                                                       "block_128x128", &v.bias, "cpu", NULL);
+    float got[8];
+    for (int i = 0; i < 8; ++i) got[i] = bf16_to_float(cb[i]);
+    check(s == OPTIMIZED_STATUS_OK && scaled_example_ok(got, 0, detail, sizeof detail),
+          "scaled matmul cpu: block_1x128 x block_128x128 scales, bf16 out and bias", detail);
+  }
+
+  /* Refusals, each naming the argument. */
+  scaled_example_views(&v, g_fp8_a, g_fp8_b, 0, c, OPTIMIZED_DTYPE_F32, g_fp8_sa, g_fp8_sb, g_fp8_bias,
+                       OPTIMIZED_DEVICE_CPU);
+  optimized_tensor t = v.sa;
+  t.shape[0] = 3; /* rowwise A needs M = 2 */
+  expect_error("scaled matmul: scale count names scale_a and the shape",
+               optimized_scaled_matmul(&v.a, &v.b, &v.c, &t, "rowwise", &v.sb, "tensor", NULL, "cpu", NULL), I,
+               "scale_a: expected 2 scales for layout rowwise (M = 2)");
+  expect_error("scaled matmul: block scale count names scale_b",
+               optimized_scaled_matmul(&v.a, &v.b, &v.c, &v.sa, "rowwise", &v.sb, "block_1x128", NULL, "cpu", NULL), I,
+               "scale_b: expected 2 scales for layout block_1x128");
+  expect_error("scaled matmul: unknown scale layout",
+               optimized_scaled_matmul(&v.a, &v.b, &v.c, &v.sa, "row", &v.sb, "tensor", NULL, "cpu", NULL), I,
+               "scale_a_layout: expected one of tensor, rowwise, block_1x128, block_128x128; given 'row'");
+  expect_error("scaled matmul: NULL scale layout",
+               optimized_scaled_matmul(&v.a, &v.b, &v.c, &v.sa, "rowwise", &v.sb, NULL, NULL, "cpu", NULL), I,
+               "scale_b_layout: expected one of tensor, rowwise, block_1x128, block_128x128; given NULL");
+  expect_error("scaled matmul: NULL scale_a",
+               optimized_scaled_matmul(&v.a, &v.b, &v.c, NULL, "rowwise", &v.sb, "tensor", NULL, "cpu", NULL), I,
+               "scale_a: expected a pointer");
+  t = v.sb, t.dtype = OPTIMIZED_DTYPE_BF16;
+  expect_error("scaled matmul: scale dtype",
+               optimized_scaled_matmul(&v.a, &v.b, &v.c, &v.sa, "rowwise", &t, "tensor", NULL, "cpu", NULL), I,
+               "scale_b: expected dtype fp32");
+  t = v.a, t.dtype = OPTIMIZED_DTYPE_F8E5M2;
+  expect_error("scaled matmul: e5m2 x e5m2",
+               optimized_scaled_matmul(&t, &v.b, &v.c, &v.sa, "rowwise", &v.sb, "tensor", NULL, "cpu", NULL), U,
+               "b: expected fp8_e4m3 when a is fp8_e5m2");
+  t = v.a, t.dtype = OPTIMIZED_DTYPE_F32;
+  expect_error("scaled matmul: fp32 a",
+               optimized_scaled_matmul(&t, &v.b, &v.c, &v.sa, "rowwise", &v.sb, "tensor", NULL, "cpu", NULL), U,
+               "a: expected dtype fp8_e4m3 or fp8_e5m2; given fp32");
+  t = v.c, t.dtype = OPTIMIZED_DTYPE_I32;
+  expect_error("scaled matmul: int32 c",
+               optimized_scaled_matmul(&v.a, &v.b, &t, &v.sa, "rowwise", &v.sb, "tensor", NULL, "cpu", NULL), U,
+               "c: expected dtype fp32, bf16 or fp16; given int32");
+  t = v.bias, t.dtype = OPTIMIZED_DTYPE_BF16;
+  expect_error("scaled matmul: bias dtype",
+               optimized_scaled_matmul(&v.a, &v.b, &v.c, &v.sa, "rowwise", &v.sb, "tensor", &t, "cpu", NULL), I,
+               "bias: expected dtype fp32 (c's); given bf16");
+  t = v.bias, t.rank = 0;
+  expect_error("scaled matmul: rank-0 bias",
+               optimized_scaled_matmul(&v.a, &v.b, &v.c, &v.sa, "rowwise", &v.sb, "tensor", &t, "cpu", NULL), I,
+               "bias: expected NULL (absent)");
+  float shared[4] = {0.5f, 2.0f, 0.0f, 0.0f}; /* scale_a in the first two, C over all four */
+  optimized_tensor t2 = v.sa;
+  t = v.c, t.data = shared, t2.data = shared;
+  expect_error("scaled matmul: c overlapping scale_a",
+               optimized_scaled_matmul(&v.a, &v.b, &t, &t2, "rowwise", &v.sb, "tensor", NULL, "cpu", NULL), I,
+               "c: expected an output that does not overlap scale_a");
+  expect_error("scaled matmul: CUDA variant on CPU tensors",
+               optimized_scaled_matmul(&v.a, &v.b, &v.c, &v.sa, "rowwise", &v.sb, "tensor", NULL, "naive", NULL), I,
+               "variant: naive runs on CUDA");
+  expect_error("scaled matmul: unknown variant",
+               optimized_scaled_matmul(&v.a, &v.b, &v.c, &v.sa, "rowwise", &v.sb, "tensor", NULL, "fastest", NULL), I,
+               "variant: expected one of auto, cpu, naive, wgmma_fp8; given 'fastest'");
+  if (!optimized_built_with_cuda()) {
+    scaled_views g;
+    scaled_example_views(&g, g_fp8_a, g_fp8_b, 0, c, OPTIMIZED_DTYPE_F32, g_fp8_sa, g_fp8_sb, g_fp8_bias,
+                         OPTIMIZED_DEVICE_CUDA);
+    expect_error("scaled matmul: CUDA tensors in a CPU-only build",
+                 optimized_scaled_matmul(&g.a, &g.b, &g.c, &g.sa, "rowwise", &g.sb, "tensor", NULL, NULL, NULL), U,
+                 "a: CUDA tensors given");
+  }
+  memset(c, 0xFF, sizeof c);
+  check(optimized_scaled_matmul(&v.a, &v.b, &v.c, &v.sa, "rowwise", &v.sb, "tensor", &v.bias, "cpu", NULL) ==
+                OPTIMIZED_STATUS_OK && optimized_last_error()[0] == '\0',
+        "scaled matmul: success clears the error", optimized_last_error());
+
+  /* The family's variant query. */
+  const char* const names[] = {"cpu", "naive", "wgmma_fp8"};
+  int same = 1, n = 0;
+  for (; optimized_variant_name("scaled_gemm", n) != NULL; ++n)
+    same &= n < 3 && strcmp(optimized_variant_name("scaled_gemm", n), names[n]) == 0;
+  check(same && n == 3, "scaled_gemm: variants cpu, naive, wgmma_fp8", NULL);
+  check(optimized_variant_check("scaled_gemm", "cpu", OPTIMIZED_DTYPE_F8E4M3, OPTIMIZED_DEVICE_CPU) == OPTIMIZED_STATUS_OK &&
+            optimized_variant_check("scaled_gemm", "auto", OPTIMIZED_DTYPE_F8E5M2, OPTIMIZED_DEVICE_CPU) ==
+                OPTIMIZED_STATUS_OK &&
+            optimized_variant_check("scaled_gemm", "wgmma_fp8", OPTIMIZED_DTYPE_F8E5M2, OPTIMIZED_DEVICE_CUDA) ==
+                OPTIMIZED_STATUS_OK,
+        "scaled_gemm: variant check accepts fp8", optimized_last_error());
+  expect_error("scaled_gemm check: bf16 inputs",
+               optimized_variant_check("scaled_gemm", "auto", OPTIMIZED_DTYPE_BF16, OPTIMIZED_DEVICE_CPU), U,
+               "variant: auto takes fp8_e4m3, fp8_e5m2 inputs; given bf16");
+  expect_error("scaled_gemm check: naive on the CPU",
+               optimized_variant_check("scaled_gemm", "naive", OPTIMIZED_DTYPE_F8E4M3, OPTIMIZED_DEVICE_CPU), I,
+               "variant: naive runs on CUDA");
+
+#ifdef OPTIMIZED_TEST_CUDA
+  /* On a device: naive and auto (and wgmma_fp8 on compute capability 9.0) on a stream. */
+  if (optimized_cuda_device_count() > 0) {
+    const char* const cuda_variants[] = {"naive", "auto", "wgmma_fp8"};
+    for (int vi = 0; vi < 3; ++vi) {
+      if (vi == 2 && !device_is_sm90()) continue;
+      void *da = NULL, *db = NULL, *dc = NULL, *dsa = NULL, *dsb = NULL, *dbias = NULL;
+      cudaStream_t stream = NULL;
+      snprintf(what, sizeof what, "scaled matmul %s on CUDA (own stream)", cuda_variants[vi]);
+      memset(c, 0xFF, sizeof c);
+      if (cudaStreamCreate(&stream) != cudaSuccess || cudaMalloc(&da, 6) != cudaSuccess ||
+          cudaMalloc(&db, 6) != cudaSuccess || cudaMalloc(&dc, sizeof c) != cudaSuccess ||
+          cudaMalloc(&dsa, sizeof g_fp8_sa) != cudaSuccess || cudaMalloc(&dsb, sizeof g_fp8_sb) != cudaSuccess ||
+          cudaMalloc(&dbias, sizeof g_fp8_bias) != cudaSuccess) {
+        check(0, what, "cudaMalloc / cudaStreamCreate failed");
+      } else {
+        cudaMemcpy(da, g_fp8_a, 6, cudaMemcpyHostToDevice);
+        cudaMemcpy(db, g_fp8_bt, 6, cudaMemcpyHostToDevice);
+        cudaMemcpy(dc, c, sizeof c, cudaMemcpyHostToDevice);
+        cudaMemcpy(dsa, g_fp8_sa, sizeof g_fp8_sa, cudaMemcpyHostToDevice);
+        cudaMemcpy(dsb, g_fp8_sb, sizeof g_fp8_sb, cudaMemcpyHostToDevice);
+        cudaMemcpy(dbias, g_fp8_bias, sizeof g_fp8_bias, cudaMemcpyHostToDevice);
+        scaled_views g;
+        scaled_example_views(&g, da, db, 1, dc, OPTIMIZED_DTYPE_F32, dsa, dsb, dbias, OPTIMIZED_DEVICE_CUDA);
+        const optimized_status s = optimized_scaled_matmul(&g.a, &g.b, &g.c, &g.sa, "rowwise", &g.sb, "tensor", &g.bias,
+                                                           cuda_variants[vi], stream);
+        const cudaError_t e = cudaStreamSynchronize(stream);
+        cudaMemcpy(c, dc, sizeof c, cudaMemcpyDeviceToHost);
+        const int ok = scaled_example_ok(c, 0, detail, sizeof detail);
+        check(s == OPTIMIZED_STATUS_OK && e == cudaSuccess && ok, what, detail);
+      }
+      cudaFree(da), cudaFree(db), cudaFree(dc), cudaFree(dsa), cudaFree(dsb), cudaFree(dbias);
+      if (stream) cudaStreamDestroy(stream);
+    }
+  }
+#endif
 }
 
 /* ---- fused ops ------------------------------------------------------------------------------- */
@@ -1684,6 +1900,7 @@ int main(void) {
   error_paths();
   thread_local_error();
   variant_queries();
+  scaled_matmul_tests();
   fused_error_paths();
   fused_results();
   loader_tests();

@@ -8,11 +8,12 @@
 //      must parse back to itself (it is in the family's table) and be listed by the C API. This catches a variant added to the enum and
 //      its name but forgotten in the table, and, for the loader (which has no all_loader_variants()
 //      yet), a variant the C API's list lacks;
-//   2. the table (all_gemm_variants(), all_fused_variants()): equal, in order, to the C list;
+//   2. the table (all_gemm_variants(), all_fused_variants(), all_scaled_gemm_variants()): equal, in
+//      order, to the C list;
 //   3. the C list through each entry: optimized_variant_name(family, i), the family-specific
 //      optimized_gemm_variant_name / optimized_fused_variant_name, optimized_variant_count, and
 //      optimized_variant_check's verdict against the C++ rule (gemm_variant_rejects_dtype, the
-//      variant's device).
+//      variant's device; the scaled GEMM's fp8 inputs).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include <map>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "optimized/c_api.h"
@@ -88,7 +90,7 @@ void expect_named_values_reachable(const std::vector<std::pair<E, std::string>>&
 TEST(CApiTables, FamiliesAreListed) {
   std::vector<std::string> families;
   for (int32_t i = 0; const char* f = optimized_family_name(i); ++i) families.emplace_back(f);
-  EXPECT_EQ(families, (std::vector<std::string>{"gemm", "fused", "loader"}));
+  EXPECT_EQ(families, (std::vector<std::string>{"gemm", "fused", "loader", "scaled_gemm"}));
   for (const std::string& f : families) {
     int32_t count = -1;
     ASSERT_EQ(optimized_variant_count(f.c_str(), &count), OPTIMIZED_STATUS_OK) << optimized_last_error();
@@ -120,6 +122,17 @@ TEST(CApiTables, FusedListIsTheTable) {
   std::vector<std::string> ops;
   for (FusedOp op : all_fused_ops()) ops.emplace_back(fused_op_name(op));
   EXPECT_EQ(c_list(optimized_fused_op_name), ops);
+}
+
+TEST(CApiTables, ScaledGemmListIsTheTable) {
+  std::vector<std::string> table;
+  for (ScaledGemmVariant v : all_scaled_gemm_variants()) table.emplace_back(scaled_gemm_variant_name(v));
+  const std::vector<std::string> c_names = c_list("scaled_gemm");
+  EXPECT_EQ(c_names, table);
+  EXPECT_FALSE(table.empty());
+  const auto named = named_values<ScaledGemmVariant>(scaled_gemm_variant_name, parse_scaled_gemm_variant);
+  EXPECT_EQ(named.size(), table.size());
+  expect_named_values_reachable(named, parse_scaled_gemm_variant, c_names, "scaled_gemm");
 }
 
 TEST(CApiTables, LoaderListIsEveryNamedVariant) {
@@ -157,6 +170,38 @@ TEST(CApiTables, GemmCheckFollowsTheCppRule) {
           << name;
     }
   }
+}
+
+// Scaled GEMM: every listed variant (and auto) takes fp8 inputs, e4m3 and e5m2, on its own device and
+// refuses every other dtype (UNSUPPORTED, naming it); on the other device it is refused by name.
+TEST(CApiTables, ScaledGemmCheckFollowsTheCppRule) {
+  std::vector<std::pair<std::string, bool>> variants = {{"auto", false}, {"auto", true}};
+  for (ScaledGemmVariant v : all_scaled_gemm_variants())
+    variants.emplace_back(std::string(scaled_gemm_variant_name(v)), scaled_gemm_variant_is_cuda(v));
+  for (const auto& [name, cuda] : variants) {
+    const int32_t device = cuda ? OPTIMIZED_DEVICE_CUDA : OPTIMIZED_DEVICE_CPU;
+    for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kF8E5M2, DType::kI32, DType::kI64,
+                    DType::kF64}) {
+      const bool fp8 = d == DType::kF8E4M3 || d == DType::kF8E5M2;
+      const optimized_status s = optimized_variant_check("scaled_gemm", name.c_str(), static_cast<int32_t>(d), device);
+      EXPECT_EQ(s, fp8 ? OPTIMIZED_STATUS_OK : OPTIMIZED_STATUS_UNSUPPORTED)
+          << name << " " << dtype_name(d) << ": " << optimized_last_error();
+      if (!fp8) {
+        EXPECT_NE(std::string(optimized_last_error()).find(std::string(dtype_name(d))), std::string::npos)
+            << optimized_last_error();
+      }
+      if (name == "auto") continue;
+      const int32_t other = cuda ? OPTIMIZED_DEVICE_CPU : OPTIMIZED_DEVICE_CUDA;
+      EXPECT_EQ(optimized_variant_check("scaled_gemm", name.c_str(), static_cast<int32_t>(d), other),
+                OPTIMIZED_STATUS_INVALID_ARGUMENT)
+          << name;
+      EXPECT_EQ(std::string(optimized_last_error()).rfind("variant: " + name, 0), 0u) << optimized_last_error();
+    }
+  }
+  EXPECT_EQ(optimized_variant_check("scaled_gemm", "wgmma", OPTIMIZED_DTYPE_F8E4M3, OPTIMIZED_DEVICE_CUDA),
+            OPTIMIZED_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(optimized_last_error()).find("auto, cpu, naive, wgmma_fp8"), std::string::npos)
+      << optimized_last_error();
 }
 
 // Fused: a variant runs on its device the dtypes resolve_fused_variant takes there.
