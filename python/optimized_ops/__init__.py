@@ -9,6 +9,9 @@ and adds autograd and fake kernels to its ops, so that they work with ``torch.au
 >>> torch.allclose(optimized_ops.matmul(a, b), a @ b, atol=1e-5)
 True
 
+The scaled (fp8) GEMM, ``optimized_ops.scaled_mm(a, b, scale_a, scale_b, ...)``, takes the arguments
+of ``torch._scaled_mm`` (per-tensor, per-row and DeepSeek-V3's block scales; forward only).
+
 The ops are also reachable as ``torch.ops.optimized.<op>``; without this package,
 ``torch.ops.load_library(optimized_ops.library_path())`` registers them (forward only).
 
@@ -24,7 +27,7 @@ functions in ``__init__.py``, the fake kernels in ``_fakes.py``, the autograd ru
 
 from ._library import library_path
 from ._variants import variants
-from .gemm import built_with_cuda, matmul, variant_supports
+from .gemm import built_with_cuda, matmul, scaled_gemm_variants, scaled_mm, variant_supports
 from .fused import (add_layer_norm, add_rms_norm, bias_gelu, fused_registers_max_width, fused_variants, gelu,
                     layer_norm, log_softmax, resolve_fused_variant, rms_norm, silu_and_mul, softmax)
 from . import nn
@@ -36,3 +39,4 @@ __all__ = ["library_path", "matmul", "variants", "variant_supports", "built_with
            "bias_gelu", "silu_and_mul", "fused_variants", "fused_registers_max_width", "resolve_fused_variant",
            "nn"]
 __all__ += ["data"]
+__all__ += ["scaled_mm", "scaled_gemm_variants"]

@@ -1,7 +1,9 @@
-"""GEMM from PyTorch: ``optimized_ops.matmul`` over ``torch.ops.optimized.matmul``.
+"""GEMM from PyTorch: ``optimized_ops.matmul`` over ``torch.ops.optimized.matmul``, and the scaled (fp8)
+GEMM ``optimized_ops.scaled_mm`` over ``torch.ops.optimized.scaled_mm``.
 
-The op itself (schema, CPU and CUDA kernels) is registered by the C++ library (``src/torch/gemm_ops.cpp``).
-The package adds what torch needs around it:
+The ops themselves (schemas, CPU and CUDA kernels) are registered by the C++ library
+(``src/torch/gemm_ops.cpp``, ``src/torch/scaled_ops.cpp``). The package adds what torch needs around
+them (for ``scaled_mm``: the fake kernel, and an autograd kernel that raises in backward):
 
 * ``gemm/__init__.py`` (here): the function and the ladder's queries;
 * ``gemm/_fakes.py``: a fake kernel (``register_fake``): the output's shape and dtype without running
@@ -153,5 +155,119 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, variant: str = "auto") -> torch.
     return torch.ops.optimized.matmul.default(a, b, variant=variant)
 
 
-# The registrations around the C++ op: the fake kernel, then autograd (reverse and forward mode).
+def scaled_gemm_variants() -> list[str]:
+    """Names of every scaled (fp8) GEMM variant, CPU then CUDA, naive to best (``"auto"`` excluded):
+    the C++ table, through ``torch.ops.optimized.scaled_gemm_variants()``: ``["cpu", "naive",
+    "wgmma_fp8"]``. Every variant is listed, whatever this build and machine can run."""
+    return list(torch.ops.optimized.scaled_gemm_variants())
+
+
+def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, *,
+              bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
+              scale_a_layout: str = "auto", scale_b_layout: str = "auto", variant: str = "auto") -> torch.Tensor:
+    r"""Scaled (fp8) matrix product on the optimized-ops kernels, with the arguments of
+    :func:`torch._scaled_mm` where they overlap:
+
+    .. math::  \mathrm{out}[i, j] = \sum_k (a[i, k] \, s_a(i, k)) \, (b[k, j] \, s_b(k, j)) + \mathrm{bias}[j]
+
+    Each fp8 element is multiplied by its scale (the scale of its block, row, column or operand);
+    products accumulate in float32, the bias is added after the scales, and the result is rounded
+    once to ``out_dtype``.
+
+    Parameters
+    ----------
+    a : torch.Tensor
+        ``(M, K)``, ``torch.float8_e4m3fn`` or ``torch.float8_e5m2``, on CPU or CUDA. Row-major
+        (contiguous) or column-major (``x.t()`` of a contiguous ``(K, M)``) views go to the kernels
+        as they are, other strides are first copied with ``.contiguous()``.
+    b : torch.Tensor
+        ``(K, N)``, fp8 (not ``float8_e5m2`` when ``a`` is: e5m2 x e5m2 is refused, as by
+        ``torch._scaled_mm``), same device. Usually the transpose of an ``(N, K)`` weight,
+        ``w.t()`` (column-major, torch._scaled_mm's convention and the layout the Hopper rung
+        reads); a row-major ``(K, N)`` tensor works too (the Hopper rung copies it K-major first).
+    scale_a, scale_b : torch.Tensor
+        float32 scales on the operands' device, in one of the layouts below (made contiguous,
+        copied if needed). With ``scale_*_layout="auto"`` the layout is read from the shape:
+
+        ==================  ===================================  ===================================
+        layout              ``scale_a``                          ``scale_b``
+        ==================  ===================================  ===================================
+        ``tensor``          one element (``()``, ``(1,)``, ...)  one element
+        ``rowwise``         ``(M, 1)`` or ``(M,)``: per row      ``(1, N)`` or ``(N,)``: per column
+        ``block_1x128``     ``(M, ceil(K/128))``                 ``(N, ceil(K/128))``
+        ``block_128x128``   ``(ceil(M/128), ceil(K/128))``       ``(ceil(K/128), ceil(N/128))``
+        ==================  ===================================  ===================================
+
+        Where two shapes coincide the first row wins (``tensor``, then ``rowwise``; for ``scale_a``
+        ``block_1x128`` before ``block_128x128``): the scales mean the same then. A ``(N, 1)``
+        ``scale_b`` with ``K <= 128`` is ``rowwise`` too (the same scales as ``block_1x128``).
+        The block layouts are DeepSeek-V3's (activations 1x128, weights 128x128), row-major.
+    bias : torch.Tensor, optional, keyword-only
+        ``(N,)`` of ``out_dtype``, added to every row after the scales.
+    out_dtype : torch.dtype, keyword-only
+        ``torch.bfloat16`` (the default), ``torch.float16`` or ``torch.float32``.
+    scale_a_layout, scale_b_layout : str, keyword-only
+        ``"auto"`` (read from the shape, above) or ``"tensor"``, ``"rowwise"``, ``"block_1x128"``,
+        ``"block_128x128"``: overrides the inference; the scale must then hold the number of
+        elements that layout needs (any shape).
+    variant : str, keyword-only
+        ``"auto"`` or one rung of :func:`scaled_gemm_variants`: ``cpu`` (CPU tensors: dequantize on
+        load, float32 dot products, threads), ``naive`` (CUDA, any GPU, any layout: one thread per
+        output) and ``wgmma_fp8`` (Hopper, compute capability 9.0: TMA + fp8 tensor cores, the
+        partial sums promoted into float32 every 128 of K with the block scales; it takes every
+        scale layout but a ``block_1x128`` ``scale_b``). ``auto`` picks ``cpu`` on the CPU,
+        ``wgmma_fp8`` on an H100 where it can run (operands in other layouts are copied K-major into
+        a workspace first) and ``naive`` elsewhere.
+
+    Returns
+    -------
+    torch.Tensor
+        A new contiguous ``(M, N)`` tensor of ``out_dtype`` on the device of ``a``.
+
+    Raises
+    ------
+    ValueError
+        Operands that are not 2-D or whose K differ; a scale whose shape names no layout (the
+        message names ``scale_a`` or ``scale_b`` and lists the shapes it takes) or whose element
+        count does not fit an explicit layout; a scale that is not float32; an unknown layout or
+        variant name, a variant of the other device; a ``bias`` of another dtype than ``out_dtype``
+        or not of ``N`` elements; tensors on different devices. The message names the op and the
+        argument.
+    NotImplementedError
+        An ``a`` or ``b`` that is not fp8, e5m2 x e5m2, an ``out_dtype`` other than float32,
+        float16 and bfloat16, ``wgmma_fp8`` on a GPU other than compute capability 9.0 (or with a
+        ``block_1x128`` ``scale_b``), CUDA tensors with a CPU-only build.
+
+    Notes
+    -----
+    *No autograd.* The fp8 GEMM has no backward here (train with a higher-precision matmul, or
+    quantize in your own autograd.Function). The forward runs with inputs that require grad, but a
+    backward that reaches the output (or a forward-mode tangent) raises ``RuntimeError: derivative
+    for optimized::scaled_mm is not implemented ...``, as for ``torch._scaled_mm``; so does
+    ``torch.compile`` of a graph whose inputs require grad, while compiling (it traces the backward).
+    Detach the inputs or run under ``torch.no_grad()``.
+
+    *torch.compile and CUDA graphs.* The op has a fake kernel, so ``torch.compile(fullgraph=True)``
+    traces it. On CUDA it runs on the current stream of the inputs' device, allocates its output
+    (and the Hopper rung's workspace) through torch's caching allocator and never synchronizes
+    the host, so it can be captured in a CUDA graph.
+
+    Examples
+    --------
+    >>> x = torch.randn(64, 256).to(torch.float8_e4m3fn)          # activations (M, K)
+    >>> w = torch.randn(32, 256).to(torch.float8_e4m3fn)          # weight (N, K)
+    >>> one = torch.ones((), dtype=torch.float32)
+    >>> optimized_ops.scaled_mm(x, w.t(), one, one).shape         # tensor-wise scales
+    torch.Size([64, 32])
+    >>> sx, sw = torch.rand(64, 2), torch.rand(2, 1)               # 1x128 and 128x128 blocks
+    >>> optimized_ops.scaled_mm(x, w.t(), sx, sw, out_dtype=torch.float32).dtype
+    torch.float32
+    """
+    return torch.ops.optimized.scaled_mm.default(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype,
+                                                 scale_a_layout=scale_a_layout, scale_b_layout=scale_b_layout,
+                                                 variant=variant)
+
+
+# The registrations around the C++ ops: the fake kernels, then autograd (reverse and forward mode;
+# scaled_mm: a backward that raises).
 from . import _fakes, _autograd  # noqa: E402,F401

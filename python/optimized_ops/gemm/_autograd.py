@@ -1,12 +1,17 @@
 """Autograd of ``optimized::matmul``, reverse mode and forward mode: the rules, registered through
 ``optimized_ops._autograd.register_autograd`` (the mechanism, shared with the fused family). Both
-call the op again (same variant), so gradients and tangents run on the same kernels."""
+call the op again (same variant), so gradients and tangents run on the same kernels.
+
+``optimized::scaled_mm`` (the fp8 GEMM) has none: its Autograd kernel (at the end) raises, naming the
+op, when a backward or a jvp reaches its output."""
 
 from __future__ import annotations
 
 import math
 
-from .._autograd import register_autograd
+import torch
+
+from .._autograd import has_tangent, register_autograd
 from .._library import load
 from . import matmul
 
@@ -65,3 +70,52 @@ def _jvp(inputs, keyword_only_inputs, output, tangents):
 
 
 register_autograd("optimized::matmul", _backward, setup_context=_setup_context, jvp=_jvp)
+
+
+# ---- optimized::scaled_mm: no derivative ------------------------------------------------------------
+#
+# The scaled (fp8) GEMM has no backward. Without an Autograd kernel, torch's fallback for a C++ op
+# would only warn when a backward reaches it and hand every input a None gradient (silently wrong
+# training). This kernel runs the op and, where an input requires grad (or carries a forward-mode
+# tangent), gives the output a node that raises, naming the op, when a backward (or a jvp) reaches it:
+# what torch does for its own ops without a derivative (torch._scaled_mm: "derivative for
+# aten::_scaled_mm is not implemented"), also under torch.compile, where tracing the backward of a
+# graph whose inputs require grad raises while compiling.
+# torch.library.register_autograd (and _autograd.register_autograd) refuse the op: its bias is a
+# kwarg-only tensor.
+
+_SCALED_MM = torch.ops.optimized.scaled_mm.default
+_NO_DERIVATIVE = ("derivative for optimized::scaled_mm is not implemented: the scaled (fp8) GEMM has no backward "
+                  "(no gradient for a, b, scale_a, scale_b or bias), as torch._scaled_mm; detach its inputs, or "
+                  "compute the gradient with a higher-precision matmul")
+
+
+def _scaled_mm_below_autograd(keyset, a, b, scale_a, scale_b, bias, kwargs):
+    with torch._C._AutoDispatchBelowAutograd():
+        return _SCALED_MM.redispatch(keyset & torch._C._after_autograd_keyset, a, b, scale_a, scale_b, bias=bias,
+                                     **kwargs)
+
+
+class _ScaledMmNoDerivative(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, keyset, kwargs, a, b, scale_a, scale_b, bias):
+        return _scaled_mm_below_autograd(keyset, a, b, scale_a, scale_b, bias, kwargs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError(_NO_DERIVATIVE)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise RuntimeError(_NO_DERIVATIVE.replace("has no backward", "has no forward-mode derivative"))
+
+
+def _scaled_mm_autograd(keyset, a, b, scale_a, scale_b, *, bias=None, **kwargs):
+    tensors = [t for t in (a, b, scale_a, scale_b, bias) if isinstance(t, torch.Tensor)]
+    if has_tangent(tensors) or (torch.is_grad_enabled() and torch._C._any_requires_grad(*tensors)):
+        return _ScaledMmNoDerivative.apply(keyset, kwargs, a, b, scale_a, scale_b, bias)
+    return _scaled_mm_below_autograd(keyset, a, b, scale_a, scale_b, bias, kwargs)
+
+
+_LIB = torch.library.Library("optimized", "FRAGMENT")
+_LIB.impl("scaled_mm", _scaled_mm_autograd, "Autograd", with_keyset=True)

@@ -9,6 +9,9 @@ shape is computed from, where a wrong argument leaves no shape to give -- no C++
 is traced, so such an argument must raise here -- with the words of the C++ glue: an operand of at
 least one dimension (a 0-D operand has no M, K or N), batch dimensions that broadcast (the result's
 batch shape), and one device for both operands (the result's: ``optimized_ops._fakes.one_device``).
+
+The fake of ``optimized::scaled_mm`` (below) likewise: the ``(M, N)`` output of ``out_dtype``, from
+2-D operands with one K, on one device.
 """
 
 from __future__ import annotations
@@ -45,3 +48,27 @@ def _out_shape(a: torch.Tensor, b: torch.Tensor) -> list:
 def _matmul_fake(a, b, *, variant="auto"):
     one_device("matmul", a=a, b=b)
     return a.new_empty(_out_shape(a, b))
+
+
+_SCALED_OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@torch.library.register_fake("optimized::scaled_mm")
+def _scaled_mm_fake(a, b, scale_a, scale_b, *, bias=None, out_dtype=None, scale_a_layout="auto",
+                    scale_b_layout="auto", variant="auto"):
+    """The (M, N) output of ``out_dtype`` (bfloat16 by default) on a's device. What the shape and
+    dtype are computed from is checked here, in the words of the C++ glue (src/torch/scaled_ops.cpp):
+    2-D operands, K, out_dtype, one device. The scale layouts, the fp8 dtypes, the bias and the
+    variant are checked when the compiled graph runs the kernel."""
+    one_device("scaled_mm", a=a, b=b, scale_a=scale_a, scale_b=scale_b, bias=bias)
+    for t, name, shape in ((a, "a", "(M, K)"), (b, "b", "(K, N)")):
+        torch._check_value(t.dim() == 2, lambda: (
+            f"optimized::scaled_mm: {name}: expected a 2-D tensor {shape}; given shape {list(t.shape)}"))
+    torch._check_value(b.shape[0] == a.shape[1], lambda: (
+        f"optimized::scaled_mm: b: expected {a.shape[1]} rows to match a's columns (K); given shape "
+        f"{list(b.shape)} with a of shape {list(a.shape)}"))
+    dtype = torch.bfloat16 if out_dtype is None else out_dtype
+    if dtype not in _SCALED_OUT_DTYPES:
+        raise NotImplementedError(f"optimized::scaled_mm: out_dtype: expected float32, float16 or bfloat16; "
+                                  f"given {str(dtype).removeprefix('torch.')}")
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=dtype)

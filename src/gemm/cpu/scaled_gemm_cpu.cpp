@@ -58,9 +58,10 @@ void scaled_gemm(const ScaledGemmParams& p, int threads) {
   const auto* b = static_cast<const uint8_t*>(p.b);
   // B dequantized and transposed: bt[j * K + kk] = B(kk, j) * scale_b(kk, j).
   std::vector<float> bt(static_cast<size_t>(p.n * p.k));
-  const int nth = std::max(1, std::min<int>(threads > 0 ? threads : omp_get_max_threads(),
-                                            static_cast<int>(std::min<int64_t>(p.m, 1 << 20))));
-#pragma omp parallel for num_threads(nth) schedule(static)
+  const int all = threads > 0 ? threads : omp_get_max_threads();
+  const auto capped = [all](int64_t work) { return std::max(1, static_cast<int>(std::min<int64_t>(all, work))); };
+  const int nth = capped(p.m);
+#pragma omp parallel for num_threads(capped(p.n)) schedule(static)
   for (int64_t j = 0; j < p.n; ++j)
     for (int64_t kk = 0; kk < p.k; ++kk)
       bt[j * p.k + kk] = tb[b[kk * p.b_row_stride + j * p.b_col_stride]] * scaled_gemm_scale_b(p, kk, j);

@@ -207,17 +207,21 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
 __global__ void to_k_major(const uint8_t* src, int64_t rs, int64_t cs, int64_t rows, int64_t k, uint8_t* dst,
                            int64_t ld) {
   __shared__ uint8_t tile[32][33];
-  const int64_t r0 = int64_t(blockIdx.y) * 32, k0 = int64_t(blockIdx.x) * 32;
+  const int64_t k0 = int64_t(blockIdx.x) * 32;
   const bool k_fast = cs == 1;  // the source's unit stride runs along K
-  for (int i = threadIdx.y; i < 32; i += blockDim.y) {
-    // k_fast: lanes walk K; otherwise lanes walk the rows.
-    const int64_t r = r0 + (k_fast ? i : threadIdx.x), kk = k0 + (k_fast ? threadIdx.x : i);
-    if (r < rows && kk < k) tile[k_fast ? i : threadIdx.x][k_fast ? threadIdx.x : i] = src[r * rs + kk * cs];
-  }
-  __syncthreads();
-  for (int i = threadIdx.y; i < 32; i += blockDim.y) {
-    const int64_t r = r0 + i, kk = k0 + threadIdx.x;
-    if (r < rows && kk < k) dst[r * ld + kk] = tile[i][threadIdx.x];
+  // Row tiles in a grid-stride loop (grid.y stops at 65535).
+  for (int64_t r0 = int64_t(blockIdx.y) * 32; r0 < rows; r0 += int64_t(gridDim.y) * 32) {
+    for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+      // k_fast: lanes walk K; otherwise lanes walk the rows.
+      const int64_t r = r0 + (k_fast ? i : threadIdx.x), kk = k0 + (k_fast ? threadIdx.x : i);
+      if (r < rows && kk < k) tile[k_fast ? i : threadIdx.x][k_fast ? threadIdx.x : i] = src[r * rs + kk * cs];
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+      const int64_t r = r0 + i, kk = k0 + threadIdx.x;
+      if (r < rows && kk < k) dst[r * ld + kk] = tile[i][threadIdx.x];
+    }
+    __syncthreads();
   }
 }
 
@@ -296,7 +300,8 @@ cudaError_t scaled_gemm_wgmma_fp8(const ScaledGemmParams& p, const Workspace& wo
   if (cp.a) {
     auto* dst = static_cast<uint8_t*>(workspace.data);
     lda = round16(p.k);
-    to_k_major<<<dim3(static_cast<unsigned>(ceil_div(p.k, int64_t(32))), static_cast<unsigned>(ceil_div(p.m, int64_t(32)))),
+    to_k_major<<<dim3(static_cast<unsigned>(ceil_div(p.k, int64_t(32))),
+                      static_cast<unsigned>(std::min<int64_t>(ceil_div(p.m, int64_t(32)), kMaxGridY))),
                  copy_block, 0, stream>>>(static_cast<const uint8_t*>(p.a), p.a_row_stride, p.a_col_stride, p.m, p.k,
                                           dst, lda);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
@@ -306,7 +311,8 @@ cudaError_t scaled_gemm_wgmma_fp8(const ScaledGemmParams& p, const Workspace& wo
     auto* dst = static_cast<uint8_t*>(workspace.data) + cp.b_offset;
     ldb = round16(p.k);
     // B's columns are the rows of the K-major copy: element (j, kk) = B(kk, j).
-    to_k_major<<<dim3(static_cast<unsigned>(ceil_div(p.k, int64_t(32))), static_cast<unsigned>(ceil_div(p.n, int64_t(32)))),
+    to_k_major<<<dim3(static_cast<unsigned>(ceil_div(p.k, int64_t(32))),
+                      static_cast<unsigned>(std::min<int64_t>(ceil_div(p.n, int64_t(32)), kMaxGridY))),
                  copy_block, 0, stream>>>(static_cast<const uint8_t*>(p.b), p.b_col_stride, p.b_row_stride, p.n, p.k,
                                           dst, ldb);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
