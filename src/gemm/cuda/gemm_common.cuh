@@ -1,6 +1,8 @@
-// What the GEMM rungs share beyond src/kernels: the pointers of one batch of the operands. Each
-// gemm_*.cu includes this and the launcher declarations; the conversions, the dtype dispatch, the
-// alpha/beta store and the grid limits come from the ground floor (src/kernels).
+// What the GEMM rungs share beyond src/kernels: the pointers of one batch of the operands, the
+// dispatch of the operand layouts (GemmParams::trans_a / trans_b) to compile-time constants, and
+// the 16-byte alignment test of the stored rows. Each gemm_*.cu includes this and the launcher
+// declarations; the conversions, the dtype dispatch, the alpha/beta store and the grid limits come
+// from the ground floor (src/kernels).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,11 +41,34 @@ __device__ __forceinline__ BatchOperands<T> batch_operands(const GemmParams& p, 
           static_cast<T*>(p.c) + z * p.batch_stride_c};
 }
 
-// Whether every row of an operand starts on a 16-byte boundary (what 16-byte vector loads and
-// cp.async chunks need): base pointer, row stride and, when batched, batch stride.
+// Runs body.template operator()<kTransA, kTransB>() with the layouts of p as compile-time
+// constants. The launchers dispatch once on the host, so a kernel instantiation indexes its
+// operands without a run-time test, and the NN instantiation is the row-major kernel unchanged.
+template <typename F>
+cudaError_t dispatch_layout(const GemmParams& p, F&& body) {
+  if (p.trans_a)
+    return p.trans_b ? body.template operator()<true, true>() : body.template operator()<true, false>();
+  return p.trans_b ? body.template operator()<false, true>() : body.template operator()<false, false>();
+}
+
+// The layout as it appears in kernel names: nothing for NN (the names of the row-major kernels),
+// else BLAS's letters for A and B (T: stored transposed, i.e. column-major).
+template <bool kTransA, bool kTransB>
+constexpr const char* kLayoutSuffix = kTransA ? (kTransB ? ", TT" : ", TN") : (kTransB ? ", NT" : "");
+
+// Whether every stored row of an operand starts on a 16-byte boundary (what 16-byte vector loads
+// and cp.async chunks need): base pointer, row stride and, when batched, batch stride. `ld` is the
+// stride of the stored rows, whatever the layout: rows of K elements for a row-major A, rows of M
+// for A^T (and of N, or K for B^T), so the 16-byte vectors then run along the stored row.
 inline bool rows_aligned16(const void* base, int64_t ld, int64_t batch_stride, int64_t batch, DType dtype) {
   const int64_t per16 = 16 / static_cast<int64_t>(dtype_size(dtype));
   return (reinterpret_cast<uintptr_t>(base) & 15) == 0 && ld % per16 == 0 && (batch <= 1 || batch_stride % per16 == 0);
+}
+inline bool a_rows_aligned16(const GemmParams& p) {
+  return rows_aligned16(p.a, p.lda, p.batch_stride_a, p.batch, p.dtype);
+}
+inline bool b_rows_aligned16(const GemmParams& p) {
+  return rows_aligned16(p.b, p.ldb, p.batch_stride_b, p.batch, p.dtype);
 }
 
 }  // namespace optimized::cuda

@@ -1,6 +1,7 @@
 // GEMM rung 1 of the CUDA ladder: naive, one thread per element of C.
 //
-//   C = alpha * A @ B + beta * C      A (M, K), B (K, N), C (M, N), row-major with leading dims
+//   C = alpha * A @ B + beta * C      A (M, K), B (K, N), C (M, N) with leading dims; A and B
+//                                     row-major or stored transposed (column-major), C row-major
 //
 // The textbook first kernel, kept slow on purpose so the next rungs have something to fix.
 // Each thread owns one element C[row, col] and runs the whole dot product over K from global
@@ -16,10 +17,19 @@
 // So every fused multiply-add costs two global loads, one of them uncoalesced, and no data is
 // shared between threads except through the caches. Rung 2 (coalesced) swaps the mapping.
 //
+// Layouts (NN, NT, TN, TT: GemmParams::trans_a / trans_b, compile-time parameters of the kernel
+// dispatched once by the launcher, so the NN kernel is the one described above). A thread reads
+// A(row, k) and B(k, col) through the stored layout: a pointer to the first element and a step
+// per k (1 along a stored row, ld down a stored column). The access pattern follows the storage:
+// with A^T the 32 lanes read A^T's stored row k at 32 consecutive rows of A, which is coalesced
+// (the "wrong" mapping happens to suit A^T); with B^T every lane still reads the same element
+// (a broadcast), now walking along a stored row. There is no extra arithmetic for any layout.
+//
 // Block 32 x 8 threads: x -> 32 rows of C, y -> 8 columns. Grid x covers M (it may go to
 // 2^31 - 1 blocks), grid y covers N but is capped at 65535 (the CUDA limit), so the kernel walks
 // columns with a grid-stride loop; grid z carries the batch, in launches of at most 65535.
 #include <cstdint>
+#include <string>
 
 #include "gemm/cuda/gemm_common.cuh"
 #include "gemm/launchers.h"
@@ -31,50 +41,66 @@ constexpr int kBlockX = 32;  // rows of C per block (the lanes of a warp)
 constexpr int kBlockY = 8;   // columns of C per block
 constexpr int kThreads = kBlockX * kBlockY;
 
-template <typename T>
+template <typename T, bool kTransA, bool kTransB>
 __global__ void __launch_bounds__(kThreads) gemm_naive_kernel(GemmParams p, int64_t batch_offset) {
   const BatchOperands<T> ops = batch_operands<T>(p, batch_offset + blockIdx.z);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kBlockX + threadIdx.x;
   if (row >= p.m) return;
-  const T* a_row = ops.a + row * p.lda;  // int64: row * lda may exceed 2^31
+  // A(row, k) = a_row[k * a_step] and B(k, col) = b_col[k * b_step] (int64: row * lda may
+  // exceed 2^31).
+  const T* a_row = ops.a + (kTransA ? row : row * p.lda);
+  const int64_t a_step = kTransA ? p.lda : 1;
+  const int64_t b_step = kTransB ? 1 : p.ldb;
   const int64_t col_step = static_cast<int64_t>(gridDim.y) * kBlockY;
   for (int64_t col = static_cast<int64_t>(blockIdx.y) * kBlockY + threadIdx.y; col < p.n;
        col += col_step) {
-    const T* b_col = ops.b + col;
+    const T* b_col = ops.b + (kTransB ? col * p.ldb : col);
     float acc = 0.0f;
-    for (int64_t k = 0; k < p.k; ++k) acc = fmaf(to_float(a_row[k]), to_float(b_col[k * p.ldb]), acc);
+    for (int64_t k = 0; k < p.k; ++k)
+      acc = fmaf(to_float(a_row[k * a_step]), to_float(b_col[k * b_step]), acc);
     store_alpha_beta(ops.c + row * p.ldc + col, acc, p.alpha, p.beta);
   }
 }
 
-template <typename T> constexpr const char* kKernelName = "";
-template <> constexpr const char* kKernelName<float> = "naive<fp32, 32x8 threads, x->row>";
-template <> constexpr const char* kKernelName<__half> = "naive<fp16, 32x8 threads, x->row>";
-template <> constexpr const char* kKernelName<__nv_bfloat16> = "naive<bf16, 32x8 threads, x->row>";
+template <typename T> constexpr const char* kDTypeName = "";
+template <> constexpr const char* kDTypeName<float> = "fp32";
+template <> constexpr const char* kDTypeName<__half> = "fp16";
+template <> constexpr const char* kDTypeName<__nv_bfloat16> = "bf16";
+
+template <typename T, bool kTransA, bool kTransB>
+const char* kernel_name() {
+  static const std::string name =
+      std::string("naive<") + kDTypeName<T> + ", 32x8 threads, x->row" + kLayoutSuffix<kTransA, kTransB> + ">";
+  return name.c_str();
+}
 
 }  // namespace
 
 cudaError_t gemm_naive(const GemmParams& p, const Workspace&, cudaStream_t stream) {
+  const int64_t blocks_x = ceil_div(p.m, kBlockX);
+  if (blocks_x > INT32_MAX) return cudaErrorInvalidConfiguration;  // grid.x limit (M > 6.8e10)
+  const int64_t blocks_y_needed = ceil_div(p.n, kBlockY);
+  const int64_t blocks_y = blocks_y_needed < kMaxGridY ? blocks_y_needed : kMaxGridY;
   return dispatch_float_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    const int64_t blocks_x = ceil_div(p.m, kBlockX);
-    if (blocks_x > INT32_MAX) return cudaErrorInvalidConfiguration;  // grid.x limit (M > 6.8e10)
-    const int64_t blocks_y_needed = ceil_div(p.n, kBlockY);
-    const int64_t blocks_y = blocks_y_needed < kMaxGridY ? blocks_y_needed : kMaxGridY;
-    for (int64_t first = 0; first < p.batch; first += kMaxGridZ) {
-      const int64_t count = p.batch - first < kMaxGridZ ? p.batch - first : kMaxGridZ;
-      const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(blocks_y),
-                      static_cast<unsigned>(count));
-      gemm_naive_kernel<T><<<grid, dim3(kBlockX, kBlockY), 0, stream>>>(p, first);
-      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-    }
-    return cudaSuccess;
+    return dispatch_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
+      for (int64_t first = 0; first < p.batch; first += kMaxGridZ) {
+        const int64_t count = p.batch - first < kMaxGridZ ? p.batch - first : kMaxGridZ;
+        const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(blocks_y),
+                        static_cast<unsigned>(count));
+        gemm_naive_kernel<T, kTransA, kTransB><<<grid, dim3(kBlockX, kBlockY), 0, stream>>>(p, first);
+        if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+      }
+      return cudaSuccess;
+    });
   });
 }
 
 cudaError_t gemm_naive_resources(const GemmParams& p, KernelResources* out) {
   return dispatch_float_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    return describe_kernel(reinterpret_cast<const void*>(&gemm_naive_kernel<T>), kKernelName<T>,
-                           kThreads, /*dynamic_smem_bytes=*/0, out);
+    return dispatch_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
+      return describe_kernel(reinterpret_cast<const void*>(&gemm_naive_kernel<T, kTransA, kTransB>),
+                             kernel_name<T, kTransA, kTransB>(), kThreads, /*dynamic_smem_bytes=*/0, out);
+    });
   });
 }
 
