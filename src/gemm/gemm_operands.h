@@ -47,7 +47,10 @@ inline Operand as_matrix(const TensorView& t, const char* name) {
   // Row-major: unit stride along a row, rows at least a row apart; column-major the other way
   // round. A dimension of extent 1 never steps, so its stride does not matter (a row vector with
   // strided elements is a column-major (1, K) matrix).
-  if ((cols == 1 || col_stride == 1) && (rows == 1 || row_stride >= cols)) {
+  // A single column with unit stride reads either way; column-major makes it one contiguous
+  // stored row (what TMA and vector loads want), where row-major would be rows one element apart.
+  const bool contiguous_column = cols == 1 && rows > 1 && row_stride == 1;
+  if (!contiguous_column && (cols == 1 || col_stride == 1) && (rows == 1 || row_stride >= cols)) {
     op.ld = rows == 1 ? cols : row_stride;
   } else if ((rows == 1 || row_stride == 1) && (cols == 1 || col_stride >= rows)) {
     op.col_major = true;

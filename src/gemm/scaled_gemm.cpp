@@ -93,7 +93,8 @@ ScaledGemmParams make_params(const TensorView& a, const TensorView& b, const Ten
   if (C.rows != A.rows || C.cols != B.cols)
     invalid("c: expected (" + std::to_string(A.rows) + ", " + std::to_string(B.cols) +
             ") rows x cols (M from a, N from b); given " + shape_string(c));
-  if (C.col_major && C.rows > 1 && C.cols > 1)
+  // Row-major C; a single column with unit stride reads as column-major too (gemm_operands.h).
+  if (C.col_major && C.cols > 1)
     invalid("c: expected a row-major output (unit stride in the last dimension); given strides of " + c.describe());
   for (const auto& [t, name] : {std::pair{&a, "a"}, std::pair{&b, "b"}})
     if (overlaps(c, "c", *t, name))
@@ -109,7 +110,7 @@ ScaledGemmParams make_params(const TensorView& a, const TensorView& b, const Ten
   p.a_col_stride = A.col_major ? A.ld : 1;
   p.b_row_stride = B.col_major ? 1 : B.ld;
   p.b_col_stride = B.col_major ? B.ld : 1;
-  p.ldc = C.ld;
+  p.ldc = C.col_major ? 1 : C.ld;  // one column: its elements are one apart
   p.a_dtype = a.dtype;
   p.b_dtype = b.dtype;
   p.c_dtype = c.dtype;

@@ -253,7 +253,9 @@ inline bool gemm_case_tma_describable(const GemmCase& cs) {
   const int64_t e = static_cast<int64_t>(dtype_size(cs.dtype));
   if ((cs.offset * e) % 16 != 0) return false;
   const auto ok = [&](const Layout& l, Broadcast bc) {
-    if (l.stored_rows() > 1 && (l.ld * e) % 16 != 0) return false;
+    // A vector with unit stride along its length is one contiguous row, whatever its layout says.
+    const bool vector = (l.rows == 1 || l.cols == 1) && l.ld == 1;
+    if (!vector && l.stored_rows() > 1 && (l.ld * e) % 16 != 0) return false;
     const bool batched = cs.batch > 1 && bc == Broadcast::kNone;
     return !batched || (l.batch_stride * e) % 16 == 0;
   };
