@@ -64,14 +64,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename T> constexpr const char* kDTypeName = "";
-template <> constexpr const char* kDTypeName<float> = "fp32";
-template <> constexpr const char* kDTypeName<__half> = "fp16";
-template <> constexpr const char* kDTypeName<__nv_bfloat16> = "bf16";
-
 template <typename T, bool kTransA, bool kTransB>
 const char* kernel_name() {
-  static const std::string name = std::string("coalesced<") + kDTypeName<T> + ", 32x8 threads, x->col" +
+  static const std::string name = std::string("coalesced<") + dtype_label<T>() + ", 32x8 threads, x->col" +
                                   kLayoutSuffix<kTransA, kTransB> + ">";
   return name.c_str();
 }

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "gemm/gemm_params.h"
 #include "kernels/common.cuh"
@@ -49,6 +50,12 @@ cudaError_t dispatch_layout(const GemmParams& p, F&& body) {
   if (p.trans_a)
     return p.trans_b ? body.template operator()<true, true>() : body.template operator()<true, false>();
   return p.trans_b ? body.template operator()<false, true>() : body.template operator()<false, false>();
+}
+
+// The dtype of a kernel's T as it appears in kernel names ("fp32", "fp16", "bf16").
+template <typename T>
+std::string dtype_label() {
+  return std::string(dtype_name(kernels::kDTypeOf<T>));
 }
 
 // The layout as it appears in kernel names: nothing for NN (the names of the row-major kernels),

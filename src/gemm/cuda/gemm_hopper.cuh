@@ -6,7 +6,11 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "core/tensor_map.h"
 #include "gemm/cuda/gemm_common.cuh"
@@ -79,15 +83,54 @@ inline cudaError_t make_hopper_args(const GemmParams& p, int block_m, CUtensorMa
   return cudaSuccess;
 }
 
-// Calls f.template operator()<kTransA, kTransB>() for p's layout (the Hopper kernels are compiled
-// once per layout: the layout decides the TMA boxes and wgmma's transpose immediates).
-template <typename F>
-cudaError_t dispatch_gemm_layout(const GemmParams& p, F&& f) {
-  if (p.trans_a) return p.trans_b ? f.template operator()<true, true>() : f.template operator()<true, false>();
-  return p.trans_b ? f.template operator()<false, true>() : f.template operator()<false, false>();
-}
+// The launch of a persistent grid of clusters (wgmma_persistent, wgmma_fp8): a launch config with
+// the cluster-dimension attribute (not copyable: the config points at the attribute), and a grid of
+// as many clusters as fit on the device at once, asked once per kernel and device (the GPCs
+// decide, not just the SM count), and no more than the units of work.
+struct ClusterLaunch {
+  cudaLaunchAttribute attr{};
+  cudaLaunchConfig_t config{};
+  int cluster;
 
-// "NN", "NT", "TN" or "TT" (A's layout, then B's), for kernel names.
+  ClusterLaunch(int cluster_size, int threads, int smem_bytes, cudaStream_t stream) : cluster(cluster_size) {
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = static_cast<unsigned>(cluster_size);
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    config.blockDim = dim3(static_cast<unsigned>(threads));
+    config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+    config.stream = stream;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+
+  cudaError_t size_grid(const void* kernel, int64_t units) {
+    int device = 0;
+    if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+    static std::mutex mutex;
+    static std::map<std::pair<const void*, int>, int> fit;
+    int clusters = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (auto it = fit.find({kernel, device}); it != fit.end()) clusters = it->second;
+    }
+    if (clusters == 0) {
+      config.gridDim = dim3(static_cast<unsigned>(cluster));
+      if (cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config); e != cudaSuccess) return e;
+      if (clusters < 1) return cudaErrorInvalidConfiguration;
+      std::lock_guard<std::mutex> lock(mutex);
+      fit[{kernel, device}] = clusters;
+    }
+    config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(units, clusters) * cluster));
+    return cudaSuccess;
+  }
+};
+
+// "NN", "NT", "TN" or "TT" (A's layout, then B's), for the Hopper kernels' names (one instantiation
+// per layout, picked by gemm_common.cuh's dispatch_layout: the layout decides the TMA boxes and
+// wgmma's transpose immediates).
 template <bool kTransA, bool kTransB>
 constexpr const char* kLayoutName = kTransA ? (kTransB ? "TT" : "TN") : (kTransB ? "NT" : "NN");
 

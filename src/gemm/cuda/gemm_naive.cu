@@ -62,15 +62,10 @@ __global__ void __launch_bounds__(kThreads) gemm_naive_kernel(GemmParams p, int6
   }
 }
 
-template <typename T> constexpr const char* kDTypeName = "";
-template <> constexpr const char* kDTypeName<float> = "fp32";
-template <> constexpr const char* kDTypeName<__half> = "fp16";
-template <> constexpr const char* kDTypeName<__nv_bfloat16> = "bf16";
-
 template <typename T, bool kTransA, bool kTransB>
 const char* kernel_name() {
   static const std::string name =
-      std::string("naive<") + kDTypeName<T> + ", 32x8 threads, x->row" + kLayoutSuffix<kTransA, kTransB> + ">";
+      std::string("naive<") + dtype_label<T>() + ", 32x8 threads, x->row" + kLayoutSuffix<kTransA, kTransB> + ">";
   return name.c_str();
 }
 

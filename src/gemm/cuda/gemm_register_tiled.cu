@@ -360,14 +360,9 @@ __global__ void __launch_bounds__(kThreads, 2)  // <= 128 registers: 2 blocks (1
 // 16-byte boundary (gemm_common.cuh): the vectors then run along the stored rows.
 bool use_vector_loads(const GemmParams& p) { return a_rows_aligned16(p) && b_rows_aligned16(p); }
 
-template <typename T> constexpr const char* kDTypeName = "";
-template <> constexpr const char* kDTypeName<float> = "fp32";
-template <> constexpr const char* kDTypeName<__half> = "fp16";
-template <> constexpr const char* kDTypeName<__nv_bfloat16> = "bf16";
-
 template <typename T, bool kTransA, bool kTransB, bool kVecLoads>
 const char* kernel_name() {
-  static const std::string name = std::string("register_tiled<") + kDTypeName<T> + ", 128x128x" +
+  static const std::string name = std::string("register_tiled<") + dtype_label<T>() + ", 128x128x" +
                                   std::to_string(Tiling<T>::kBlockK) + ", 8x8, warp 64x32, " +
                                   (kVecLoads ? "vec16" : "scalar") + kLayoutSuffix<kTransA, kTransB> + ">";
   return name.c_str();

@@ -97,15 +97,10 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename T> constexpr const char* kDTypeName = "";
-template <> constexpr const char* kDTypeName<float> = "fp32";
-template <> constexpr const char* kDTypeName<__half> = "fp16";
-template <> constexpr const char* kDTypeName<__nv_bfloat16> = "bf16";
-
 template <typename T, bool kTransA, bool kTransB>
 const char* kernel_name() {
   static const std::string name =
-      std::string("smem_tiled<") + kDTypeName<T> + ", 32x32x32, 1x1" + kLayoutSuffix<kTransA, kTransB> + ">";
+      std::string("smem_tiled<") + dtype_label<T>() + ", 32x32x32, 1x1" + kLayoutSuffix<kTransA, kTransB> + ">";
   return name.c_str();
 }
 

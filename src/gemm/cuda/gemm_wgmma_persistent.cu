@@ -24,7 +24,6 @@
 //   big:     block tile 128 x 256 x 64, 4 stages (192 KiB) + 32 KiB of C staging, clusters of 2
 //            along M, grid = min(units, the clusters that fit at once) x 2;
 //   small_m: block tile 64 x 128 x 64, 8 stages (192 KiB) + 16 KiB of C staging, one consumer.
-#include <atomic>
 #include <string>
 #include <type_traits>
 
@@ -47,7 +46,6 @@ struct Config {
   using Scheduler = kernels::PersistentTiles<8, kCluster>;
   using Shape = WgmmaWsShape<Tile, kConsumers>;
 };
-constexpr int kMaxDevices = 64;
 
 template <typename T, bool kSmallM, bool kTransA, bool kTransB>
 const void* kernel_ptr() {
@@ -59,7 +57,7 @@ const void* kernel_ptr() {
 template <typename T, bool kSmallM, bool kTransA, bool kTransB>
 const std::string& kernel_name() {
   static const std::string name =
-      std::string("gemm_wgmma_persistent<") + (std::is_same_v<T, __half> ? "fp16" : "bf16") + ", " +
+      std::string("gemm_wgmma_persistent<") + dtype_label<T>() + ", " +
       kLayoutName<kTransA, kTransB> +
       (kSmallM ? ", 64x128x64, 8 stages, producer + 1 consumer, small M>"
                : ", 128x256x64, 4 stages, producer + 2 consumers, cluster 2x1>");
@@ -158,26 +156,6 @@ size_t split_bytes(const GemmParams& p, int splits, size_t* counters_offset) {
   return hopper_split_bytes(p, Tile::kBM, Tile::kBN, splits, counters_offset);
 }
 
-// Concurrent clusters of the kernel on the current device, asked once per device (the GPCs decide,
-// not just the SM count).
-template <typename T, bool kSmallM, bool kTransA, bool kTransB>
-cudaError_t clusters_that_fit(cudaLaunchConfig_t config, int* out) {
-  int device = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  static std::atomic<int> fit[kMaxDevices] = {};
-  int clusters = device < kMaxDevices ? fit[device].load(std::memory_order_relaxed) : 0;
-  if (clusters == 0) {
-    config.gridDim = dim3(Config<kSmallM>::kCluster);
-    if (cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel_ptr<T, kSmallM, kTransA, kTransB>(), &config);
-        e != cudaSuccess)
-      return e;
-    if (clusters < 1) return cudaErrorInvalidConfiguration;
-    if (device < kMaxDevices) fit[device].store(clusters, std::memory_order_relaxed);
-  }
-  *out = clusters;
-  return cudaSuccess;
-}
-
 template <typename T, bool kSmallM, bool kTransA, bool kTransB>
 cudaError_t launch(const GemmParams& p, int splits, const Workspace& workspace, cudaStream_t stream) {
   using C = Config<kSmallM, kTransA, kTransB>;
@@ -203,22 +181,11 @@ cudaError_t launch(const GemmParams& p, int splits, const Workspace& workspace, 
     args.counters = reinterpret_cast<unsigned*>(static_cast<char*>(workspace.data) + counters_offset);
     if (cudaError_t e = cudaMemsetAsync(args.counters, 0, need - counters_offset, stream); e != cudaSuccess) return e;
   }
-  cudaLaunchConfig_t config = {};
-  cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = C::kCluster;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  config.blockDim = dim3(C::Shape::kThreads);
-  config.dynamicSmemBytes = Tile::kSmemBytes;
-  config.stream = stream;
-  int clusters = 0;
-  if (cudaError_t e = clusters_that_fit<T, kSmallM, kTransA, kTransB>(config, &clusters); e != cudaSuccess) return e;
-  config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(sched.total(), clusters) * C::kCluster));
+  ClusterLaunch grid(C::kCluster, C::Shape::kThreads, Tile::kSmemBytes, stream);
+  if (cudaError_t e = grid.size_grid(kernel_ptr<T, kSmallM, kTransA, kTransB>(), sched.total()); e != cudaSuccess)
+    return e;
   return cudaLaunchKernelEx(
-      &config, &gemm_wgmma_ws_kernel<T, Tile, C::kConsumers, typename C::Scheduler, C::kCluster, true>, map_a,
+      &grid.config, &gemm_wgmma_ws_kernel<T, Tile, C::kConsumers, typename C::Scheduler, C::kCluster, true>, map_a,
       map_b, map_c, args, sched);
 }
 
@@ -235,7 +202,7 @@ cudaError_t gemm_wgmma_persistent(const GemmParams& p, const Workspace& workspac
     rest = {static_cast<char*>(workspace.data) + st.bytes, workspace.bytes - st.bytes};
   }
   return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    return dispatch_gemm_layout(q, [&]<bool kTransA, bool kTransB>() {
+    return dispatch_layout(q, [&]<bool kTransA, bool kTransB>() {
       return plan.small_m ? launch<T, true, kTransA, kTransB>(q, plan.splits, rest, stream)
                           : launch<T, false, kTransA, kTransB>(q, plan.splits, rest, stream);
     });
@@ -253,7 +220,7 @@ cudaError_t gemm_wgmma_persistent_workspace(const GemmParams& p, size_t* bytes) 
 cudaError_t gemm_wgmma_persistent_resources(const GemmParams& p, KernelResources* out) {
   const GemmHopperPlan plan = plan_for(p);
   return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    return dispatch_gemm_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
+    return dispatch_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
       const auto describe = [&]<bool kSmallM>() -> cudaError_t {
         using C = Config<kSmallM, kTransA, kTransB>;
         const void* kernel = kernel_ptr<T, kSmallM, kTransA, kTransB>();

@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kThreads) gemm_wgmma_tma_kernel(const __grid_c
 
 template <typename T, bool kTransA, bool kTransB>
 const std::string& kernel_name() {
-  static const std::string name = std::string("gemm_wgmma_tma<") + (std::is_same_v<T, __half> ? "fp16" : "bf16") +
+  static const std::string name = std::string("gemm_wgmma_tma<") + dtype_label<T>() +
                                   ", " + kLayoutName<kTransA, kTransB> + ", 128x128x64, 3 stages, 1 warpgroup>";
   return name;
 }
@@ -127,13 +127,13 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 
 cudaError_t gemm_wgmma_tma(const GemmParams& p, const Workspace&, cudaStream_t stream) {
   return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    return dispatch_gemm_layout(p, [&]<bool kTransA, bool kTransB>() { return launch<T, kTransA, kTransB>(p, stream); });
+    return dispatch_layout(p, [&]<bool kTransA, bool kTransB>() { return launch<T, kTransA, kTransB>(p, stream); });
   });
 }
 
 cudaError_t gemm_wgmma_tma_resources(const GemmParams& p, KernelResources* out) {
   return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    return dispatch_gemm_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
+    return dispatch_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
       const void* kernel = nullptr;
       if (cudaError_t e = prepare_kernel<T, kTransA, kTransB>(&kernel); e != cudaSuccess) return e;
       return describe_kernel(kernel, kernel_name<T, kTransA, kTransB>().c_str(), kThreads,

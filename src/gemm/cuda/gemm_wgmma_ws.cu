@@ -32,7 +32,7 @@ const void* kernel_ptr() {
 
 template <typename T, bool kTransA, bool kTransB>
 const std::string& kernel_name() {
-  static const std::string name = std::string("gemm_wgmma_ws<") + (std::is_same_v<T, __half> ? "fp16" : "bf16") +
+  static const std::string name = std::string("gemm_wgmma_ws<") + dtype_label<T>() +
                                   ", " + kLayoutName<kTransA, kTransB> +
                                   ", 128x256x64, 4 stages, producer + 2 consumers>";
   return name;
@@ -64,13 +64,13 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 
 cudaError_t gemm_wgmma_ws(const GemmParams& p, const Workspace&, cudaStream_t stream) {
   return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    return dispatch_gemm_layout(p, [&]<bool kTransA, bool kTransB>() { return launch<T, kTransA, kTransB>(p, stream); });
+    return dispatch_layout(p, [&]<bool kTransA, bool kTransB>() { return launch<T, kTransA, kTransB>(p, stream); });
   });
 }
 
 cudaError_t gemm_wgmma_ws_resources(const GemmParams& p, KernelResources* out) {
   return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    return dispatch_gemm_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
+    return dispatch_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
       const void* kernel = kernel_ptr<T, kTransA, kTransB>();
       if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
           e != cudaSuccess)

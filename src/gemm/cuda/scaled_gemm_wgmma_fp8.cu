@@ -24,7 +24,6 @@
 //   block tile 128 x 128 x 128, 6 stages (192 KiB), producer + 2 consumers, persistent, cluster 2x1.
 #include <cuda_fp8.h>
 
-#include <atomic>
 #include <string>
 #include <type_traits>
 
@@ -41,7 +40,6 @@ constexpr int kConsumers = 2, kCluster = 2;
 using Tile = kernels::WgmmaTile<128, 128, 6, 0, false, true, 1>;
 using Scheduler = kernels::PersistentTiles<8, kCluster>;
 using Shape = WgmmaWsShape<Tile, kConsumers>;
-constexpr int kMaxDevices = 64;
 
 // What the kernel takes besides the maps.
 struct Fp8Args {
@@ -264,24 +262,6 @@ cudaError_t dispatch(const ScaledGemmParams& p, F&& f) {
   return with_c.template operator()<E4m3Tag, E4m3Tag>();
 }
 
-template <typename TagA, typename TagB, typename T>
-cudaError_t clusters_that_fit(cudaLaunchConfig_t config, int* out) {
-  int device = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  static std::atomic<int> fit[kMaxDevices] = {};
-  int clusters = device < kMaxDevices ? fit[device].load(std::memory_order_relaxed) : 0;
-  if (clusters == 0) {
-    config.gridDim = dim3(kCluster);
-    if (cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel_ptr<TagA, TagB, T>(), &config);
-        e != cudaSuccess)
-      return e;
-    if (clusters < 1) return cudaErrorInvalidConfiguration;
-    if (device < kMaxDevices) fit[device].store(clusters, std::memory_order_relaxed);
-  }
-  *out = clusters;
-  return cudaSuccess;
-}
-
 }  // namespace
 
 cudaError_t scaled_gemm_wgmma_fp8_workspace(const ScaledGemmParams& p, size_t* bytes) {
@@ -344,21 +324,9 @@ cudaError_t scaled_gemm_wgmma_fp8(const ScaledGemmParams& p, const Workspace& wo
                                              Tile::kSmemBytes);
         e != cudaSuccess)
       return e;
-    cudaLaunchConfig_t config = {};
-    cudaLaunchAttribute cluster;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = kCluster;
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    config.blockDim = dim3(Shape::kThreads);
-    config.dynamicSmemBytes = Tile::kSmemBytes;
-    config.stream = stream;
-    int clusters = 0;
-    if (cudaError_t e = clusters_that_fit<TagA, TagB, T>(config, &clusters); e != cudaSuccess) return e;
-    config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(sched.total(), clusters) * kCluster));
-    return cudaLaunchKernelEx(&config, &scaled_gemm_wgmma_fp8_kernel<TagA, TagB, T>, map_a, map_b, args, sched);
+    ClusterLaunch grid(kCluster, Shape::kThreads, Tile::kSmemBytes, stream);
+    if (cudaError_t e = grid.size_grid(kernel_ptr<TagA, TagB, T>(), sched.total()); e != cudaSuccess) return e;
+    return cudaLaunchKernelEx(&grid.config, &scaled_gemm_wgmma_fp8_kernel<TagA, TagB, T>, map_a, map_b, args, sched);
   });
 }
 
