@@ -33,7 +33,7 @@ using gemm_detail::shape_string;
 
 GemmParams make_params(const TensorView& a, const TensorView& b, const TensorView& c, float alpha,
                        float beta) {
-  Operand A = as_matrix(a, "a"), B = as_matrix(b, "b"), C = as_matrix(c, "c");
+  const Operand A = as_matrix(a, "a"), B = as_matrix(b, "b"), C = as_matrix(c, "c");
   for (const TensorView* t : {&b, &c})
     if (t->dtype != a.dtype)
       invalid(std::string(t == &b ? "b" : "c") + ": expected dtype " + std::string(dtype_name(a.dtype)) +
