@@ -16,12 +16,14 @@ GEMM = ["cpu_naive", "cpu_blocked", "cpu_packed", "naive", "coalesced", "smem_ti
         "mma_pipeline", "wgmma_tma", "wgmma_ws", "wgmma_persistent", "gemv"]
 FUSED = ["cpu", "unfused", "fused_streaming", "fused_registers"]
 LOADER = ["synchronous", "pipelined"]
+SCALED_GEMM = ["cpu", "naive", "wgmma_fp8"]
 
 
 def test_every_family_naive_to_best():
     assert optimized_ops.variants("gemm") == GEMM
     assert optimized_ops.variants("fused") == FUSED
     assert optimized_ops.variants("loader") == LOADER
+    assert optimized_ops.variants("scaled_gemm") == SCALED_GEMM
 
 
 def test_the_old_listings_are_the_same_tables():
@@ -33,6 +35,7 @@ def test_the_old_listings_are_the_same_tables():
     assert list(ops.gemm_variants()) == GEMM
     assert list(ops.fused_variants()) == FUSED
     assert list(ops.loader_variants()) == LOADER
+    assert list(ops.scaled_gemm_variants()) == SCALED_GEMM
 
 
 def test_a_fresh_list_each_call():
@@ -43,7 +46,7 @@ def test_a_fresh_list_each_call():
 
 @pytest.mark.parametrize("family", ["attention", "GEMM", "", None, 3])
 def test_unknown_family_names_the_families(family):
-    with pytest.raises(ValueError, match=rf"optimized_ops.variants: family: expected one of gemm, fused, loader; "
+    with pytest.raises(ValueError, match=rf"optimized_ops.variants: family: expected one of gemm, scaled_gemm, fused, loader; "
                                          rf"given {re.escape(repr(family))}$"):
         optimized_ops.variants(family)
 

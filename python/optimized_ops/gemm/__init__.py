@@ -162,6 +162,9 @@ def scaled_gemm_variants() -> list[str]:
     return list(torch.ops.optimized.scaled_gemm_variants())
 
 
+register_family("scaled_gemm", scaled_gemm_variants)
+
+
 def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, *,
               bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
               scale_a_layout: str = "auto", scale_b_layout: str = "auto", variant: str = "auto") -> torch.Tensor:
