@@ -47,6 +47,17 @@ inline std::string str(at::IntArrayRef sizes) {
 // "float32", "bfloat16": the names Python users know (torch.float32), not c10's "Float".
 inline std::string dtype_str(at::ScalarType t) { return c10::getDtypeNames(t).first; }
 
+// Whether a (rows, cols) matrix with strides (rs, cs) is one the C++ GEMM APIs take as it is:
+// row-major (unit stride along a row unless one column, rows at least a row apart unless one row)
+// or column-major (the same with rows and columns swapped). Strides of size-1 dimensions carry no
+// information.
+inline bool row_major_strides(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  return (cols == 1 || cs == 1) && (rows == 1 || rs >= cols);
+}
+inline bool column_major_strides(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  return (rows == 1 || rs == 1) && (cols == 1 || cs >= rows);
+}
+
 // "optimized::<op>": where a message comes from.
 inline std::string op_name(std::string_view op) { return "optimized::" + std::string(op); }
 

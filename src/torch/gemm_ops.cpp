@@ -85,15 +85,9 @@ Matrices as_matrices(const at::Tensor& t, bool is_a) {
   return m;
 }
 
-// Whether the C++ API takes each matrix as it is: row-major (unit stride along a row unless one
-// column, rows at least a row apart unless one row) or column-major (the same with rows and
-// columns swapped). Strides of size-1 dimensions carry no information.
-bool row_major(const Matrices& m) {
-  return (m.cols == 1 || m.col_stride == 1) && (m.rows == 1 || m.row_stride >= m.cols);
-}
-bool column_major(const Matrices& m) {
-  return (m.rows == 1 || m.row_stride == 1) && (m.cols == 1 || m.col_stride >= m.rows);
-}
+// Whether the C++ API takes each matrix as it is (common.h).
+bool row_major(const Matrices& m) { return row_major_strides(m.rows, m.cols, m.row_stride, m.col_stride); }
+bool column_major(const Matrices& m) { return column_major_strides(m.rows, m.cols, m.row_stride, m.col_stride); }
 bool qualifies(const Matrices& m) { return row_major(m) || column_major(m); }
 
 // The stride of broadcast batch dimension d (of `rank`) for an operand: 0 where it is broadcast

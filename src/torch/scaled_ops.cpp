@@ -48,15 +48,10 @@ int64_t blocks128(int64_t x) { return (x + 127) / 128; }
 
 std::string shape_str(std::initializer_list<int64_t> dims) { return str(at::IntArrayRef(dims)); }
 
-// Whether the C++ API takes the 2-D t as it is: row-major (unit stride along a row unless one
-// column, rows at least a row apart unless one row) or column-major (the same, transposed).
-bool row_major(const at::Tensor& t) {
-  const int64_t r = t.size(0), c = t.size(1);
-  return (c == 1 || t.stride(1) == 1) && (r == 1 || t.stride(0) >= c);
-}
+// Whether the C++ API takes the 2-D t as it is (common.h).
+bool row_major(const at::Tensor& t) { return row_major_strides(t.size(0), t.size(1), t.stride(0), t.stride(1)); }
 bool column_major(const at::Tensor& t) {
-  const int64_t r = t.size(0), c = t.size(1);
-  return (r == 1 || t.stride(0) == 1) && (c == 1 || t.stride(1) >= r);
+  return column_major_strides(t.size(0), t.size(1), t.stride(0), t.stride(1));
 }
 
 // The layout `name` names ("auto": nullopt, inferred from the scale's shape).
