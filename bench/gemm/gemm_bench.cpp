@@ -118,18 +118,7 @@ struct Operands {
 // The report of the kernel the library would run for these operands (no launch).
 std::optional<KernelInfo> kernel_info(GemmVariant v, const Operands& ops, float alpha, float beta) {
   try {
-    const optimized::cuda::KernelResources res =
-        optimized::describe_gemm_kernel(ops.a(0), ops.b(0), ops.c(0), alpha, beta, v);
-    KernelInfo k;
-    k.name = res.kernel_name ? res.kernel_name : "";
-    k.registers = res.registers_per_thread;
-    k.static_smem = res.static_smem_bytes;
-    k.dynamic_smem = res.dynamic_smem_bytes;
-    k.threads = res.threads_per_block;
-    k.blocks_per_sm = res.blocks_per_sm;
-    k.occupancy = res.theoretical_occupancy;
-    k.local_bytes = res.local_bytes_per_thread;
-    return k;
+    return kernel_info_of(optimized::describe_gemm_kernel(ops.a(0), ops.b(0), ops.c(0), alpha, beta, v));
   } catch (const optimized::Error&) {
     return std::nullopt;  // a variant that cannot take these operands has no kernel to report
   }
@@ -262,6 +251,21 @@ class GemmGroup : public BenchGroup {
 };
 
 }  // namespace
+
+#if OPTIMIZED_WITH_CUDA
+KernelInfo kernel_info_of(const optimized::cuda::KernelResources& res) {
+  KernelInfo k;
+  k.name = res.kernel_name ? res.kernel_name : "";
+  k.registers = res.registers_per_thread;
+  k.static_smem = res.static_smem_bytes;
+  k.dynamic_smem = res.dynamic_smem_bytes;
+  k.threads = res.threads_per_block;
+  k.blocks_per_sm = res.blocks_per_sm;
+  k.occupancy = res.theoretical_occupancy;
+  k.local_bytes = res.local_bytes_per_thread;
+  return k;
+}
+#endif
 
 Groups gemm_groups(const GemmBenchConfig& cfg, bool gpu) {
   Groups groups;

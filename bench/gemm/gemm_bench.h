@@ -17,6 +17,10 @@
 #include "optimized/core.h"
 #include "optimized/gemm.h"
 
+#if OPTIMIZED_WITH_CUDA
+#include "gemm/launchers.h"
+#endif
+
 namespace bench {
 
 struct GemmShape {
@@ -48,5 +52,10 @@ struct GemmBenchConfig {
 
 // The config's groups, planned for a machine with or without a GPU.
 Groups gemm_groups(const GemmBenchConfig& config, bool gpu_available);
+
+#if OPTIMIZED_WITH_CUDA
+// A launcher's kernel report as the report's kernel columns (the GEMM and scaled GEMM rows).
+KernelInfo kernel_info_of(const optimized::cuda::KernelResources& res);
+#endif
 
 }  // namespace bench

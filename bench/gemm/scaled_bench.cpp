@@ -18,6 +18,7 @@
 
 #include "baselines/cublaslt_fp8.h"
 #include "harness/data.h"
+#include "gemm/gemm_bench.h"
 #include "harness/family.h"
 #include "optimized/buffer.h"
 #include "optimized/gemm.h"
@@ -163,10 +164,23 @@ class ScaledGroup : public BenchGroup {
     Candidate cand = checked([this, v, ctx](int it) {
       optimized::scaled_matmul(a(it), b(it), c(it), scale(sa_), scales_.a, scale(sb_), scales_.b, nullptr, v, ctx);
     });
-    cand.annotate = [this, v](Result& r) {
+    cand.annotate = [this, v, env](Result& r) {
       if (v == ScaledGemmVariant::kAuto)
         r.resolved_variant = std::string(
             optimized::scaled_gemm_variant_name(optimized::resolve_scaled_gemm_variant(a(0), b(0), c(0))));
+#if OPTIMIZED_WITH_CUDA
+      if (env.cuda) {
+        try {
+          const TensorView sa = scale(sa_), sb = scale(sb_);
+          r.kernel = kernel_info_of(optimized::describe_scaled_gemm_kernel(a(0), b(0), c(0), sa, scales_.a, sb,
+                                                                           scales_.b, nullptr, v));
+        } catch (const optimized::Error&) {
+          // a variant without a kernel report for these operands: the column stays empty
+        }
+      }
+#else
+      (void)env;
+#endif
     };
     return cand;
   }

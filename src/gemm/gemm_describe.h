@@ -12,4 +12,10 @@ namespace optimized {
 cuda::KernelResources describe_gemm_kernel(const TensorView& a, const TensorView& b, const TensorView& c,
                                            float alpha, float beta, GemmVariant variant);
 
+// The same for scaled_matmul (validated and resolved as scaled_matmul does; CUDA variants only).
+cuda::KernelResources describe_scaled_gemm_kernel(const TensorView& a, const TensorView& b, const TensorView& c,
+                                                  const TensorView& scale_a, ScaleLayout scale_a_layout,
+                                                  const TensorView& scale_b, ScaleLayout scale_b_layout,
+                                                  const TensorView* bias, ScaledGemmVariant variant);
+
 }  // namespace optimized

@@ -13,6 +13,7 @@
 #include "core/cuda_launch.h"
 #include "core/device_facts.h"
 #include "core/tensor_map.h"
+#include "gemm/gemm_describe.h"
 #endif
 
 namespace optimized {
@@ -267,5 +268,21 @@ void scaled_matmul(const TensorView& a, const TensorView& b, const TensorView& c
   throw Error(Status::kUnsupported, "a: CUDA tensors given but this build is CPU-only (built without CUDA)");
 #endif
 }
+
+#if OPTIMIZED_WITH_CUDA
+cuda::KernelResources describe_scaled_gemm_kernel(const TensorView& a, const TensorView& b, const TensorView& c,
+                                                  const TensorView& scale_a, ScaleLayout scale_a_layout,
+                                                  const TensorView& scale_b, ScaleLayout scale_b_layout,
+                                                  const TensorView* bias, ScaledGemmVariant variant) {
+  const ScaledGemmParams p = make_params(a, b, c, scale_a, scale_a_layout, scale_b, scale_b_layout, bias);
+  const ScaledGemmVariantInfo& row = variant_row(kScaledGemmVariants, checked_variant(variant, p, a.device));
+  if (row.backend != Backend::kCuda || !row.resources)
+    invalid("variant: " + std::string(row.name) + " has no CUDA kernel to describe");
+  cuda::KernelResources out;
+  DeviceGuard guard(a.device.index);
+  check_cuda(row.resources(p, &out), "describe_scaled_gemm_kernel (" + std::string(row.name) + ")");
+  return out;
+}
+#endif
 
 }  // namespace optimized
