@@ -1,7 +1,8 @@
 // The scaled (fp8) GEMM on the CPU: the readable baseline of the scaled ladder, and what
 // scaled_matmul runs on CPU tensors. Each element is decoded through a 256-entry table and scaled
 // as it is read (dequantize on load): B once into an fp32 (N, K) panel with its scales applied,
-// then, per row of A, the row dequantized the same way and one fp32 dot product per output.
+// then, per row of A, the row dequantized the same way and one fp32 dot product per output (eight
+// partial sums, so that the loop vectorizes).
 // Threads (OpenMP) take rows of C. Any strides, every scale layout.
 #include <omp.h>
 
@@ -75,8 +76,14 @@ void scaled_gemm(const ScaledGemmParams& p, int threads) {
         row[kk] = ta[a[i * p.a_row_stride + kk * p.a_col_stride]] * scaled_gemm_scale_a(p, i, kk);
       for (int64_t j = 0; j < p.n; ++j) {
         const float* y = &bt[j * p.k];
-        float acc = 0.0f;
-        for (int64_t kk = 0; kk < p.k; ++kk) acc += row[kk] * y[kk];
+        // Eight independent partial sums (a strict-order sum would wait on each add's latency and
+        // never vectorize), added in a fixed order at the end: deterministic.
+        float part[8] = {};
+        int64_t kk = 0;
+        for (; kk + 8 <= p.k; kk += 8)
+          for (int l = 0; l < 8; ++l) part[l] += row[kk + l] * y[kk + l];
+        for (; kk < p.k; ++kk) part[0] += row[kk] * y[kk];
+        float acc = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
         if (p.bias) acc += load_bias(p.bias, j, p.c_dtype);
         store(p.c, i * p.ldc + j, p.c_dtype, acc);
       }
