@@ -9,7 +9,8 @@
 //   flops = 2 M N K; min_bytes = M K + K N (fp8) + M N E_out.
 // --layout TN (default): A row-major, B column-major (both K-major: what fp8 wgmma and cuBLASLt
 // take); NN: B row-major, so wgmma_fp8 copies it K-major first (the cost the layout adds, inside
-// the timed call); the cuBLASLt baseline always runs on K-major copies made outside the timing.
+// the timed call); the cuBLASLt baseline always runs on K-major copies (one per rotating set) made
+// outside the timing.
 #include <algorithm>
 #include <memory>
 #include <optional>
@@ -142,7 +143,7 @@ class ScaledGroup : public BenchGroup {
     sets_.clear();
     sa_ = Buffer();
     sb_ = Buffer();
-    lt_b_ = Buffer();
+    lt_b_.clear();
     lt_sa_ = Buffer();
     lt_sb_ = Buffer();
   }
@@ -199,17 +200,24 @@ class ScaledGroup : public BenchGroup {
       lt_sb_.copy_from_host(&one);
     }
     if (b_row_major_) {
-      std::vector<uint8_t> t(static_cast<size_t>(s_.k * s_.n));
-      for (int64_t kk = 0; kk < s_.k; ++kk)
-        for (int64_t j = 0; j < s_.n; ++j) t[j * s_.k + kk] = host_b_[kk * s_.n + j];
-      lt_b_ = Buffer(fb_, s_.k * s_.n, Device::cuda(0));
-      lt_b_.copy_from_host(t.data());
+      // One K-major copy per rotating set (the same data as the set's B, regenerated from its seed),
+      // so that the baseline rotates through as many bytes as the rows do.
+      lt_b_.clear();
+      for (size_t i = 0; i < sets_.size(); ++i) {
+        const std::vector<uint8_t> rows =
+            i == 0 ? host_b_ : random_host(fb_, s_.k * s_.n, kSeedStride * static_cast<uint64_t>(i) + 2);
+        std::vector<uint8_t> t(static_cast<size_t>(s_.k * s_.n));
+        for (int64_t kk = 0; kk < s_.k; ++kk)
+          for (int64_t j = 0; j < s_.n; ++j) t[j * s_.k + kk] = rows[kk * s_.n + j];
+        lt_b_.emplace_back(fb_, s_.k * s_.n, Device::cuda(0));
+        lt_b_.back().copy_from_host(t.data());
+      }
     }
     const bool rowwise = scales_.a == ScaleLayout::kRowwise;
     return checked(
         [this, lt, block, rowwise](int i) {
           const Set& st = set(i);
-          const void* bk = b_row_major_ ? lt_b_.data() : st.b.data();
+          const void* bk = b_row_major_ ? lt_b_[static_cast<size_t>(i) % lt_b_.size()].data() : st.b.data();
           lt->run(fa_, fb_, out_, s_.m, s_.n, s_.k, st.a.data(), bk, st.c.data(),
                   static_cast<const float*>(block ? lt_sa_.data() : sa_.data()),
                   static_cast<const float*>(block ? lt_sb_.data() : sb_.data()), rowwise);
@@ -261,7 +269,8 @@ class ScaledGroup : public BenchGroup {
   DType out_;
   std::vector<ScaledGemmVariant> variants_;
   std::vector<Set> sets_;
-  Buffer sa_, sb_, lt_b_, lt_sa_, lt_sb_;
+  Buffer sa_, sb_, lt_sa_, lt_sb_;
+  std::vector<Buffer> lt_b_;  // NN groups: K-major copies of each set's B for cuBLASLt
   std::vector<uint8_t> host_a_, host_b_, host_out_;
   std::vector<float> host_sa_, host_sb_;
 };

@@ -98,6 +98,8 @@ std::string_view scaled_gemm_variant_name(ScaledGemmVariant variant);
 ScaledGemmVariant parse_scaled_gemm_variant(std::string_view name);
 std::span<const ScaledGemmVariant> all_scaled_gemm_variants();  // every variant but kAuto
 bool scaled_gemm_variant_is_cuda(ScaledGemmVariant variant);
+// Empty when `variant` takes inputs (a and b) of this dtype; otherwise why not.
+std::string scaled_gemm_variant_rejects_dtype(ScaledGemmVariant variant, DType dtype);
 
 // Bytes of ExecutionContext::workspace a scaled matmul of (m, k) @ (k, n) with contiguous operands
 // needs on `device`: wgmma_fp8's K-major copies of A when it is not row-major and of B when it is
@@ -106,6 +108,11 @@ bool scaled_gemm_variant_is_cuda(ScaledGemmVariant variant);
 // says so, naming the workspace).
 size_t scaled_matmul_workspace_bytes(int64_t m, int64_t n, int64_t k, Device device, bool a_k_major = true,
                                      bool b_k_major = true, ScaledGemmVariant variant = ScaledGemmVariant::kAuto);
+// Exactly what scaled_matmul with these arguments needs (its strides, alignment and scale layouts
+// included), on the operands' device; validates them as scaled_matmul does.
+size_t scaled_matmul_workspace_bytes(const TensorView& a, const TensorView& b, const TensorView& c,
+                                     const TensorView& scale_a, ScaleLayout scale_a_layout, const TensorView& scale_b,
+                                     ScaleLayout scale_b_layout, const TensorView* bias, ScaledGemmVariant variant);
 
 // The variant kAuto resolves to for these operands with scales wgmma_fp8 takes (scaled_matmul
 // itself runs the naive rung on an H100 when B's scales are block_1x128).

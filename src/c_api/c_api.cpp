@@ -123,6 +123,13 @@ void require_out(const void* p, const char* name) {
   if (!p) invalid(std::string(name) + ": expected a pointer to write the result to; given NULL");
 }
 
+// A variant (not "auto") of a family runs on one kind of device; `variant_cuda`: whether it is CUDA's.
+void check_variant_device(const char* variant, bool is_auto, bool variant_cuda, const optimized::Device& device) {
+  if (!is_auto && variant_cuda != device.is_cuda())
+    invalid("variant: " + std::string(variant) + " runs on " + (variant_cuda ? "CUDA" : "the CPU") + " tensors; given " +
+            (device.is_cuda() ? "CUDA" : "CPU") + " tensors");
+}
+
 // ---- GEMM --------------------------------------------------------------------------------------
 
 void gemm_check(const char* variant, int32_t dtype, int32_t device_type) {
@@ -130,10 +137,7 @@ void gemm_check(const char* variant, int32_t dtype, int32_t device_type) {
   const optimized::GemmVariant v = optimized::parse_gemm_variant(variant);
   const optimized::DType d = to_dtype(dtype, "dtype");
   const optimized::Device device = to_device(device_type, 0, "device_type");
-  if (v != optimized::GemmVariant::kAuto && optimized::gemm_variant_is_cuda(v) != device.is_cuda())
-    invalid("variant: " + std::string(variant) + " runs on " +
-            (optimized::gemm_variant_is_cuda(v) ? "CUDA" : "the CPU") + " tensors; given " +
-            (device.is_cuda() ? "CUDA" : "CPU") + " tensors");
+  check_variant_device(variant, v == optimized::GemmVariant::kAuto, optimized::gemm_variant_is_cuda(v), device);
   // kAuto resolves to a variant that takes every dtype matmul takes.
   const optimized::GemmVariant probe =
       v != optimized::GemmVariant::kAuto ? v
@@ -168,14 +172,10 @@ void scaled_gemm_check(const char* variant, int32_t dtype, int32_t device_type) 
   const optimized::ScaledGemmVariant v = optimized::parse_scaled_gemm_variant(variant);
   const optimized::DType d = to_dtype(dtype, "dtype");
   const optimized::Device device = to_device(device_type, 0, "device_type");
-  if (v != optimized::ScaledGemmVariant::kAuto && optimized::scaled_gemm_variant_is_cuda(v) != device.is_cuda())
-    invalid("variant: " + std::string(variant) + " runs on " +
-            (optimized::scaled_gemm_variant_is_cuda(v) ? "CUDA" : "the CPU") + " tensors; given " +
-            (device.is_cuda() ? "CUDA" : "CPU") + " tensors");
-  if (d != optimized::DType::kF8E4M3 && d != optimized::DType::kF8E5M2)
-    throw optimized::Error(optimized::Status::kUnsupported,
-                           "variant: " + std::string(variant) + " takes fp8_e4m3, fp8_e5m2 inputs; given " +
-                               std::string(optimized::dtype_name(d)));
+  check_variant_device(variant, v == optimized::ScaledGemmVariant::kAuto, optimized::scaled_gemm_variant_is_cuda(v),
+                       device);
+  if (std::string why = optimized::scaled_gemm_variant_rejects_dtype(v, d); !why.empty())
+    throw optimized::Error(optimized::Status::kUnsupported, "variant: " + why);
 }
 
 // ---- fused -------------------------------------------------------------------------------------
@@ -208,10 +208,7 @@ void fused_check(const char* variant, int32_t dtype, int32_t device_type) {
   const optimized::FusedVariant v = optimized::parse_fused_variant(variant);
   const optimized::DType d = to_dtype(dtype, "dtype");
   const optimized::Device device = to_device(device_type, 0, "device_type");
-  if (v != optimized::FusedVariant::kAuto && optimized::fused_variant_is_cuda(v) != device.is_cuda())
-    invalid("variant: " + std::string(variant) + " runs on " +
-            (optimized::fused_variant_is_cuda(v) ? "CUDA" : "the CPU") + " tensors; given " +
-            (device.is_cuda() ? "CUDA" : "CPU") + " tensors");
+  check_variant_device(variant, v == optimized::FusedVariant::kAuto, optimized::fused_variant_is_cuda(v), device);
   optimized::resolve_fused_variant(optimized::FusedOp::kSoftmax, d, device, 1, false);
 }
 

@@ -198,6 +198,16 @@ std::string variant_rejects_dtype(const Table& table, const Row& row, DType dtyp
 
 namespace optimized {
 
+// Empty when `row` runs on tensors of `device`'s kind; otherwise "variant: <name> runs on CUDA
+// tensors; given tensors on cpu" (and the CPU way round).
+template <typename Row>
+std::string variant_rejects_device(const Row& row, const Device& device) {
+  const bool cuda = row.backend == Backend::kCuda;
+  if (cuda == device.is_cuda()) return "";
+  return "variant: " + std::string(row.name) + " runs on " + (cuda ? "CUDA" : "the CPU") + " tensors; given tensors on " +
+         device_name(device);
+}
+
 // variant_rejects_dtype for a variant of the table, or (the auto value, not in the table) for the
 // family as a whole: auto runs whatever some variant runs.
 template <typename Table, typename Variant>

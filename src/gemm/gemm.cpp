@@ -138,10 +138,7 @@ GemmVariant checked_variant(GemmVariant variant, const GemmParams& p, const Devi
   const GemmVariantInfo& row = gemm_variant_info(variant);
   if (std::string why = variant_rejects_dtype(kGemmVariants, row, p.dtype, "matmul"); !why.empty())
     throw Error(Status::kUnsupported, "variant: " + why);
-  const bool cuda_variant = row.backend == Backend::kCuda;
-  if (cuda_variant != device.is_cuda())
-    invalid("variant: " + std::string(gemm_variant_name(variant)) + " runs on " +
-            (cuda_variant ? "CUDA" : "the CPU") + " tensors; given tensors on " + device_name(device));
+  if (std::string why = variant_rejects_device(row, device); !why.empty()) invalid(why);
   return variant;
 }
 }  // namespace

@@ -168,11 +168,8 @@ ScaledGemmVariant auto_variant(const ScaledGemmParams& p, Device device) {
 
 ScaledGemmVariant checked_variant(ScaledGemmVariant variant, const ScaledGemmParams& p, Device device) {
   if (variant == ScaledGemmVariant::kAuto) return auto_variant(p, device);
-  const ScaledGemmVariantInfo& row = variant_row(kScaledGemmVariants, variant);
-  const bool cuda_variant = row.backend == Backend::kCuda;
-  if (cuda_variant != device.is_cuda())
-    invalid("variant: " + std::string(row.name) + " runs on " + (cuda_variant ? "CUDA" : "the CPU") +
-            " tensors; given tensors on " + device_name(device));
+  if (std::string why = variant_rejects_device(variant_row(kScaledGemmVariants, variant), device); !why.empty())
+    invalid(why);
 #if OPTIMIZED_WITH_CUDA && OPTIMIZED_WITH_SM90A
   if (variant == ScaledGemmVariant::kCudaWgmmaFp8)
     if (std::string why = wgmma_fp8_rejects(p); !why.empty()) throw Error(Status::kUnsupported, why);
@@ -219,6 +216,9 @@ ScaledGemmVariant parse_scaled_gemm_variant(std::string_view name) {
 }
 std::span<const ScaledGemmVariant> all_scaled_gemm_variants() { return kVariantEnums; }
 bool scaled_gemm_variant_is_cuda(ScaledGemmVariant variant) { return variant_is_cuda(kScaledGemmVariants, variant); }
+std::string scaled_gemm_variant_rejects_dtype(ScaledGemmVariant variant, DType dtype) {
+  return variant_or_auto_rejects_dtype(kScaledGemmVariants, variant, dtype, kOp);
+}
 
 ScaledGemmVariant resolve_scaled_gemm_variant(const TensorView& a, const TensorView& b, const TensorView& c) {
   // What auto picks depends on the device and the sizes, not on the scales' values; B's 1x128
@@ -245,6 +245,20 @@ size_t scaled_matmul_workspace_bytes(int64_t m, int64_t n, int64_t k, Device dev
   const ScaledGemmVariantInfo& row = variant_row(kScaledGemmVariants, v);
   if (row.backend == Backend::kCpu) return 0;
 #if OPTIMIZED_WITH_CUDA
+  return launcher_workspace_bytes(row, p, std::string(kOp) + " (" + std::string(row.name) + ")");
+#else
+  return 0;
+#endif
+}
+
+size_t scaled_matmul_workspace_bytes(const TensorView& a, const TensorView& b, const TensorView& c,
+                                     const TensorView& scale_a, ScaleLayout scale_a_layout, const TensorView& scale_b,
+                                     ScaleLayout scale_b_layout, const TensorView* bias, ScaledGemmVariant variant) {
+  const ScaledGemmParams p = make_params(a, b, c, scale_a, scale_a_layout, scale_b, scale_b_layout, bias);
+  const ScaledGemmVariantInfo& row = variant_row(kScaledGemmVariants, checked_variant(variant, p, a.device));
+  if (row.backend == Backend::kCpu) return 0;
+#if OPTIMIZED_WITH_CUDA
+  DeviceGuard guard(a.device.index);
   return launcher_workspace_bytes(row, p, std::string(kOp) + " (" + std::string(row.name) + ")");
 #else
   return 0;

@@ -100,30 +100,6 @@ ScaleLayout infer_layout(const at::Tensor& s, bool a, int64_t m, int64_t n, int6
                                " (block_128x128), or pass " + arg + "_layout; given shape " + str(shape));
 }
 
-// Bytes of workspace scaled_matmul needs for these operands on CUDA (the Hopper rung's K-major copies
-// of operands it cannot load as they are), from the C++ API's query. The query takes contiguous
-// operands; an operand that is K-major but whose rows or base TMA cannot describe (padding, an offset
-// view) is asked for as not K-major, which needs the same copy. 0 where the query refuses (the C++
-// API's entry then refuses the call with its own words).
-size_t workspace_bytes(const at::Tensor& a, const at::Tensor& b, ScaledGemmVariant variant) {
-  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-  const auto aligned = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
-  // As the C++ API sees them (gemm_operands.h): a K-major A is row-major (or K == 1), rows ld apart;
-  // a K-major B is column-major (or K == 1), columns ld apart.
-  const bool a_row = row_major(a), b_row = row_major(b);
-  const bool a_k_major = a_row || k == 1, b_k_major = !b_row || k == 1;
-  const int64_t a_ld = m == 1 ? k : (a_row ? a.stride(0) : 1);
-  const int64_t b_ld = n == 1 ? k : (b_row ? 1 : b.stride(1));
-  const bool a_loads = a_k_major && aligned(a) && (m == 1 || a_ld % 16 == 0);
-  const bool b_loads = b_k_major && aligned(b) && (n == 1 || b_ld % 16 == 0);
-  try {
-    return scaled_matmul_workspace_bytes(m, n, k, to_device(a.device(), arg_prefix(kOp, "a")), a_loads, b_loads,
-                                         variant);
-  } catch (const Error&) {
-    return 0;
-  }
-}
-
 }  // namespace
 
 at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
@@ -176,7 +152,6 @@ at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor&
   const at::Tensor bias = has_bias ? bias_opt->contiguous() : at::Tensor();
 
   Launch launch(a.device());
-  if (a.is_cuda()) launch.provide_workspace(workspace_bytes(av, bv, variant));
   call_api(where, [&] {
     // In order (std::array{...} evaluates left to right): a dtype without a C++ type is a's first.
     const auto [va, vb, vc, vsa, vsb] = std::array{view_of(av, kOp, "a"), view_of(bv, kOp, "b"),
@@ -184,7 +159,11 @@ at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor&
                                                    view_of(sb, kOp, "scale_b")};
     TensorView vbias;
     if (has_bias) vbias = view_of(bias, kOp, "bias");
-    optimized::scaled_matmul(va, vb, vc, vsa, la, vsb, lb, has_bias ? &vbias : nullptr, variant, launch.ctx);
+    const TensorView* pbias = has_bias ? &vbias : nullptr;
+    // The Hopper rung's K-major copies, from torch's caching allocator (the C++ API says how much).
+    if (a.is_cuda())
+      launch.provide_workspace(optimized::scaled_matmul_workspace_bytes(va, vb, vc, vsa, la, vsb, lb, pbias, variant));
+    optimized::scaled_matmul(va, vb, vc, vsa, la, vsb, lb, pbias, variant, launch.ctx);
   });
   return out;
 }

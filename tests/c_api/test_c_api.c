@@ -679,7 +679,7 @@ static void scaled_matmul_tests(void) {
         "scaled_gemm: variant check accepts fp8", optimized_last_error());
   expect_error("scaled_gemm check: bf16 inputs",
                optimized_variant_check("scaled_gemm", "auto", OPTIMIZED_DTYPE_BF16, OPTIMIZED_DEVICE_CPU), U,
-               "variant: auto takes fp8_e4m3, fp8_e5m2 inputs; given bf16");
+               "variant: scaled_matmul supports fp8_e4m3, fp8_e5m2; given bf16");
   expect_error("scaled_gemm check: naive on the CPU",
                optimized_variant_check("scaled_gemm", "naive", OPTIMIZED_DTYPE_F8E4M3, OPTIMIZED_DEVICE_CPU), I,
                "variant: naive runs on CUDA");

@@ -923,6 +923,15 @@ TEST(ScaledGemmApi, CpuResolutionAndWorkspace) {
       EXPECT_EQ(scaled_matmul_workspace_bytes(1031, 1029, 1027, Device::cpu(), a_k, b_k), 0u);
       EXPECT_EQ(scaled_matmul_workspace_bytes(64, 64, 64, Device::cpu(), a_k, b_k, ScaledGemmVariant::kCpu), 0u);
     }
+  // The query on the arguments themselves: 0 on the CPU; it validates them as scaled_matmul does.
+  EXPECT_EQ(scaled_matmul_workspace_bytes(s.A(), s.B(), s.C(), s.S(s.sa, 1), ScaleLayout::kTensor, s.S(s.sb, 1),
+                                          ScaleLayout::kTensor, nullptr, ScaledGemmVariant::kAuto),
+            0u);
+  expect_refusal(call([&] {
+                   scaled_matmul_workspace_bytes(s.A(), s.B(), s.C(), s.S(s.sa, 2), ScaleLayout::kTensor, s.S(s.sb, 1),
+                                                 ScaleLayout::kTensor, nullptr, ScaledGemmVariant::kAuto);
+                 }),
+                 Status::kInvalidArgument, "scale_a: ");
   expect_refusal(call([] { scaled_matmul_workspace_bytes(0, 4, 4, Device::cpu()); }), Status::kInvalidArgument, "m: ");
   expect_refusal(call([] { scaled_matmul_workspace_bytes(4, 4, -1, Device::cuda(0)); }), Status::kInvalidArgument,
                  "k: ");

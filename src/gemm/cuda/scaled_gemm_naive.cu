@@ -4,11 +4,10 @@
 // every scale layout, any GPU (compute capability 5.0; the fp8 conversions are emulated below
 // 8.9). It is what auto runs where wgmma_fp8 cannot, and the yardstick the Hopper rung is read
 // against. Threads of a warp walk along a row of C (coalesced stores, B read along its rows).
-#include <cuda_fp8.h>
-
 #include <cstdint>
 
 #include "gemm/cuda/gemm_common.cuh"
+#include "gemm/cuda/scaled_common.cuh"
 #include "gemm/launchers.h"
 #include "gemm/scaled_params.h"
 
@@ -43,25 +42,10 @@ __global__ void __launch_bounds__(kBlockX * kBlockY) scaled_gemm_naive_kernel(Sc
   }
 }
 
-// Calls f.template operator()<FA, FB, TC>() for p's dtypes.
-template <typename F>
-cudaError_t dispatch(const ScaledGemmParams& p, F&& f) {
-  const auto with_c = [&]<typename FA, typename FB>() -> cudaError_t {
-    switch (p.c_dtype) {
-      case DType::kF32: return f.template operator()<FA, FB, float>();
-      case DType::kF16: return f.template operator()<FA, FB, __half>();
-      default: return f.template operator()<FA, FB, __nv_bfloat16>();
-    }
-  };
-  if (p.a_dtype == DType::kF8E5M2) return with_c.template operator()<__nv_fp8_e5m2, __nv_fp8_e4m3>();
-  if (p.b_dtype == DType::kF8E5M2) return with_c.template operator()<__nv_fp8_e4m3, __nv_fp8_e5m2>();
-  return with_c.template operator()<__nv_fp8_e4m3, __nv_fp8_e4m3>();
-}
-
 }  // namespace
 
 cudaError_t scaled_gemm_naive(const ScaledGemmParams& p, const Workspace&, cudaStream_t stream) {
-  return dispatch(p, [&]<typename FA, typename FB, typename TC>() -> cudaError_t {
+  return dispatch_scaled_dtypes(p, [&]<typename FA, typename FB, typename TC>() -> cudaError_t {
     const int64_t blocks_x = ceil_div(p.n, int64_t(kBlockX));
     if (blocks_x > INT32_MAX) return cudaErrorInvalidConfiguration;
     const int64_t blocks_y = std::min<int64_t>(ceil_div(p.m, int64_t(kBlockY)), kMaxGridY);
@@ -72,7 +56,7 @@ cudaError_t scaled_gemm_naive(const ScaledGemmParams& p, const Workspace&, cudaS
 }
 
 cudaError_t scaled_gemm_naive_resources(const ScaledGemmParams& p, KernelResources* out) {
-  return dispatch(p, [&]<typename FA, typename FB, typename TC>() -> cudaError_t {
+  return dispatch_scaled_dtypes(p, [&]<typename FA, typename FB, typename TC>() -> cudaError_t {
     return describe_kernel(reinterpret_cast<const void*>(&scaled_gemm_naive_kernel<FA, FB, TC>),
                            "scaled_gemm_naive<one thread per output, fp32 accumulation>", kBlockX * kBlockY, 0, out);
   });

@@ -30,6 +30,7 @@
 #include "core/device_facts.h"
 #include "core/tensor_map.h"
 #include "gemm/cuda/gemm_wgmma_ws.cuh"
+#include "gemm/cuda/scaled_common.cuh"
 #include "gemm/launchers.h"
 #include "gemm/scaled_params.h"
 
@@ -122,7 +123,11 @@ __device__ __forceinline__ void store_tile(const float (&acc)[64], const Fp8Args
   }
 }
 
-template <typename TagA, typename TagB, typename T>
+// The QGMMA operand tag of an fp8 storage type.
+template <typename F8>
+using QgmmaTag = std::conditional_t<std::is_same_v<F8, __nv_fp8_e5m2>, kernels::ptx::E5m2Tag, kernels::ptx::E4m3Tag>;
+
+template <typename FA, typename FB, typename T>
 __global__ void __launch_bounds__(Shape::kThreads, 1)
     scaled_gemm_wgmma_fp8_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                                  const Fp8Args args, const Scheduler sched) {
@@ -177,7 +182,7 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
       for (int kk = 0; kk < 4; ++kk)
         kernels::ptx::wgmma_m64n128k32(partial, kernels::ptx::make_smem_desc_k_major_sw128(a_rows + kk * 32),
                                        kernels::ptx::make_smem_desc_k_major_sw128(b + kk * 32), kk > 0 ? 1 : 0,
-                                       TagA{}, TagB{});
+                                       QgmmaTag<FA>{}, QgmmaTag<FB>{});
       kernels::ptx::wgmma_commit();
       kernels::ptx::wgmma_wait<0>();
       kernels::ptx::wgmma_hold(partial);
@@ -241,25 +246,9 @@ Copies copies_for(const ScaledGemmParams& p) {
   return c;
 }
 
-template <typename TagA, typename TagB, typename T>
+template <typename FA, typename FB, typename T>
 const void* kernel_ptr() {
-  return reinterpret_cast<const void*>(&scaled_gemm_wgmma_fp8_kernel<TagA, TagB, T>);
-}
-
-// Calls f.template operator()<TagA, TagB, T>() for p's dtypes.
-template <typename F>
-cudaError_t dispatch(const ScaledGemmParams& p, F&& f) {
-  using namespace kernels::ptx;
-  const auto with_c = [&]<typename TagA, typename TagB>() -> cudaError_t {
-    switch (p.c_dtype) {
-      case DType::kF32: return f.template operator()<TagA, TagB, float>();
-      case DType::kF16: return f.template operator()<TagA, TagB, __half>();
-      default: return f.template operator()<TagA, TagB, __nv_bfloat16>();
-    }
-  };
-  if (p.a_dtype == DType::kF8E5M2) return with_c.template operator()<E5m2Tag, E4m3Tag>();
-  if (p.b_dtype == DType::kF8E5M2) return with_c.template operator()<E4m3Tag, E5m2Tag>();
-  return with_c.template operator()<E4m3Tag, E4m3Tag>();
+  return reinterpret_cast<const void*>(&scaled_gemm_wgmma_fp8_kernel<FA, FB, T>);
 }
 
 }  // namespace
@@ -319,20 +308,20 @@ cudaError_t scaled_gemm_wgmma_fp8(const ScaledGemmParams& p, const Workspace& wo
   args.bias = p.bias;
   const Scheduler sched{static_cast<int>(ceil_div(p.m, int64_t(Tile::kBM))),
                         static_cast<int>(ceil_div(p.n, int64_t(Tile::kBN))), 1, 1};
-  return dispatch(p, [&]<typename TagA, typename TagB, typename T>() -> cudaError_t {
-    if (cudaError_t e = cudaFuncSetAttribute(kernel_ptr<TagA, TagB, T>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
+  return dispatch_scaled_dtypes(p, [&]<typename FA, typename FB, typename T>() -> cudaError_t {
+    if (cudaError_t e = cudaFuncSetAttribute(kernel_ptr<FA, FB, T>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              Tile::kSmemBytes);
         e != cudaSuccess)
       return e;
     ClusterLaunch grid(kCluster, Shape::kThreads, Tile::kSmemBytes, stream);
-    if (cudaError_t e = grid.size_grid(kernel_ptr<TagA, TagB, T>(), sched.total()); e != cudaSuccess) return e;
-    return cudaLaunchKernelEx(&grid.config, &scaled_gemm_wgmma_fp8_kernel<TagA, TagB, T>, map_a, map_b, args, sched);
+    if (cudaError_t e = grid.size_grid(kernel_ptr<FA, FB, T>(), sched.total()); e != cudaSuccess) return e;
+    return cudaLaunchKernelEx(&grid.config, &scaled_gemm_wgmma_fp8_kernel<FA, FB, T>, map_a, map_b, args, sched);
   });
 }
 
 cudaError_t scaled_gemm_wgmma_fp8_resources(const ScaledGemmParams& p, KernelResources* out) {
-  return dispatch(p, [&]<typename TagA, typename TagB, typename T>() -> cudaError_t {
-    const void* kernel = kernel_ptr<TagA, TagB, T>();
+  return dispatch_scaled_dtypes(p, [&]<typename FA, typename FB, typename T>() -> cudaError_t {
+    const void* kernel = kernel_ptr<FA, FB, T>();
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
         e != cudaSuccess)
       return e;

@@ -66,39 +66,27 @@ __device__ __forceinline__ void wgmma_hold(float (&acc)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(acc[i])::"memory");
 }
 
-// The operand types, as tags (the instruction names them; the registers are the same).
-struct Bf16Tag {};
-struct F16Tag {};
-
-// acc (N/2 floats per thread) = A (64x16, desc_a) * B (16xN, desc_b) + (scale_d ? acc : 0).
-// kTransA / kTransB: 0 K-major, 1 MN-major (16-bit operands only). For N = 64, 128, 256, each one
-// asm template (a macro of the operand type) instantiated for bf16 and fp16.
-#define OPTIMIZED_WGMMA_M64N64K16(TYPE)                                                        \
+// The asm of one wgmma shape, one macro per N (its N/2 accumulator registers): SHAPE_TYPES is
+// the rest of the instruction's name ("k16.f32.bf16.bf16", "k32.f32.e4m3.e5m2"), TAIL the operands
+// after the scale immediates (", %R+3, %R+4" for the 16-bit transpose immediates, or nothing), and
+// the variadic arguments their input constraints.
+#define OPTIMIZED_WGMMA_M64N64(SHAPE_TYPES, TAIL, ...)                                         \
   asm volatile(                                                                                  \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                              \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                            \
+      "wgmma.mma_async.sync.aligned.m64n64" SHAPE_TYPES " "                                      \
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "  \
-      "%32, %33, p, 1, 1, %35, %36;\n}\n"                                                  \
+      "%32, %33, p, 1, 1" TAIL ";\n}\n"                                                   \
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),                                   \
       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),                                   \
       "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),                                   \
       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                                      \
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB))
-template <int kTransA, int kTransB, typename Tag>
-__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d, Tag) {
-  if constexpr (std::is_same_v<Tag, F16Tag>)
-    OPTIMIZED_WGMMA_M64N64K16("f16");
-  else
-    OPTIMIZED_WGMMA_M64N64K16("bf16");
-}
-#undef OPTIMIZED_WGMMA_M64N64K16
-
-#define OPTIMIZED_WGMMA_M64N128K16(TYPE)                                                        \
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d) __VA_OPT__(, ) __VA_ARGS__)
+#define OPTIMIZED_WGMMA_M64N128(SHAPE_TYPES, TAIL, ...)                                         \
   asm volatile(                                                                                  \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                              \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                            \
+      "wgmma.mma_async.sync.aligned.m64n128" SHAPE_TYPES " "                                      \
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "  \
-      "%64, %65, p, 1, 1, %67, %68;\n}\n"                                                  \
+      "%64, %65, p, 1, 1" TAIL ";\n}\n"                                                   \
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),                                   \
       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),                                   \
       "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),                                   \
@@ -107,22 +95,13 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t desc_a,
       "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),                                   \
       "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),                                   \
       "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                                      \
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB))
-template <int kTransA, int kTransB, typename Tag>
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d, Tag) {
-  if constexpr (std::is_same_v<Tag, F16Tag>)
-    OPTIMIZED_WGMMA_M64N128K16("f16");
-  else
-    OPTIMIZED_WGMMA_M64N128K16("bf16");
-}
-#undef OPTIMIZED_WGMMA_M64N128K16
-
-#define OPTIMIZED_WGMMA_M64N256K16(TYPE)                                                        \
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d) __VA_OPT__(, ) __VA_ARGS__)
+#define OPTIMIZED_WGMMA_M64N256(SHAPE_TYPES, TAIL, ...)                                         \
   asm volatile(                                                                                  \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                              \
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " "                            \
+      "wgmma.mma_async.sync.aligned.m64n256" SHAPE_TYPES " "                                      \
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "  \
-      "%128, %129, p, 1, 1, %131, %132;\n}\n"                                                  \
+      "%128, %129, p, 1, 1" TAIL ";\n}\n"                                                   \
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),                                   \
       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),                                   \
       "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),                                   \
@@ -139,16 +118,35 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
       "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),                                   \
       "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),                                   \
       "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])                                                      \
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB))
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d) __VA_OPT__(, ) __VA_ARGS__)
+
+// The operand types, as tags (the instruction names them; the registers are the same).
+struct Bf16Tag {};
+struct F16Tag {};
+
+// acc (N/2 floats per thread) = A (64x16, desc_a) * B (16xN, desc_b) + (scale_d ? acc : 0).
+// kTransA / kTransB: 0 K-major, 1 MN-major (16-bit operands only). N = 64, 128, 256, bf16 or fp16.
+template <int kTransA, int kTransB, typename Tag>
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d, Tag) {
+  if constexpr (std::is_same_v<Tag, F16Tag>)
+    OPTIMIZED_WGMMA_M64N64("k16.f32.f16.f16", ", %35, %36", "n"(kTransA), "n"(kTransB));
+  else
+    OPTIMIZED_WGMMA_M64N64("k16.f32.bf16.bf16", ", %35, %36", "n"(kTransA), "n"(kTransB));
+}
+template <int kTransA, int kTransB, typename Tag>
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d, Tag) {
+  if constexpr (std::is_same_v<Tag, F16Tag>)
+    OPTIMIZED_WGMMA_M64N128("k16.f32.f16.f16", ", %67, %68", "n"(kTransA), "n"(kTransB));
+  else
+    OPTIMIZED_WGMMA_M64N128("k16.f32.bf16.bf16", ", %67, %68", "n"(kTransA), "n"(kTransB));
+}
 template <int kTransA, int kTransB, typename Tag>
 __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int scale_d, Tag) {
   if constexpr (std::is_same_v<Tag, F16Tag>)
-    OPTIMIZED_WGMMA_M64N256K16("f16");
+    OPTIMIZED_WGMMA_M64N256("k16.f32.f16.f16", ", %131, %132", "n"(kTransA), "n"(kTransB));
   else
-    OPTIMIZED_WGMMA_M64N256K16("bf16");
+    OPTIMIZED_WGMMA_M64N256("k16.f32.bf16.bf16", ", %131, %132", "n"(kTransA), "n"(kTransB));
 }
-#undef OPTIMIZED_WGMMA_M64N256K16
-
 
 // fp8 (QGMMA): acc (N/2 floats per thread) = A (64x32, desc_a) * B (32xN, desc_b) + (scale_d ? acc : 0),
 // e4m3 or e5m2 each. 8-bit operands are K-major only (no transpose immediates): a K-major tile of
@@ -158,73 +156,23 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
 struct E4m3Tag {};
 struct E5m2Tag {};
 
-#define OPTIMIZED_WGMMA_M64N128K32(TYPE_A, TYPE_B)                                              \
-  asm volatile(                                                                                  \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                              \
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32." TYPE_A "." TYPE_B " "                      \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "  \
-      "%64, %65, p, 1, 1;\n}\n"                                                          \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),                                   \
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),                                   \
-      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),                                   \
-      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),                                   \
-      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),                                   \
-      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),                                   \
-      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),                                   \
-      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                                      \
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d))
 template <typename TagA, typename TagB>
 __device__ __forceinline__ void wgmma_m64n128k32(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d, TagA,
                                                  TagB) {
   constexpr bool a4 = std::is_same_v<TagA, E4m3Tag>, b4 = std::is_same_v<TagB, E4m3Tag>;
   if constexpr (a4 && b4)
-    OPTIMIZED_WGMMA_M64N128K32("e4m3", "e4m3");
+    OPTIMIZED_WGMMA_M64N128("k32.f32.e4m3.e4m3", "");
   else if constexpr (a4)
-    OPTIMIZED_WGMMA_M64N128K32("e4m3", "e5m2");
+    OPTIMIZED_WGMMA_M64N128("k32.f32.e4m3.e5m2", "");
   else if constexpr (b4)
-    OPTIMIZED_WGMMA_M64N128K32("e5m2", "e4m3");
+    OPTIMIZED_WGMMA_M64N128("k32.f32.e5m2.e4m3", "");
   else
-    OPTIMIZED_WGMMA_M64N128K32("e5m2", "e5m2");
+    OPTIMIZED_WGMMA_M64N128("k32.f32.e5m2.e5m2", "");
 }
-#undef OPTIMIZED_WGMMA_M64N128K32
 
-#define OPTIMIZED_WGMMA_M64N256K32(TYPE_A, TYPE_B)                                              \
-  asm volatile(                                                                                  \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                              \
-      "wgmma.mma_async.sync.aligned.m64n256k32.f32." TYPE_A "." TYPE_B " "                      \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "  \
-      "%128, %129, p, 1, 1;\n}\n"                                                          \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),                                   \
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),                                   \
-      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),                                   \
-      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),                                   \
-      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),                                   \
-      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),                                   \
-      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),                                   \
-      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),                                   \
-      "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),                                   \
-      "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),                                   \
-      "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),                                   \
-      "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),                                   \
-      "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),                                   \
-      "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),                                   \
-      "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),                                   \
-      "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])                                                      \
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d))
-template <typename TagA, typename TagB>
-__device__ __forceinline__ void wgmma_m64n256k32(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int scale_d, TagA,
-                                                 TagB) {
-  constexpr bool a4 = std::is_same_v<TagA, E4m3Tag>, b4 = std::is_same_v<TagB, E4m3Tag>;
-  if constexpr (a4 && b4)
-    OPTIMIZED_WGMMA_M64N256K32("e4m3", "e4m3");
-  else if constexpr (a4)
-    OPTIMIZED_WGMMA_M64N256K32("e4m3", "e5m2");
-  else if constexpr (b4)
-    OPTIMIZED_WGMMA_M64N256K32("e5m2", "e4m3");
-  else
-    OPTIMIZED_WGMMA_M64N256K32("e5m2", "e5m2");
-}
-#undef OPTIMIZED_WGMMA_M64N256K32
+#undef OPTIMIZED_WGMMA_M64N64
+#undef OPTIMIZED_WGMMA_M64N128
+#undef OPTIMIZED_WGMMA_M64N256
 
 // Moves registers between the warpgroups of a warp-specialized kernel: the producer gives some
 // back, the consumers take them (counts multiples of 8, 24 to 256).
