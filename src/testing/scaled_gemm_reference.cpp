@@ -62,6 +62,7 @@ void scaled_matmul_reference_f64(const ScaledOperand& a, const ScaledOperand& b,
 }
 
 double scaled_gemm_allowed_error(DType out, int64_t k, int64_t promotion, double ref, double magnitude) {
+  if (promotion <= 0) return gemm_allowed_error(out, k, ref, magnitude);  // fp32 accumulation throughout
   const double p = static_cast<double>(std::max<int64_t>(1, std::min(promotion, k)));
   const double partial = 8.0 * std::sqrt(p) * std::ldexp(1.0, -13) * magnitude;
   return gemm_allowed_error(out, k, ref, magnitude) + partial;
@@ -78,9 +79,9 @@ CheckResult check_scaled_gemm(const ScaledOperand& a, const ScaledOperand& b, co
     for (int64_t s = 0; s < samples; ++s)
       elements.emplace_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(m)),
                             static_cast<int64_t>(rng() % static_cast<uint64_t>(n)));
-    for (auto [i, j] : {std::pair{int64_t{0}, int64_t{0}}, std::pair{int64_t{0}, n - 1}, std::pair{m - 1, int64_t{0}},
-                        std::pair{m - 1, n - 1}})
-      elements.emplace_back(i, j);
+    // The first and last rows and columns whole (the tiles' edges), then the sample.
+    for (int64_t j = 0; j < n; ++j) elements.insert(elements.end(), {{0, j}, {m - 1, j}});
+    for (int64_t i = 0; i < m; ++i) elements.insert(elements.end(), {{i, 0}, {i, n - 1}});
   } else {
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) elements.emplace_back(i, j);

@@ -57,12 +57,14 @@ double scale_at(const ScaledOperand& op, int64_t r, int64_t c, bool a);
 void scaled_matmul_reference_f64(const ScaledOperand& a, const ScaledOperand& b, double* out, double* magnitude);
 
 // The allowed error of one output element (above). out: the output dtype (bf16, fp16, fp32).
+// promotion 0: a kernel that accumulates in fp32 throughout (the plain GEMM rule, no
+// reduced-precision term).
 double scaled_gemm_allowed_error(DType out, int64_t k, int64_t promotion, double ref, double magnitude);
 
 // Checks an output c (host, (M, N) row-major, rows ldc apart, dtype out) of scaled_matmul against
 // the reference, + bias (host, N doubles, or null), with the bound above for `promotion`.
-// samples == 0 checks every element; otherwise `samples` elements from a fixed-seed generator plus
-// the four corners (only those are computed: large problems stay cheap).
+// samples == 0 checks every element; otherwise the first and last rows and columns and `samples`
+// elements from a fixed-seed generator (only those are computed: large problems stay cheap).
 CheckResult check_scaled_gemm(const ScaledOperand& a, const ScaledOperand& b, const double* bias, const void* c,
                               DType out, int64_t ldc, int64_t promotion, int64_t samples = 0);
 

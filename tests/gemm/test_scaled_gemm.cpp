@@ -303,63 +303,19 @@ void call_scaled(const ScaledOperands& ops, const std::vector<void*>& d, const E
                 ops.view_sb(d[4], dev), cs.lb, cs.bias ? &bias : nullptr, cs.variant, ctx);
 }
 
-// The float64 value and magnitude of one element (the sampled check; the full check uses
-// scaled_matmul_reference_f64 itself).
-double reference_element(const ScaledOperand& a, const ScaledOperand& b, int64_t i, int64_t j, double* magnitude) {
-  double sum = 0, mag = 0;
-  for (int64_t kk = 0; kk < a.cols; ++kk) {
-    const double x = fp8_to_double(a.data[i * a.row_stride + kk * a.col_stride], a.format) * scale_at(a, i, kk, true);
-    const double y = fp8_to_double(b.data[kk * b.row_stride + j * b.col_stride], b.format) * scale_at(b, kk, j, false);
-    sum += x * y;
-    mag += std::fabs(x * y);
-  }
-  *magnitude = mag;
-  return sum;
-}
-
+// The output against the float64 reference (check_scaled_gemm): the wgmma_fp8 bound where the
+// case may run it, else the plain GEMM rule (fp32 accumulation throughout).
 void check_output(const ScaledOperands& ops, ScaledRun& run) {
   const ScaledCase& cs = ops.cs;
-  const ScaledOperand A = ops.ref_a(), B = ops.ref_b();
-  const bool promoted = may_run_wgmma_fp8(cs);
-  const auto check_one = [&](int64_t i, int64_t j, double ref, double mag) {
-    const double want = ref + ops.bias_at(j);
-    const double magnitude = mag + std::fabs(ops.bias_at(j));
-    const double got = load_as_double(run.c.data(), cs.c_dtype, ops.lc.index(i, j));
-    const double allowed = promoted ? scaled_gemm_allowed_error(cs.c_dtype, cs.k, 128, want, magnitude)
-                                    : gemm_allowed_error(cs.c_dtype, cs.k, want, magnitude);
-    ++run.checked;
-    bool ok;
-    if (std::isnan(want)) {
-      ok = std::isnan(got);
-    } else {
-      const double err = std::fabs(got - want);
-      ok = err <= allowed;
-      if (std::isfinite(err)) run.worst_ratio = std::max(run.worst_ratio, err / allowed);
-    }
-    if (!ok && run.failures++ == 0) {
-      std::ostringstream s;
-      s.precision(9);
-      s << "C(" << i << ", " << j << ") = " << got << ", reference " << want << " (allowed error " << allowed << ")";
-      run.first_failure = s.str();
-    }
-  };
-  if (cs.samples == 0) {
-    std::vector<double> ref(static_cast<size_t>(cs.m * cs.n)), mag(ref.size());
-    scaled_matmul_reference_f64(A, B, ref.data(), mag.data());
-    for (int64_t i = 0; i < cs.m; ++i)
-      for (int64_t j = 0; j < cs.n; ++j) check_one(i, j, ref[i * cs.n + j], mag[i * cs.n + j]);
-    return;
-  }
-  std::vector<std::pair<int64_t, int64_t>> at;
-  for (int64_t j = 0; j < cs.n; ++j) at.insert(at.end(), {{0, j}, {cs.m - 1, j}});
-  for (int64_t i = 0; i < cs.m; ++i) at.insert(at.end(), {{i, 0}, {i, cs.n - 1}});
-  std::mt19937_64 rng = test_rng();
-  for (int64_t s = 0; s < cs.samples; ++s) at.emplace_back(rng() % cs.m, rng() % cs.n);
-  for (const auto& [i, j] : at) {
-    double mag = 0;
-    const double ref = reference_element(A, B, i, j, &mag);
-    check_one(i, j, ref, mag);
-  }
+  std::vector<double> bias;
+  for (int64_t j = 0; cs.bias && j < cs.n; ++j) bias.push_back(ops.bias_at(j));
+  const void* c = static_cast<const char*>(run.c.data()) + ops.lc.offset * static_cast<int64_t>(dtype_size(cs.c_dtype));
+  const CheckResult r = check_scaled_gemm(ops.ref_a(), ops.ref_b(), cs.bias ? bias.data() : nullptr, c, cs.c_dtype,
+                                          ops.lc.ld, may_run_wgmma_fp8(cs) ? 128 : 0, cs.samples);
+  run.checked = r.checked;
+  run.failures = r.failures;
+  run.first_failure = r.first_failure;
+  run.worst_ratio = r.worst_ratio;
 }
 
 // Runs the case on ops (throws what scaled_matmul throws) and checks the output. ws: a caller's
