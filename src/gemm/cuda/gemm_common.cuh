@@ -42,6 +42,17 @@ __device__ __forceinline__ BatchOperands<T> batch_operands(const GemmParams& p, 
           static_cast<T*>(p.c) + z * p.batch_stride_c};
 }
 
+// Grid z carries the batch and stops at kMaxGridZ: launch(first, count) for the batches in chunks
+// of at most that many (first: the chunk's first batch), stopping at the first launch error.
+template <typename F>
+cudaError_t launch_batch_chunks(int64_t batch, F&& launch) {
+  for (int64_t first = 0; first < batch; first += kMaxGridZ) {
+    launch(first, static_cast<unsigned>(batch - first < kMaxGridZ ? batch - first : kMaxGridZ));
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
 // Runs body.template operator()<kTransA, kTransB>() with the layouts of p as compile-time
 // constants. The launchers dispatch once on the host, so a kernel instantiation indexes its
 // operands without a run-time test, and the NN instantiation is the row-major kernel unchanged.

@@ -392,15 +392,16 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
     return dispatch_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
       const bool vec_a = kTransA ? a_t_vectorizable<T, kRows>(p) : a_rows_aligned16(p);
       const int64_t row_tiles = ceil_div(p.m, int64_t(kRows));
-      for (int64_t z0 = 0; z0 < p.batch; z0 += kMaxGridZ) {
-        const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(std::min<int64_t>(row_tiles, kMaxGridY)),
-                        static_cast<unsigned>(std::min<int64_t>(p.batch - z0, kMaxGridZ)));
-        if constexpr (kTransB)
-          gemm_gemv_bt_kernel<T, kRows, kTransA><<<grid, kThreads, 0, stream>>>(p, z0, vec_a, vec_b);
-        else
-          gemm_gemv_kernel<T, kRows, kTransA><<<grid, kThreads, 0, stream>>>(p, z0, vec_a, vec_b);
-        if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-      }
+      if (cudaError_t e = launch_batch_chunks(p.batch, [&](int64_t z0, unsigned count) {
+            const dim3 grid(static_cast<unsigned>(blocks_x),
+                            static_cast<unsigned>(std::min<int64_t>(row_tiles, kMaxGridY)), count);
+            if constexpr (kTransB)
+              gemm_gemv_bt_kernel<T, kRows, kTransA><<<grid, kThreads, 0, stream>>>(p, z0, vec_a, vec_b);
+            else
+              gemm_gemv_kernel<T, kRows, kTransA><<<grid, kThreads, 0, stream>>>(p, z0, vec_a, vec_b);
+          });
+          e != cudaSuccess)
+        return e;
       return cudaSuccess;
     });
   });

@@ -346,13 +346,11 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   const int64_t b_rows = Tile::kThreads / ((kTransB ? Tile::kBK : Tile::kBN) / 8);
   const bool fast_ok = a_rows * p.lda * 2 <= UINT32_MAX && b_rows * p.ldb * 2 <= UINT32_MAX;
   LaunchArgs args{p, Scheduler::make(tiles_m, tiles_n), c_vectorizable(p), fast_ok};
-  for (int64_t z0 = 0; z0 < p.batch; z0 += kMaxGridZ) {
+  return launch_batch_chunks(p.batch, [&](int64_t z0, unsigned) {
     args.sched.z_base = z0;
     gemm_mma_pipeline_kernel<T, kTransA, kTransB, kAligned>
         <<<args.sched.grid(z0, p.batch), Tile::kThreads, kSmemBytes, stream>>>(args);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  }
-  return cudaSuccess;
+  });
 }
 
 }  // namespace

@@ -78,14 +78,10 @@ cudaError_t gemm_naive(const GemmParams& p, const Workspace&, cudaStream_t strea
   const int64_t blocks_y = blocks_y_needed < kMaxGridY ? blocks_y_needed : kMaxGridY;
   return dispatch_float_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
     return dispatch_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
-      for (int64_t first = 0; first < p.batch; first += kMaxGridZ) {
-        const int64_t count = p.batch - first < kMaxGridZ ? p.batch - first : kMaxGridZ;
-        const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(blocks_y),
-                        static_cast<unsigned>(count));
+      return launch_batch_chunks(p.batch, [&](int64_t first, unsigned count) {
+        const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(blocks_y), count);
         gemm_naive_kernel<T, kTransA, kTransB><<<grid, dim3(kBlockX, kBlockY), 0, stream>>>(p, first);
-        if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-      }
-      return cudaSuccess;
+      });
     });
   });
 }

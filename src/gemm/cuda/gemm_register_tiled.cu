@@ -383,13 +383,13 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
     q.a = static_cast<const T*>(p.a) + p.a_index(0, k0);
     q.b = static_cast<const T*>(p.b) + p.b_index(k0, 0);
     if (k0 > 0) q.beta = 1.0f;
-    for (int64_t first = 0; first < p.batch; first += kMaxGridZ) {
-      const int64_t count = p.batch - first < kMaxGridZ ? p.batch - first : kMaxGridZ;
-      const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), 1, static_cast<unsigned>(count));
-      gemm_register_tiled_kernel<T, kTransA, kTransB, kVecLoads><<<grid, kThreads, 0, stream>>>(
-          q, first, static_cast<uint32_t>(tiles_m), static_cast<uint32_t>(tiles_n));
-      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-    }
+    if (cudaError_t e = launch_batch_chunks(p.batch, [&](int64_t first, unsigned count) {
+          const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), 1, count);
+          gemm_register_tiled_kernel<T, kTransA, kTransB, kVecLoads><<<grid, kThreads, 0, stream>>>(
+              q, first, static_cast<uint32_t>(tiles_m), static_cast<uint32_t>(tiles_n));
+        });
+        e != cudaSuccess)
+      return e;
   }
   return cudaSuccess;
 }

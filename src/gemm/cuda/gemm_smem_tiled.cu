@@ -113,14 +113,10 @@ cudaError_t gemm_smem_tiled(const GemmParams& p, const Workspace&, cudaStream_t 
   const int64_t blocks_y = tiles_m < kMaxGridY ? tiles_m : kMaxGridY;
   return dispatch_float_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
     return dispatch_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
-      for (int64_t first = 0; first < p.batch; first += kMaxGridZ) {
-        const int64_t count = p.batch - first < kMaxGridZ ? p.batch - first : kMaxGridZ;
-        const dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(blocks_y),
-                        static_cast<unsigned>(count));
+      return launch_batch_chunks(p.batch, [&](int64_t first, unsigned count) {
+        const dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(blocks_y), count);
         gemm_smem_tiled_kernel<T, kTransA, kTransB><<<grid, dim3(kTile, kTile), 0, stream>>>(p, first);
-        if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-      }
-      return cudaSuccess;
+      });
     });
   });
 }

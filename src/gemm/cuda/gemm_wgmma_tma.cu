@@ -113,14 +113,11 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   const void* kernel = nullptr;
   if (cudaError_t e = prepare_kernel<T, kTransA, kTransB>(&kernel); e != cudaSuccess) return e;
   Scheduler sched{static_cast<int>(ceil_div(p.m, int64_t(Tile::kBM))), static_cast<int>(ceil_div(p.n, int64_t(Tile::kBN))), 0};
-  for (int64_t z0 = 0; z0 < p.batch; z0 += kMaxGridZ) {
+  return launch_batch_chunks(p.batch, [&](int64_t z0, unsigned count) {
     sched.z_base = z0;
-    const dim3 grid(static_cast<unsigned>(sched.tiles_m * sched.tiles_n), 1,
-                    static_cast<unsigned>(std::min<int64_t>(p.batch - z0, kMaxGridZ)));
+    const dim3 grid(static_cast<unsigned>(sched.tiles_m * sched.tiles_n), 1, count);
     gemm_wgmma_tma_kernel<T, Tile><<<grid, kThreads, Tile::kSmemBytes, stream>>>(map_a, map_b, args, sched);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  }
-  return cudaSuccess;
+  });
 }
 
 }  // namespace

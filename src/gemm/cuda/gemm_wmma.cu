@@ -400,14 +400,10 @@ cudaError_t gemm_wmma(const GemmParams& p, const Workspace&, cudaStream_t stream
   const bool vec_b = b_rows_aligned16(p);
   return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
     return dispatch_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
-      // Grid z is capped at 65535: larger batches go in several launches.
-      for (int64_t first = 0; first < p.batch; first += kMaxGridZ) {
-        const int64_t count = p.batch - first < kMaxGridZ ? p.batch - first : kMaxGridZ;
-        const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), 1, static_cast<unsigned>(count));
+      return launch_batch_chunks(p.batch, [&](int64_t first, unsigned count) {
+        const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), 1, count);
         gemm_wmma_kernel<T, kTransA, kTransB><<<grid, kThreads, 0, stream>>>(p, first, tiles_n, vec_a, vec_b);
-        if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-      }
-      return cudaSuccess;
+      });
     });
   });
 }
