@@ -4,6 +4,7 @@
 //   optimized-bench all [--json FILE]                 the standard report (ceilings, GPU, CPU)
 //   optimized-bench matmul --size 4096 --dtype bf16 --variant all
 //   optimized-bench fused --ops rms_norm,softmax --shapes 16384x8192 --dtypes bf16
+//   optimized-bench linear --size 8192x4096x4096 --cases bias_gelu,dgelu_bgrad   (vs cuBLASLt epilogues)
 //   optimized-bench ceilings
 //
 // The families are plug-ins (harness/family.h), listed in kFamilies below: each brings its
@@ -36,6 +37,7 @@ std::vector<std::unique_ptr<bench::Family>> make_families() {
   f.push_back(bench::make_gemm_family());
   f.push_back(bench::make_fused_family());
   f.push_back(bench::make_scaled_gemm_family());
+  f.push_back(bench::make_linear_family());
   return f;
 }
 

@@ -64,5 +64,6 @@ class Family {
 std::unique_ptr<Family> make_gemm_family();   // bench/gemm/gemm_bench.cpp
 std::unique_ptr<Family> make_fused_family();  // bench/fused/fused_bench.cpp
 std::unique_ptr<Family> make_scaled_gemm_family();  // bench/gemm/scaled_bench.cpp
+std::unique_ptr<Family> make_linear_family();  // bench/gemm/epilogue_bench.cpp
 
 }  // namespace bench

@@ -76,16 +76,24 @@ CudaStream::~CudaStream() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
+cudaError_t launch_read_flush(const void* data, size_t bytes, unsigned* sink, int sm_count, cudaStream_t stream);
+
 namespace {
 struct FlushBuffer {
   void* data = nullptr;
+  unsigned* sink = nullptr;
   size_t bytes = 0;
-  int value = 0;
+  int sm_count = 0;
   FlushBuffer() {
     int l2 = 0;
     check_cuda(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0), "cudaDeviceGetAttribute(L2)");
+    check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0), "cudaDeviceGetAttribute(SMs)");
     bytes = static_cast<size_t>(std::max(l2, 1 << 20)) * 2;
     check_cuda(cudaMalloc(&data, bytes), "cudaMalloc(L2 flush buffer)");
+    check_cuda(cudaMalloc(&sink, sizeof(unsigned)), "cudaMalloc(L2 flush sink)");
+    // Written once here, so that the flush reads defined data; never written again.
+    check_cuda(cudaMemset(data, 0x5a, bytes), "cudaMemset(L2 flush buffer)");
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (L2 flush buffer)");
   }
   // Freed at exit by the driver; no destructor so static destruction order cannot bite.
 };
@@ -98,8 +106,7 @@ FlushBuffer& flush_buffer() {
 
 void flush_l2(cudaStream_t stream) {
   FlushBuffer& f = flush_buffer();
-  f.value = (f.value + 1) & 0xFF;
-  check_cuda(cudaMemsetAsync(f.data, f.value, f.bytes, stream), "cudaMemsetAsync(L2 flush)");
+  check_cuda(launch_read_flush(f.data, f.bytes, f.sink, f.sm_count, stream), "L2 flush (read kernel)");
 }
 
 Stats measure_gpu(const std::function<void(int)>& run_once, void* stream_ptr, const MeasureOptions& opt) {

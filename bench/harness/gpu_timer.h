@@ -47,8 +47,9 @@ class CudaStream {
   cudaStream_t stream_ = nullptr;
 };
 
-// Enqueue a write of 2x the L2 size on `stream` (a cudaMemsetAsync with a changing value), so
-// the next kernel finds none of its inputs in L2. The buffer is allocated once per process.
+// Enqueue a read of 2x the L2 size on `stream` (l2_flush.cu: a kernel that reads and writes
+// nothing back, so that no dirty line's write-back lands in the next timed sample), so the next
+// kernel finds none of its inputs in L2. The buffer is allocated once per process.
 void flush_l2(cudaStream_t stream);
 
 #endif

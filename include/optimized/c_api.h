@@ -111,6 +111,22 @@ OPTIMIZED_C_EXPORT optimized_status optimized_matmul(const optimized_tensor* a, 
                                                      optimized_tensor* c, float alpha, float beta,
                                                      const char* variant, void* cuda_stream);
 
+/* GEMM with an epilogue (include/optimized/gemm.h, GemmEpilogue), what a linear layer and its
+ * backward fuse into the store of C:
+ *   pre = alpha * A @ B + beta * C + bias;  forward: C = act(pre) + residual, aux = pre;
+ *   activation_grad != 0: C = pre * act'(aux) + residual (aux read);  column_sums = sums over rows of C.
+ * c: a's dtype, or fp32 when a and b are fp16 / bf16; row-major. Each of bias ((N), or (M) with
+ * bias_along_m != 0; c's dtype, contiguous), aux and residual (c's shape and dtype, row-major) and
+ * column_sums (fp32 (N), or (batch, N) for a rank-3 c) may be NULL. activation: "none" (or NULL),
+ * "relu", "gelu", "gelu_tanh", "silu". The variants that fuse epilogues: the CPU rungs, "naive",
+ * "register_tiled", "mma_pipeline", "wgmma_persistent" and "auto"; others return UNSUPPORTED. Column
+ * sums use a workspace, allocated per call on the stream. Errors name the argument. */
+OPTIMIZED_C_EXPORT optimized_status optimized_matmul_epilogue(
+    const optimized_tensor* a, const optimized_tensor* b, optimized_tensor* c, const optimized_tensor* bias,
+    int32_t bias_along_m, const char* activation, int32_t activation_grad, optimized_tensor* aux,
+    const optimized_tensor* residual, optimized_tensor* column_sums, float alpha, float beta, const char* variant,
+    void* cuda_stream);
+
 /* Name of GEMM variant `index` (0-based, naive ... best, "auto" excluded), or NULL past the end. */
 OPTIMIZED_C_EXPORT const char* optimized_gemm_variant_name(int32_t index);
 

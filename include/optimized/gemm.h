@@ -61,9 +61,71 @@ size_t matmul_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batch, DT
 // C = alpha * A @ B + beta * C. Validates every argument (throws Error with kInvalidArgument or
 // kUnsupported), then runs on the device of the operands. CUDA work is enqueued on
 // ctx.cuda_stream and is asynchronous; launch errors are reported (kCudaError).
+// C's dtype may also be fp32 when A and B are fp16 or bf16 (an fp32 output, e.g. a gradient; on
+// the variants that take epilogues, below).
 void matmul(const TensorView& a, const TensorView& b, const TensorView& c, float alpha = 1.0f,
             float beta = 0.0f, GemmVariant variant = GemmVariant::kAuto,
             const ExecutionContext& ctx = {});
+
+// ---- Epilogues -------------------------------------------------------------------------------
+//
+// What a linear layer, its backward and an MLP block do to a GEMM's result, fused into the store of
+// the output (a GEMM with an epilogue reads and writes each extra tensor once, in the same kernel):
+//
+//   pre = alpha * A @ B + beta * C + bias                      (fp32, rounded once at the end)
+//   forward:         out = act(pre) + residual                 aux = pre        (when given)
+//   activation_grad: out = pre * act'(aux) + residual          (aux read: the forward's pre)
+//   C = out;   column_sums[j] = sum_i out[i, j]                (when given)
+//
+// bias: (N), one per column (bias_along_m: (M), one per row), C's dtype, contiguous; broadcast over
+// the batch. aux, residual: C's shape and dtype, row-major with any row stride (and batch stride).
+// column_sums: fp32 (N), or (batch, N) for a rank-3 C: the sums over the rows of the fp32 values
+// of out before they are rounded to C's dtype, in a fixed order (the same bits every run, no
+// atomics) -- the bias gradient of a linear layer. With any of these, C must be row-major; an
+// output (C, aux, column_sums) may not overlap another argument. activation_grad needs an
+// activation and aux.
+enum class Activation : uint8_t {
+  kNone,
+  kRelu,      // max(x, 0)
+  kGeluErf,   // x * Phi(x)                                  (torch's gelu, approximate='none')
+  kGeluTanh,  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  (approximate='tanh')
+  kSilu,      // x * sigmoid(x)
+};
+std::string_view activation_name(Activation activation);  // "none", "relu", "gelu", "gelu_tanh", "silu"
+Activation parse_activation(std::string_view name);        // throws Error naming the choices
+
+struct GemmEpilogue {
+  const TensorView* bias = nullptr;
+  bool bias_along_m = false;
+  Activation activation = Activation::kNone;
+  bool activation_grad = false;
+  const TensorView* aux = nullptr;
+  const TensorView* residual = nullptr;
+  const TensorView* column_sums = nullptr;
+
+  // Whether anything beyond alpha / beta is asked for.
+  bool any() const {
+    return bias || activation != Activation::kNone || activation_grad || aux || residual || column_sums;
+  }
+};
+
+// Whether `variant` fuses epilogues (and writes an fp32 C from fp16/bf16 operands): the CPU rungs,
+// naive, mma_pipeline and wgmma_persistent; auto picks among them. Others refuse with the list.
+bool gemm_variant_supports_epilogue(GemmVariant variant);
+
+// matmul with an epilogue (validated like matmul, each tensor named in errors).
+void matmul(const TensorView& a, const TensorView& b, const TensorView& c, const GemmEpilogue& epilogue,
+            float alpha = 1.0f, float beta = 0.0f, GemmVariant variant = GemmVariant::kAuto,
+            const ExecutionContext& ctx = {});
+
+// Exactly the workspace matmul with these arguments needs (column sums keep fp32 partial sums per
+// block of rows there; split-K and staged copies as for the plain matmul), on the operands' device.
+size_t matmul_workspace_bytes(const TensorView& a, const TensorView& b, const TensorView& c,
+                              const GemmEpilogue& epilogue, float beta = 0.0f,
+                              GemmVariant variant = GemmVariant::kAuto);
+// The variant kAuto resolves to for these arguments.
+GemmVariant resolve_gemm_variant(const TensorView& a, const TensorView& b, const TensorView& c,
+                                 const GemmEpilogue& epilogue);
 
 // ---- Scaled (fp8) GEMM -------------------------------------------------------------------------
 //

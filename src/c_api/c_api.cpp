@@ -402,6 +402,30 @@ optimized_status optimized_matmul(const optimized_tensor* a, const optimized_ten
   });
 }
 
+optimized_status optimized_matmul_epilogue(const optimized_tensor* a, const optimized_tensor* b, optimized_tensor* c,
+                                           const optimized_tensor* bias, int32_t bias_along_m, const char* activation,
+                                           int32_t activation_grad, optimized_tensor* aux,
+                                           const optimized_tensor* residual, optimized_tensor* column_sums,
+                                           float alpha, float beta, const char* variant, void* cuda_stream) {
+  return guarded("optimized_matmul_epilogue", [&] {
+    const optimized::TensorView va = to_view(a, "a"), vb = to_view(b, "b"), vc = to_view(c, "c");
+    const optimized::TensorView vbias = optional_view(bias, "bias"), vaux = optional_view(aux, "aux");
+    const optimized::TensorView vres = optional_view(residual, "residual");
+    const optimized::TensorView vsums = optional_view(column_sums, "column_sums");
+    optimized::GemmEpilogue e;
+    e.bias = bias ? &vbias : nullptr;
+    e.bias_along_m = bias_along_m != 0;
+    e.activation = activation ? optimized::parse_activation(activation) : optimized::Activation::kNone;
+    e.activation_grad = activation_grad != 0;
+    e.aux = aux ? &vaux : nullptr;
+    e.residual = residual ? &vres : nullptr;
+    e.column_sums = column_sums ? &vsums : nullptr;
+    const optimized::GemmVariant v =
+        variant ? optimized::parse_gemm_variant(variant) : optimized::GemmVariant::kAuto;
+    optimized::matmul(va, vb, vc, e, alpha, beta, v, context(cuda_stream));
+  });
+}
+
 const char* optimized_gemm_variant_name(int32_t index) {
   try {
     return variant_at(family("gemm"), index);

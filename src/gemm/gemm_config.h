@@ -99,10 +99,13 @@ constexpr bool gemm_hopper_staging_pays(int64_t m, int64_t n, int64_t k, int64_t
 // (cpu_packed takes no fp64).
 // Decode shapes, M <= kGemvMaxRows (any dtype), take gemv: see "gemv" in the notes for the
 // measured crossover with wgmma_persistent's small-M configuration.
+// With an epilogue (or an fp32 C from 16-bit operands: `epilogue`), only the rungs that fuse it
+// are candidates (gemm_variant_fuses_epilogue): decode shapes then go to the Hopper rung's small-M
+// configuration with split-K (or mma_pipeline / register_tiled off Hopper) instead of gemv.
 constexpr int64_t kGemvMaxRows = 8;
-constexpr GemmVariant gemm_auto_variant_sm90(DType dtype, bool cuda, bool hopper, int64_t m) {
+constexpr GemmVariant gemm_auto_variant_sm90(DType dtype, bool cuda, bool hopper, int64_t m, bool epilogue = false) {
   if (!cuda) return dtype == DType::kF64 ? GemmVariant::kCpuBlocked : GemmVariant::kCpuPacked;
-  if (m <= kGemvMaxRows) return GemmVariant::kCudaGemv;
+  if (m <= kGemvMaxRows && !epilogue) return GemmVariant::kCudaGemv;
   if (dtype == DType::kF32) return GemmVariant::kCudaRegisterTiled;
   return hopper ? GemmVariant::kCudaWgmmaPersistent : GemmVariant::kCudaMmaPipeline;
 }
@@ -113,8 +116,8 @@ constexpr GemmMmaPipelineConfig kGemmMmaPipelineConfig = gemm_mma_pipeline_confi
 constexpr GemmHopperPlan gemm_hopper_plan(int64_t m, int64_t n, int64_t k, int64_t batch, int sm_count) {
   return gemm_hopper_plan_sm90(m, n, k, batch, sm_count);
 }
-constexpr GemmVariant gemm_auto_variant(DType dtype, bool cuda, bool hopper, int64_t m) {
-  return gemm_auto_variant_sm90(dtype, cuda, hopper, m);
+constexpr GemmVariant gemm_auto_variant(DType dtype, bool cuda, bool hopper, int64_t m, bool epilogue = false) {
+  return gemm_auto_variant_sm90(dtype, cuda, hopper, m, epilogue);
 }
 
 }  // namespace optimized

@@ -47,18 +47,19 @@ inline constexpr std::array<GemmVariantInfo, 13> kGemmVariants = {{
     {GemmVariant::kCpuPacked, "cpu_packed", Backend::kCpu, gemm_table::kFloat, 0, "",
      [](const GemmParams& p, int threads) { cpu::gemm_packed(p, threads); }, nullptr, nullptr, nullptr},
     {GemmVariant::kCudaNaive, "naive", Backend::kCuda, gemm_table::kFloat, 50, "", gemm_table::kNoCpu,
-     OPTIMIZED_CUDA_FN(cuda::gemm_naive), nullptr, OPTIMIZED_CUDA_FN(cuda::gemm_naive_resources)},
+     OPTIMIZED_CUDA_FN(cuda::gemm_naive), OPTIMIZED_CUDA_FN(cuda::gemm_naive_workspace),
+     OPTIMIZED_CUDA_FN(cuda::gemm_naive_resources)},
     {GemmVariant::kCudaCoalesced, "coalesced", Backend::kCuda, gemm_table::kFloat, 50, "", gemm_table::kNoCpu,
      OPTIMIZED_CUDA_FN(cuda::gemm_coalesced), nullptr, OPTIMIZED_CUDA_FN(cuda::gemm_coalesced_resources)},
     {GemmVariant::kCudaSmemTiled, "smem_tiled", Backend::kCuda, gemm_table::kFloat, 50, "", gemm_table::kNoCpu,
      OPTIMIZED_CUDA_FN(cuda::gemm_smem_tiled), nullptr, OPTIMIZED_CUDA_FN(cuda::gemm_smem_tiled_resources)},
     {GemmVariant::kCudaRegisterTiled, "register_tiled", Backend::kCuda, gemm_table::kFloat, 50, "",
-     gemm_table::kNoCpu, OPTIMIZED_CUDA_FN(cuda::gemm_register_tiled), nullptr,
+     gemm_table::kNoCpu, OPTIMIZED_CUDA_FN(cuda::gemm_register_tiled), OPTIMIZED_CUDA_FN(cuda::gemm_register_tiled_workspace),
      OPTIMIZED_CUDA_FN(cuda::gemm_register_tiled_resources)},
     {GemmVariant::kCudaWmma, "wmma", Backend::kCuda, gemm_table::kHalf, 80, "tensor cores", gemm_table::kNoCpu,
      OPTIMIZED_CUDA_FN(cuda::gemm_wmma), nullptr, OPTIMIZED_CUDA_FN(cuda::gemm_wmma_resources)},
     {GemmVariant::kCudaMmaPipeline, "mma_pipeline", Backend::kCuda, gemm_table::kHalf, 80, "tensor cores",
-     gemm_table::kNoCpu, OPTIMIZED_CUDA_FN(cuda::gemm_mma_pipeline), nullptr,
+     gemm_table::kNoCpu, OPTIMIZED_CUDA_FN(cuda::gemm_mma_pipeline), OPTIMIZED_CUDA_FN(cuda::gemm_mma_pipeline_workspace),
      OPTIMIZED_CUDA_FN(cuda::gemm_mma_pipeline_resources)},
     {GemmVariant::kCudaWgmmaTma, "wgmma_tma", Backend::kCuda, gemm_table::kHalf, 90, "tensor cores",
      gemm_table::kNoCpu, OPTIMIZED_SM90A_FN(cuda::gemm_wgmma_tma), nullptr,
@@ -73,6 +74,24 @@ inline constexpr std::array<GemmVariantInfo, 13> kGemmVariants = {{
     {GemmVariant::kCudaGemv, "gemv", Backend::kCuda, gemm_table::kFloat, 50, "", gemm_table::kNoCpu,
      OPTIMIZED_CUDA_FN(cuda::gemm_gemv), nullptr, OPTIMIZED_CUDA_FN(cuda::gemm_gemv_resources)},
 }};
+
+// The rungs that fuse GEMM epilogues (bias, activation, aux, residual, column sums) and write an
+// fp32 C from fp16/bf16 operands: the CPU rungs (one shared post-pass over an fp32 product,
+// cpu/gemm_epilogue.cpp), naive (the readable version), register_tiled (fp32), mma_pipeline and
+// wgmma_persistent (fused into their stores, column sums from registers). The other rungs keep
+// their lesson (a mapping, a tiling, WMMA fragments, the Hopper steps, decode) and refuse.
+constexpr bool gemm_variant_fuses_epilogue(GemmVariant v) {
+  switch (v) {
+    case GemmVariant::kCpuNaive:
+    case GemmVariant::kCpuBlocked:
+    case GemmVariant::kCpuPacked:
+    case GemmVariant::kCudaNaive:
+    case GemmVariant::kCudaRegisterTiled:
+    case GemmVariant::kCudaMmaPipeline:
+    case GemmVariant::kCudaWgmmaPersistent: return true;
+    default: return false;
+  }
+}
 
 // The row of `variant` (not kAuto).
 const GemmVariantInfo& gemm_variant_info(GemmVariant variant);

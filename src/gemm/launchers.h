@@ -12,12 +12,17 @@
 
 namespace optimized::cuda {
 
+// The rungs that fuse epilogues (gemm_variants.h) need a workspace for column sums (their
+// queries say how much).
 cudaError_t gemm_naive(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);
+cudaError_t gemm_naive_workspace(const GemmParams& p, size_t* bytes);
 cudaError_t gemm_coalesced(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);
 cudaError_t gemm_smem_tiled(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);
 cudaError_t gemm_register_tiled(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);
+cudaError_t gemm_register_tiled_workspace(const GemmParams& p, size_t* bytes);
 cudaError_t gemm_wmma(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);          // fp16/bf16
 cudaError_t gemm_mma_pipeline(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);  // fp16/bf16
+cudaError_t gemm_mma_pipeline_workspace(const GemmParams& p, size_t* bytes);
 cudaError_t gemm_gemv(const GemmParams& p, const Workspace& workspace, cudaStream_t stream);  // fp32/fp16/bf16
 // The Hopper rungs (sm_90a builds only: OPTIMIZED_WITH_SM90A); operands TMA can describe
 // (gemm_hopper_rejects in gemm.cpp), fp16/bf16.

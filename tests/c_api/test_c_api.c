@@ -557,6 +557,88 @@ static int scaled_example_ok(const float* c, int without_bias, char* detail, siz
   return ok;
 }
 
+/* optimized_matmul_epilogue on the CPU: C = gelu_tanh(A @ B + bias) + residual with aux and column
+ * sums, fp32, every CPU variant and auto, against double; then its gradient mode and refusals. */
+static double gelu_tanh_ref(double x) { return 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+
+static void matmul_epilogue_tests(void) {
+  enum { M = 5, N = 7, K = 3 };
+  float a[M * K], b[K * N], bias[N], res[M * N], c[M * N], aux[M * N], sums[N];
+  for (int i = 0; i < M * K; ++i) a[i] = uniform();
+  for (int i = 0; i < K * N; ++i) b[i] = uniform();
+  for (int i = 0; i < N; ++i) bias[i] = uniform();
+  for (int i = 0; i < M * N; ++i) res[i] = uniform();
+  double pre[M * N], out[M * N], sum[N];
+  for (int j = 0; j < N; ++j) sum[j] = 0;
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double d = bias[j];
+      for (int k = 0; k < K; ++k) d += (double)a[i * K + k] * b[k * N + j];
+      pre[i * N + j] = d;
+      out[i * N + j] = gelu_tanh_ref(d) + res[i * N + j];
+      sum[j] += out[i * N + j];
+    }
+  const int64_t sa[2] = {M, K}, sb[2] = {K, N}, sc[2] = {M, N}, sn[1] = {N};
+  optimized_tensor ta, tb, tc, tbias, tres, taux, tsums;
+  optimized_tensor_contiguous(&ta, a, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, sa);
+  optimized_tensor_contiguous(&tb, b, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, sb);
+  optimized_tensor_contiguous(&tc, c, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, sc);
+  optimized_tensor_contiguous(&tres, res, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, sc);
+  optimized_tensor_contiguous(&taux, aux, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, sc);
+  optimized_tensor_contiguous(&tbias, bias, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 1, sn);
+  optimized_tensor_contiguous(&tsums, sums, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 1, sn);
+  const char* variants[] = {"cpu_naive", "cpu_blocked", "cpu_packed", "auto"};
+  for (int v = 0; v < 4; ++v) {
+    memset(c, 0xFF, sizeof c), memset(aux, 0xFF, sizeof aux), memset(sums, 0xFF, sizeof sums);
+    const optimized_status s = optimized_matmul_epilogue(&ta, &tb, &tc, &tbias, 0, "gelu_tanh", 0, &taux, &tres,
+                                                         &tsums, 1.0f, 0.0f, variants[v], NULL);
+    double worst = 0;
+    for (int i = 0; i < M * N; ++i) {
+      const double e1 = fabs(c[i] - out[i]) / (1e-5 * (1 + fabs(out[i]))), e2 = fabs(aux[i] - pre[i]) / (1e-5 * (1 + fabs(pre[i])));
+      worst = fmax(worst, fmax(isnan(e1) ? INFINITY : e1, isnan(e2) ? INFINITY : e2));
+    }
+    for (int j = 0; j < N; ++j) {
+      const double e = fabs(sums[j] - sum[j]) / (1e-5 * (1 + fabs(sum[j])) * M);
+      worst = fmax(worst, isnan(e) ? INFINITY : e);
+    }
+    char what[96], detail[256];
+    snprintf(what, sizeof what, "matmul_epilogue %s: gelu_tanh(a @ b + bias) + residual, aux, column sums", variants[v]);
+    snprintf(detail, sizeof detail, "status %s (%s), worst error / allowed %g", optimized_status_string(s),
+             optimized_last_error(), worst);
+    check(s == OPTIMIZED_STATUS_OK && worst <= 1.0, what, detail);
+  }
+  /* The gradient mode reads aux: C = (A @ B) * gelu'(aux), aux now the pre-activations above. */
+  for (int i = 0; i < M * N; ++i) aux[i] = (float)pre[i];
+  memset(c, 0xFF, sizeof c);
+  optimized_status s = optimized_matmul_epilogue(&ta, &tb, &tc, NULL, 0, "relu", 1, &taux, NULL, NULL, 1.0f, 0.0f,
+                                                 "auto", NULL);
+  double worst = 0;
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double d = 0;
+      for (int k = 0; k < K; ++k) d += (double)a[i * K + k] * b[k * N + j];
+      const double want = aux[i * N + j] > 0 ? d : 0.0, e = fabs(c[i * N + j] - want) / (1e-5 * (1 + fabs(want)));
+      worst = fmax(worst, isnan(e) ? INFINITY : e);
+    }
+  {
+    char detail[256];
+    snprintf(detail, sizeof detail, "status %s (%s), worst error / allowed %g", optimized_status_string(s),
+             optimized_last_error(), worst);
+    check(s == OPTIMIZED_STATUS_OK && worst <= 1.0, "matmul_epilogue: relu gradient through aux", detail);
+  }
+  expect_error("matmul_epilogue: unknown activation",
+               optimized_matmul_epilogue(&ta, &tb, &tc, NULL, 0, "tanh", 0, NULL, NULL, NULL, 1, 0, "auto", NULL),
+               OPTIMIZED_STATUS_INVALID_ARGUMENT, "activation: expected one of");
+  expect_error("matmul_epilogue: gradient without aux",
+               optimized_matmul_epilogue(&ta, &tb, &tc, NULL, 0, "gelu", 1, NULL, NULL, NULL, 1, 0, "auto", NULL),
+               OPTIMIZED_STATUS_INVALID_ARGUMENT, "activation_grad");
+  expect_error("matmul_epilogue: a rung without epilogues",
+               optimized_matmul_epilogue(&ta, &tb, &tc, &tbias, 0, NULL, 0, NULL, NULL, NULL, 1, 0, "smem_tiled", NULL),
+               OPTIMIZED_STATUS_UNSUPPORTED, "smem_tiled does not fuse epilogues");
+  s = optimized_matmul_epilogue(&ta, &tb, &tc, &tc, 0, NULL, 0, NULL, NULL, NULL, 1, 0, "auto", NULL);
+  expect_error("matmul_epilogue: bias of the wrong length", s, OPTIMIZED_STATUS_INVALID_ARGUMENT, "bias: expected");
+}
+
 static void scaled_matmul_tests(void) {
   const optimized_status I = OPTIMIZED_STATUS_INVALID_ARGUMENT, U = OPTIMIZED_STATUS_UNSUPPORTED;
   float c[8];
@@ -1901,6 +1983,7 @@ int main(void) {
   thread_local_error();
   variant_queries();
   scaled_matmul_tests();
+  matmul_epilogue_tests();
   fused_error_paths();
   fused_results();
   loader_tests();

@@ -190,11 +190,21 @@ TEST_F(GemmErrors, DtypeMismatch) {
     EXPECT_CONTAINS(e, "fp16");  // given
   }
   {
-    Caught e = call([&] { matmul(A16(), B16(), C()); });
+    // fp16 operands take an fp16 or fp32 C (the latter on the rungs that fuse epilogues); not bf16.
+    TensorView c = C();
+    c.dtype = DType::kBF16;
+    Caught e = call([&] { matmul(A16(), B16(), c); });
     EXPECT_ERROR(e, Status::kInvalidArgument);
     EXPECT_MENTIONS(e, "c");
-    EXPECT_CONTAINS(e, "fp32");
-    EXPECT_CONTAINS(e, "fp16");
+    EXPECT_CONTAINS(e, "fp16 (same as a) or fp32");
+    EXPECT_CONTAINS(e, "bf16");
+  }
+  {
+    // fp32 operands: only an fp32 C.
+    Caught e = call([&] { matmul(A(), B(), C16()); });
+    EXPECT_ERROR(e, Status::kInvalidArgument);
+    EXPECT_MENTIONS(e, "c");
+    EXPECT_CONTAINS(e, "expected dtype fp32 (same as a); given fp16");
   }
   {
     TensorView bf = B16();

@@ -9,12 +9,15 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "gemm/gemm_params.h"
 #include "kernels/common.cuh"
 #include "kernels/dispatch.cuh"
 #include "kernels/dtype.cuh"
 #include "kernels/epilogue/alpha_beta.cuh"
+#include "kernels/epilogue/column_sums.cuh"
+#include "kernels/epilogue/fused_epilogue.cuh"
 
 namespace optimized::cuda {
 
@@ -87,6 +90,76 @@ inline bool a_rows_aligned16(const GemmParams& p) {
 }
 inline bool b_rows_aligned16(const GemmParams& p) {
   return rows_aligned16(p.b, p.ldb, p.batch_stride_b, p.batch, p.dtype);
+}
+
+// ---- epilogues (GemmParams::epi, c_dtype) ----------------------------------------------------
+
+// The fused epilogue of the rungs that take one (gemm_variants.h): C of type TC.
+template <typename TC>
+using GemmEpilogueOp = kernels::FusedEpilogue<TC, GemmEpilogueParams>;
+
+// Runs body.template operator()<TC>() with C's element type: T, or float for an fp32 C from
+// 16-bit operands.
+template <typename T, typename F>
+cudaError_t dispatch_c_dtype(const GemmParams& p, F&& body) {
+  if constexpr (!std::is_same_v<T, float>)
+    if (p.c_dtype == DType::kF32) return body.template operator()<float>();
+  return body.template operator()<T>();
+}
+
+// Whether two neighbouring columns (col even) of a row-major matrix form one aligned access of
+// 2 * bytes: base, row stride and (batched) batch stride.
+inline bool pair_aligned(const void* base, int64_t ld, int64_t batch_stride, int64_t batch, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(base) % (2 * bytes) == 0 && ld % 2 == 0 && (batch <= 1 || batch_stride % 2 == 0);
+}
+
+// Whether the epilogue may access two neighbouring columns (col even) of C, aux, residual and a
+// bias along N as one access each.
+inline bool epilogue_pairs(const GemmParams& p) {
+  const size_t e = dtype_size(p.c_dtype);
+  bool pairs = pair_aligned(p.c, p.ldc, p.batch_stride_c, p.batch, e);
+  if (p.epi.aux) pairs = pairs && pair_aligned(p.epi.aux, p.epi.ld_aux, p.epi.batch_stride_aux, p.batch, e);
+  if (p.epi.residual)
+    pairs = pairs && pair_aligned(p.epi.residual, p.epi.ld_residual, p.epi.batch_stride_residual, p.batch, e);
+  if (p.epi.bias && !p.epi.bias_along_m) pairs = pairs && reinterpret_cast<uintptr_t>(p.epi.bias) % (2 * e) == 0;
+  return pairs;
+}
+
+// The epilogue functor of p (host side, passed to the kernels by value).
+template <typename TC>
+GemmEpilogueOp<TC> make_gemm_epilogue(const GemmParams& p) {
+  return {p.alpha, p.beta, static_cast<TC*>(p.c), p.ldc, p.batch_stride_c, p.epi, epilogue_pairs(p)};
+}
+
+// Runs body(out) with p's output functor: AlphaBetaOutput<T> when p asks for nothing beyond
+// alpha / beta (so the plain kernels carry no epilogue code: a rung whose registers are tight keeps
+// its register allocation), else GemmEpilogueOp<TC>. The functor's type names the kernel.
+template <typename T, typename F>
+cudaError_t dispatch_epilogue(const GemmParams& p, F&& body) {
+  if (!p.needs_epilogue_rung()) {
+    const size_t e = sizeof(T);
+    const bool quads = reinterpret_cast<uintptr_t>(p.c) % (4 * e) == 0 && p.ldc % 4 == 0 &&
+                       (p.batch <= 1 || p.batch_stride_c % 4 == 0);
+    return body(kernels::AlphaBetaOutput<T>{p.alpha, p.beta, static_cast<T*>(p.c), p.ldc, p.batch_stride_c,
+                                            epilogue_pairs(p), quads});
+  }
+  return dispatch_c_dtype<T>(p, [&]<typename TC>() -> cudaError_t { return body(make_gemm_epilogue<TC>(p)); });
+}
+
+// Column sums (p.epi.column_sums): a rung writes fp32 partial sums, one row of N per group of
+// output rows it owns (`rows` such rows per batch), into its workspace; finish_column_sums
+// (kernels/epilogue/column_sums.cuh) adds them in a fixed order. The bytes of those partials (0
+// without column sums), 256-byte aligned.
+inline size_t column_sum_bytes(const GemmParams& p, int64_t rows) {
+  if (!p.epi.column_sums) return 0;
+  return static_cast<size_t>((p.batch * rows * p.n * 4 + 255) / 256 * 256);
+}
+inline cudaError_t finish_column_sums(const GemmParams& p, const float* partials, int64_t rows, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.n, int64_t(kernels::kColumnSumCols))),
+                  static_cast<unsigned>(p.batch < kMaxGridY ? p.batch : kMaxGridY));
+  kernels::finish_column_sums<<<grid, dim3(kernels::kColumnSumCols, kernels::kColumnSumSlices), 0, stream>>>(
+      partials, rows, p.n, p.batch, p.epi.column_sums);
+  return cudaGetLastError();
 }
 
 }  // namespace optimized::cuda

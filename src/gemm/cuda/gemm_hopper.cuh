@@ -14,7 +14,6 @@
 
 #include "core/tensor_map.h"
 #include "gemm/cuda/gemm_common.cuh"
-#include "kernels/epilogue/alpha_beta.cuh"
 
 namespace optimized::cuda {
 
@@ -24,9 +23,12 @@ struct HopperGemmArgs {
   int m, n, k_blocks;   // k_blocks: ceil(K / 64)
   int64_t ldc, batch_stride_c;
   bool a_batched, b_batched;  // false: batch stride 0, every batch reads batch 0 of the map
-  bool c_pairs;               // two neighbouring elements of C form one aligned 4-byte access
-  bool c_tma;                 // the TMA-store epilogue may run: beta == 0 and C's map was made
-  kernels::AlphaBetaEpilogue epi;
+  bool c_pairs;               // two neighbouring columns of C (and aux, residual, bias) are one access
+  bool c_tma;                 // the TMA-store epilogue may run: beta == 0, 16-bit C and C's map was made
+  float alpha, beta;
+  GemmEpilogueParams epi;     // bias, activation, aux, residual, column sums (GemmParams::epi)
+  // Column sums: the warps' rows of partials, (batch, tiles_m * block_m / 16, N) fp32.
+  float* column_partials = nullptr;
   // Split-K (splits > 1): unit (tile, split) writes its fp32 partial, rows [0, slot_rows) x the
   // tile's columns, to partials[(tile * splits + split) * slot_rows * block_n ...]; counters[tile]
   // counts the finished splits (zeroed by the launcher before the kernel).
@@ -51,7 +53,7 @@ inline size_t hopper_split_bytes(const GemmParams& p, int block_m, int block_n, 
 
 // The maps of the stored A and B (kernels/gemm/wgmma_mainloop.cuh: a row-major A in boxes of 64 K
 // x block_m rows, every other operand in 64 x 64 boxes) and the arguments of p, for tiles of
-// block_m x 64k. The launcher has checked gemm_hopper_rejects(p) (gemm.cpp) is empty; the
+// block_m x 64k (args->tiles_m: M's tiles of block_m rows). The launcher has checked gemm_hopper_rejects(p) (gemm.cpp) is empty; the
 // driver can still refuse a map (cudaErrorInvalidValue). map_c (optional): C's map (box 64 x 64)
 // for a TMA-store epilogue, made when beta == 0 (TMA stores, it does not read C), N is a multiple
 // of 8 and TMA can describe C; args->c_tma says whether it was.
@@ -69,14 +71,16 @@ inline cudaError_t make_hopper_args(const GemmParams& p, int block_m, CUtensorMa
   args->batch_stride_c = p.batch_stride_c;
   args->a_batched = p.batch > 1 && p.batch_stride_a != 0;
   args->b_batched = p.batch > 1 && p.batch_stride_b != 0;
-  args->c_pairs = (reinterpret_cast<uintptr_t>(p.c) & 3) == 0 && p.ldc % 2 == 0 &&
-                  (p.batch <= 1 || p.batch_stride_c % 2 == 0);
-  args->epi = kernels::AlphaBetaEpilogue{p.alpha, p.beta};
+  args->c_pairs = epilogue_pairs(p);
+  args->alpha = p.alpha;
+  args->beta = p.beta;
+  args->epi = p.epi;
+  args->tiles_m = static_cast<int>(ceil_div(p.m, int64_t(block_m)));
   args->c_tma = false;
   // C's rows a whole number of 16-byte units too: a TMA store clips a box at the tensor's edge in
   // 16-byte units, and would write the padding after the last column otherwise (seen on the H100
-  // with N = 257).
-  if (map_c && p.beta == 0.0f && p.n % 8 == 0) {
+  // with N = 257). A 16-bit C only (an fp32 C leaves from registers).
+  if (map_c && p.beta == 0.0f && p.n % 8 == 0 && p.c_dtype == p.dtype) {
     const TmaMatrix c{p.c, p.m, p.n, p.ldc, p.batch, p.batch_stride_c, 2};
     if (tma_rejects(c, "c").empty() && make_tma_map_sw128(map_c, c, 64, 64) == cudaSuccess) args->c_tma = true;
   }

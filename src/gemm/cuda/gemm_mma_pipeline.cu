@@ -11,7 +11,8 @@
 //   scheduler  kernels/sched/grouped_tiles.cuh     which tile (grouped rasterization), which batch
 //   mainloop   kernels/gemm/mma_sync_mainloop.cuh  the tile's A @ B in fp32 accumulators: the
 //              swizzled cp.async ring, ldmatrix, mma.sync (its header has the layouts)
-//   epilogue   kernels/epilogue/staged_tile.cuh + alpha_beta.cuh   C = alpha * acc + beta * C
+//   epilogue   kernels/epilogue/staged_tile.cuh + fused_epilogue.cuh   C = alpha * acc + beta * C, or
+//              the GEMM epilogue (bias, activation, aux, residual, fp32 C, column sums per 32 rows)
 // The tile shape and the group height are tuning: src/gemm/gemm_config.h says why these won.
 //
 // Layouts (NN, NT, TN, TT: GemmParams::trans_a / trans_b, compile-time parameters of the kernel
@@ -38,7 +39,6 @@
 #include "gemm/cuda/gemm_common.cuh"
 #include "gemm/gemm_config.h"
 #include "gemm/launchers.h"
-#include "kernels/epilogue/alpha_beta.cuh"
 #include "kernels/epilogue/staged_tile.cuh"
 #include "kernels/gemm/mma_sync_mainloop.cuh"
 #include "kernels/sched/grouped_tiles.cuh"
@@ -275,15 +275,24 @@ __device__ __forceinline__ void layout_mainloop(float (&acc)[Tile::kMT][Tile::kN
 }
 
 // ---- kernel -----------------------------------------------------------------------------------
+// Column sums: rows of partials per 128-row tile (kernels/epilogue/staged_tile.cuh).
+constexpr int kPartialRowsPerTile = kernels::kStagedPartialRows<Tile>;
+
+// Epi: the output functor (gemm_common.cuh's dispatch_epilogue): AlphaBetaOutput<T> for the plain
+// GEMM, GemmEpilogueOp<TC> with an epilogue. The plain kernels are the ones measured before the
+// epilogues existed: with the fused functor inlined into every kernel, ptxas spilled 32-40 bytes
+// in the transposed-A (TN, TT) mainloops, which sit at 254 registers.
+template <typename Epi>
 struct LaunchArgs {
   GemmParams p;
   Scheduler sched;  // tiles and the first batch of this launch
-  bool c_vec4;      // C base 8-byte aligned and ldc, batch_stride_c multiples of 4 elements
   bool fast_ok;     // per-chunk byte strides of A and B fit in 32 bits (fast loader allowed)
+  Epi epi;
+  float* partials;  // column sums: (batch, tiles_m * kPartialRowsPerTile, N), or null
 };
 
-template <typename T, bool kTransA, bool kTransB, bool kAligned>
-__global__ void __launch_bounds__(Tile::kThreads, 1) gemm_mma_pipeline_kernel(const LaunchArgs args) {
+template <typename T, typename Epi, bool kTransA, bool kTransB, bool kAligned>
+__global__ void __launch_bounds__(Tile::kThreads, 1) gemm_mma_pipeline_kernel(const LaunchArgs<Epi> args) {
   extern __shared__ __align__(128) unsigned char smem[];
 
   const kernels::TileCoord<int> tile = args.sched.tile();
@@ -297,14 +306,24 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) gemm_mma_pipeline_kernel(co
   else
     kernels::mma_sync_mainloop<T, Tile, kAligned>(acc, args.p, args.fast_ok, ops.a, ops.b, m0, n0, smem);
 
-  kernels::store_staged_tile<Tile>(acc, reinterpret_cast<float*>(smem), ops.c, args.p.m, args.p.n, args.p.ldc, m0,
-                                   n0, args.c_vec4, kernels::AlphaBetaEpilogue{args.p.alpha, args.p.beta});
+  const int64_t z = args.sched.batch();
+  float* partials = nullptr;
+  if (args.partials) {
+    const int64_t rows = ceil_div(args.p.m, int64_t(Tile::kBM)) * kPartialRowsPerTile;
+    partials = args.partials + (z * rows + int64_t(tile.m) * kPartialRowsPerTile) * args.p.n;
+  }
+  constexpr bool kFused = !std::is_same_v<Epi, kernels::AlphaBetaOutput<T>>;
+  kernels::store_staged_tile<Tile, kFused>(acc, reinterpret_cast<float*>(smem), z, args.p.m, args.p.n, m0, n0,
+                                           args.epi, partials);
 }
 
 // ---- host side --------------------------------------------------------------------------------
-template <typename T, bool kTransA, bool kTransB, bool kAligned>
+template <typename T, typename Epi, bool kTransA, bool kTransB, bool kAligned>
 const char* kernel_name() {
+  using TC = std::remove_pointer_t<decltype(Epi::c)>;
+  constexpr bool kFused = !std::is_same_v<Epi, kernels::AlphaBetaOutput<T>>;
   static const std::string name = std::string("gemm_mma_pipeline<") + (std::is_same_v<T, __half> ? "fp16" : "bf16") +
+                                  (std::is_same_v<T, TC> ? "" : ", fp32 out") + (kFused ? ", epilogue" : "") +
                                   ", 128x256x64, 4 stages, " + (kAligned ? "cp.async" : "unaligned ld/st") +
                                   kLayoutSuffix<kTransA, kTransB> + ">";
   return name.c_str();
@@ -315,14 +334,11 @@ const char* kernel_name() {
 // types), whatever the layout (the chunks run along the stored rows).
 bool operands_aligned(const GemmParams& p) { return a_rows_aligned16(p) && b_rows_aligned16(p); }
 
-bool c_vectorizable(const GemmParams& p) {
-  return (reinterpret_cast<uintptr_t>(p.c) & 7) == 0 && p.ldc % 4 == 0 &&
-         (p.batch <= 1 || p.batch_stride_c % 4 == 0);
-}
+size_t partial_bytes(const GemmParams& p) { return column_sum_bytes(p, ceil_div(p.m, Tile::kBM) * kPartialRowsPerTile); }
 
-template <typename T, bool kTransA, bool kTransB, bool kAligned>
+template <typename T, typename Epi, bool kTransA, bool kTransB, bool kAligned>
 cudaError_t prepare_kernel(const void** kernel) {
-  const void* k = reinterpret_cast<const void*>(&gemm_mma_pipeline_kernel<T, kTransA, kTransB, kAligned>);
+  const void* k = reinterpret_cast<const void*>(&gemm_mma_pipeline_kernel<T, Epi, kTransA, kTransB, kAligned>);
   // Above 48 KiB a block needs the opt-in; cheap enough to repeat per launch (and correct when
   // the current device changes between calls).
   if (cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
@@ -332,10 +348,10 @@ cudaError_t prepare_kernel(const void** kernel) {
   return cudaSuccess;
 }
 
-template <typename T, bool kTransA, bool kTransB, bool kAligned>
-cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
+template <typename T, typename Epi, bool kTransA, bool kTransB, bool kAligned>
+cudaError_t launch(const GemmParams& p, const Epi& epi, float* partials, cudaStream_t stream) {
   const void* kernel = nullptr;
-  if (cudaError_t e = prepare_kernel<T, kTransA, kTransB, kAligned>(&kernel); e != cudaSuccess) return e;
+  if (cudaError_t e = prepare_kernel<T, Epi, kTransA, kTransB, kAligned>(&kernel); e != cudaSuccess) return e;
   const int64_t tiles_m = ceil_div(p.m, Tile::kBM);
   const int64_t tiles_n = ceil_div(p.n, Tile::kBN);
   if (!Scheduler::fits(tiles_m, tiles_n)) return cudaErrorInvalidValue;
@@ -345,37 +361,57 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   const int64_t a_rows = Tile::kThreads / ((kTransA ? Tile::kBM : Tile::kBK) / 8);
   const int64_t b_rows = Tile::kThreads / ((kTransB ? Tile::kBK : Tile::kBN) / 8);
   const bool fast_ok = a_rows * p.lda * 2 <= UINT32_MAX && b_rows * p.ldb * 2 <= UINT32_MAX;
-  LaunchArgs args{p, Scheduler::make(tiles_m, tiles_n), c_vectorizable(p), fast_ok};
-  return launch_batch_chunks(p.batch, [&](int64_t z0, unsigned) {
-    args.sched.z_base = z0;
-    gemm_mma_pipeline_kernel<T, kTransA, kTransB, kAligned>
-        <<<args.sched.grid(z0, p.batch), Tile::kThreads, kSmemBytes, stream>>>(args);
-  });
+  LaunchArgs<Epi> args{p, Scheduler::make(tiles_m, tiles_n), fast_ok, epi, partials};
+  if (cudaError_t e = launch_batch_chunks(p.batch, [&](int64_t z0, unsigned) {
+        args.sched.z_base = z0;
+        gemm_mma_pipeline_kernel<T, Epi, kTransA, kTransB, kAligned>
+            <<<args.sched.grid(z0, p.batch), Tile::kThreads, kSmemBytes, stream>>>(args);
+      });
+      e != cudaSuccess)
+    return e;
+  return partials ? finish_column_sums(p, partials, tiles_m * kPartialRowsPerTile, stream) : cudaSuccess;
 }
 
 }  // namespace
 
-cudaError_t gemm_mma_pipeline(const GemmParams& p, const Workspace&, cudaStream_t stream) {
+cudaError_t gemm_mma_pipeline(const GemmParams& p, const Workspace& workspace, cudaStream_t stream) {
   const bool aligned = operands_aligned(p);
+  float* partials = nullptr;
+  if (p.epi.column_sums) {
+    if (workspace.data == nullptr || workspace.bytes < partial_bytes(p)) return cudaErrorInvalidValue;
+    partials = static_cast<float*>(workspace.data);
+  }
   return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    return dispatch_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
-      return aligned ? launch<T, kTransA, kTransB, true>(p, stream) : launch<T, kTransA, kTransB, false>(p, stream);
+    return dispatch_epilogue<T>(p, [&](const auto& epi) -> cudaError_t {
+      using Epi = std::decay_t<decltype(epi)>;
+      return dispatch_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
+        return aligned ? launch<T, Epi, kTransA, kTransB, true>(p, epi, partials, stream)
+                       : launch<T, Epi, kTransA, kTransB, false>(p, epi, partials, stream);
+      });
     });
   });
+}
+
+cudaError_t gemm_mma_pipeline_workspace(const GemmParams& p, size_t* bytes) {
+  *bytes = partial_bytes(p);
+  return cudaSuccess;
 }
 
 cudaError_t gemm_mma_pipeline_resources(const GemmParams& p, KernelResources* out) {
   const bool aligned = operands_aligned(p);
   return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    return dispatch_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
-      const void* kernel = nullptr;
-      const char* name =
-          aligned ? kernel_name<T, kTransA, kTransB, true>() : kernel_name<T, kTransA, kTransB, false>();
-      if (cudaError_t e = aligned ? prepare_kernel<T, kTransA, kTransB, true>(&kernel)
-                                  : prepare_kernel<T, kTransA, kTransB, false>(&kernel);
-          e != cudaSuccess)
-        return e;
-      return describe_kernel(kernel, name, Tile::kThreads, kSmemBytes, out);
+    return dispatch_epilogue<T>(p, [&](const auto& epi) -> cudaError_t {
+      using Epi = std::decay_t<decltype(epi)>;
+      return dispatch_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
+        const void* kernel = nullptr;
+        const char* name = aligned ? kernel_name<T, Epi, kTransA, kTransB, true>()
+                                   : kernel_name<T, Epi, kTransA, kTransB, false>();
+        if (cudaError_t e = aligned ? prepare_kernel<T, Epi, kTransA, kTransB, true>(&kernel)
+                                    : prepare_kernel<T, Epi, kTransA, kTransB, false>(&kernel);
+            e != cudaSuccess)
+          return e;
+        return describe_kernel(kernel, name, Tile::kThreads, kSmemBytes, out);
+      });
     });
   });
 }

@@ -51,12 +51,20 @@
 // 64 FFMAs per k step. Measured on an H100 at 4096^3: 44.6 to 45.7 TFLOP/s (fp32) and 46.3 to
 // 47.0 (bf16) across the four layouts, NN in between.
 //
+// Epilogue (GemmEpilogue; an fp32 C from 16-bit operands): each of the thread's 64 results goes
+// through the epilogue functor (kernels/epilogue/fused_epilogue.cuh). Column sums: the thread adds
+// its 8 rows of each of its 8 columns in row order and writes them as one row of partials (16 per
+// 128-row tile: 2 warp rows x 8 lane rows), which finish_column_sums adds in order. A K past the
+// per-launch slice (2^30) would need C in fp32 between slices: with an epilogue the launcher
+// refuses it (cudaErrorInvalidValue) rather than applying the epilogue per slice.
+//
 // Not here (the next rungs): tensor cores, cp.async, more than two stages.
 //
 // Grid: x -> tiles of C (tiles_m * tiles_n, in groups of 8 tile rows for L2 reuse), z -> batch
 // (launches of at most 65535). K is walked in slices of < 2^30 per launch (32-bit counters).
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "gemm/cuda/gemm_common.cuh"
 #include "gemm/launchers.h"
@@ -176,10 +184,13 @@ __device__ __forceinline__ uint4 load_vec(const T* __restrict__ src, bool row_ok
 
 // ---- the kernel ------------------------------------------------------------------------------
 // grid: (tiles_m * tiles_n, 1, batches in this launch); block: kThreads.
-template <typename T, bool kTransA, bool kTransB, bool kVecLoads>
+// Rows of column-sum partials per 128-row tile: one per (warp row, lane row) of the thread grid.
+constexpr int kPartialRowsPerTile = kWarpsM * (kWarpM / kThreadM);
+
+template <typename T, typename TC, bool kTransA, bool kTransB, bool kVecLoads>
 __global__ void __launch_bounds__(kThreads, 2)  // <= 128 registers: 2 blocks (16 warps) per SM
-    gemm_register_tiled_kernel(GemmParams p, int64_t batch_offset, uint32_t tiles_m,
-                               uint32_t tiles_n) {
+    gemm_register_tiled_kernel(GemmParams p, int64_t batch_offset, uint32_t tiles_m, uint32_t tiles_n,
+                               GemmEpilogueOp<TC> epi, float* partials) {
   constexpr int kVec = Tiling<T>::kVec;
   constexpr int kBlockK = Tiling<T>::kBlockK;
   // Per operand: vectors across a stored row of its K-tile, vectors per thread, and stored rows
@@ -341,17 +352,29 @@ __global__ void __launch_bounds__(kThreads, 2)  // <= 128 registers: 2 blocks (1
     if (!has_next) break;
   }
 
-  // ---- epilogue: alpha/beta, guarded at the M and N edges ---------------------------------
-  T* c_block = ops.c + m0 * p.ldc + n0;
+  // ---- epilogue, guarded at the M and N edges ----------------------------------------------
+  const int64_t z = batch_offset + blockIdx.z;
 #pragma unroll
   for (int i = 0; i < kThreadM; ++i) {
     const int r = tm + i / kQuad * kQuadStrideM + i % kQuad;
-    if (r >= rows_left) continue;
-    T* c_row = c_block + static_cast<int64_t>(r) * p.ldc;
 #pragma unroll
     for (int j = 0; j < kThreadN; ++j) {
       const int c = tn + j / kQuad * kQuadStrideN + j % kQuad;
-      if (c < cols_left) store_alpha_beta(c_row + c, acc[i][j], p.alpha, p.beta);
+      // The result replaces the accumulator (0 outside C), for the column sums.
+      acc[i][j] = r < rows_left && c < cols_left ? epi.store(z, m0 + r, n0 + c, acc[i][j]) : 0.0f;
+    }
+  }
+  if (partials) {
+    // This thread's row of partials: (warp row, lane row) of the thread grid.
+    const int64_t prow = int64_t(tile.m) * kPartialRowsPerTile + tm / kWarpM * (kWarpM / kThreadM) + tm % kWarpM / kQuad;
+    float* out = partials + (z * tiles_m * kPartialRowsPerTile + prow) * p.n + n0;
+#pragma unroll
+    for (int j = 0; j < kThreadN; ++j) {
+      const int c = tn + j / kQuad * kQuadStrideN + j % kQuad;
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kThreadM; ++i) sum += acc[i][j];
+      if (c < cols_left) out[c] = sum;
     }
   }
 }
@@ -360,20 +383,23 @@ __global__ void __launch_bounds__(kThreads, 2)  // <= 128 registers: 2 blocks (1
 // 16-byte boundary (gemm_common.cuh): the vectors then run along the stored rows.
 bool use_vector_loads(const GemmParams& p) { return a_rows_aligned16(p) && b_rows_aligned16(p); }
 
-template <typename T, bool kTransA, bool kTransB, bool kVecLoads>
+template <typename T, typename TC, bool kTransA, bool kTransB, bool kVecLoads>
 const char* kernel_name() {
-  static const std::string name = std::string("register_tiled<") + dtype_label<T>() + ", 128x128x" +
+  static const std::string name = std::string("register_tiled<") + dtype_label<T>() +
+                                  (std::is_same_v<T, TC> ? "" : ", fp32 out") + ", 128x128x" +
                                   std::to_string(Tiling<T>::kBlockK) + ", 8x8, warp 64x32, " +
                                   (kVecLoads ? "vec16" : "scalar") + kLayoutSuffix<kTransA, kTransB> + ">";
   return name.c_str();
 }
 
-template <typename T, bool kTransA, bool kTransB, bool kVecLoads>
-cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
+template <typename T, typename TC, bool kTransA, bool kTransB, bool kVecLoads>
+cudaError_t launch(const GemmParams& p, float* partials, cudaStream_t stream) {
   const int64_t tiles_m = ceil_div(p.m, kBlockM);
   const int64_t tiles_n = ceil_div(p.n, kBlockN);
   // grid.x limit; also keeps the tile arithmetic in the kernel within 32 bits
   if (tiles_m * tiles_n + kGroupM * tiles_n > INT32_MAX) return cudaErrorInvalidConfiguration;
+  if (p.needs_epilogue_rung() && p.k > kMaxKPerLaunch) return cudaErrorInvalidValue;  // see the header
+  const GemmEpilogueOp<TC> epi = make_gemm_epilogue<TC>(p);
   // The kernel counts K in 32 bits. A K of 2^30 or more (rows of A over 2 GiB) runs as several
   // launches over K slices, the later ones accumulating into C (beta = 1); C is then rounded to
   // T between slices.
@@ -382,38 +408,58 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
     q.k = p.k - k0 < kMaxKPerLaunch ? p.k - k0 : kMaxKPerLaunch;
     q.a = static_cast<const T*>(p.a) + p.a_index(0, k0);
     q.b = static_cast<const T*>(p.b) + p.b_index(k0, 0);
-    if (k0 > 0) q.beta = 1.0f;
+    GemmEpilogueOp<TC> slice_epi = epi;
+    if (k0 > 0) q.beta = slice_epi.beta = 1.0f;
     if (cudaError_t e = launch_batch_chunks(p.batch, [&](int64_t first, unsigned count) {
           const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), 1, count);
-          gemm_register_tiled_kernel<T, kTransA, kTransB, kVecLoads><<<grid, kThreads, 0, stream>>>(
-              q, first, static_cast<uint32_t>(tiles_m), static_cast<uint32_t>(tiles_n));
+          gemm_register_tiled_kernel<T, TC, kTransA, kTransB, kVecLoads><<<grid, kThreads, 0, stream>>>(
+              q, first, static_cast<uint32_t>(tiles_m), static_cast<uint32_t>(tiles_n), slice_epi, partials);
         });
         e != cudaSuccess)
       return e;
   }
-  return cudaSuccess;
+  return partials ? finish_column_sums(p, partials, tiles_m * kPartialRowsPerTile, stream) : cudaSuccess;
 }
+
+size_t partial_bytes(const GemmParams& p) { return column_sum_bytes(p, ceil_div(p.m, kBlockM) * kPartialRowsPerTile); }
 
 }  // namespace
 
 // ---- launcher --------------------------------------------------------------------------------
-cudaError_t gemm_register_tiled(const GemmParams& p, const Workspace&, cudaStream_t stream) {
+cudaError_t gemm_register_tiled(const GemmParams& p, const Workspace& workspace, cudaStream_t stream) {
   const bool vec = use_vector_loads(p);
+  float* partials = nullptr;
+  if (p.epi.column_sums) {
+    if (workspace.data == nullptr || workspace.bytes < partial_bytes(p)) return cudaErrorInvalidValue;
+    partials = static_cast<float*>(workspace.data);
+  }
   return dispatch_float_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    return dispatch_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
-      return vec ? launch<T, kTransA, kTransB, true>(p, stream) : launch<T, kTransA, kTransB, false>(p, stream);
+    return dispatch_c_dtype<T>(p, [&]<typename TC>() -> cudaError_t {
+      return dispatch_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
+        return vec ? launch<T, TC, kTransA, kTransB, true>(p, partials, stream)
+                   : launch<T, TC, kTransA, kTransB, false>(p, partials, stream);
+      });
     });
   });
+}
+
+cudaError_t gemm_register_tiled_workspace(const GemmParams& p, size_t* bytes) {
+  *bytes = partial_bytes(p);
+  return cudaSuccess;
 }
 
 cudaError_t gemm_register_tiled_resources(const GemmParams& p, KernelResources* out) {
   const bool vec = use_vector_loads(p);
   return dispatch_float_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    return dispatch_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
-      const void* kernel = vec ? reinterpret_cast<const void*>(&gemm_register_tiled_kernel<T, kTransA, kTransB, true>)
-                               : reinterpret_cast<const void*>(&gemm_register_tiled_kernel<T, kTransA, kTransB, false>);
-      const char* name = vec ? kernel_name<T, kTransA, kTransB, true>() : kernel_name<T, kTransA, kTransB, false>();
-      return describe_kernel(kernel, name, kThreads, /*dynamic_smem_bytes=*/0, out);
+    return dispatch_c_dtype<T>(p, [&]<typename TC>() -> cudaError_t {
+      return dispatch_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
+        const void* kernel =
+            vec ? reinterpret_cast<const void*>(&gemm_register_tiled_kernel<T, TC, kTransA, kTransB, true>)
+                : reinterpret_cast<const void*>(&gemm_register_tiled_kernel<T, TC, kTransA, kTransB, false>);
+        const char* name =
+            vec ? kernel_name<T, TC, kTransA, kTransB, true>() : kernel_name<T, TC, kTransA, kTransB, false>();
+        return describe_kernel(kernel, name, kThreads, /*dynamic_smem_bytes=*/0, out);
+      });
     });
   });
 }

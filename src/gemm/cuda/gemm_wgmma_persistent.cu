@@ -47,17 +47,17 @@ struct Config {
   using Shape = WgmmaWsShape<Tile, kConsumers>;
 };
 
-template <typename T, bool kSmallM, bool kTransA, bool kTransB>
+template <typename T, typename TC, bool kSmallM, bool kTransA, bool kTransB>
 const void* kernel_ptr() {
   using C = Config<kSmallM, kTransA, kTransB>;
   return reinterpret_cast<const void*>(
-      &gemm_wgmma_ws_kernel<T, typename C::Tile, C::kConsumers, typename C::Scheduler, C::kCluster, true>);
+      &gemm_wgmma_ws_kernel<T, TC, typename C::Tile, C::kConsumers, typename C::Scheduler, C::kCluster, true>);
 }
 
-template <typename T, bool kSmallM, bool kTransA, bool kTransB>
+template <typename T, typename TC, bool kSmallM, bool kTransA, bool kTransB>
 const std::string& kernel_name() {
   static const std::string name =
-      std::string("gemm_wgmma_persistent<") + dtype_label<T>() + ", " +
+      std::string("gemm_wgmma_persistent<") + dtype_label<T>() + (std::is_same_v<T, TC> ? "" : ", fp32 out") + ", " +
       kLayoutName<kTransA, kTransB> +
       (kSmallM ? ", 64x128x64, 8 stages, producer + 1 consumer, small M>"
                : ", 128x256x64, 4 stages, producer + 2 consumers, cluster 2x1>");
@@ -156,23 +156,44 @@ size_t split_bytes(const GemmParams& p, int splits, size_t* counters_offset) {
   return hopper_split_bytes(p, Tile::kBM, Tile::kBN, splits, counters_offset);
 }
 
-template <typename T, bool kSmallM, bool kTransA, bool kTransB>
+// Column sums: one row of partials per 16 rows of a tile (a consumer warp's rows).
+template <bool kSmallM>
+int64_t partial_rows(const GemmParams& p) {
+  constexpr int kBM = Config<kSmallM>::Tile::kBM;
+  return ceil_div(p.m, int64_t(kBM)) * (kBM / 16);
+}
+
+// The workspace after the staged copies: split-K's partials and counters, then the column-sum
+// partials.
+template <bool kSmallM>
+size_t scratch_bytes(const GemmParams& p, int splits, size_t* column_offset) {
+  size_t counters_offset = 0;
+  *column_offset = (split_bytes<kSmallM>(p, splits, &counters_offset) + 255) / 256 * 256;
+  return *column_offset + column_sum_bytes(p, partial_rows<kSmallM>(p));
+}
+
+template <typename T, typename TC, bool kSmallM, bool kTransA, bool kTransB>
 cudaError_t launch(const GemmParams& p, int splits, const Workspace& workspace, cudaStream_t stream) {
   using C = Config<kSmallM, kTransA, kTransB>;
   using Tile = typename C::Tile;
   CUtensorMap map_a, map_b, map_c{};
   HopperGemmArgs args;
   if (cudaError_t e = make_hopper_args(p, Tile::kBM, &map_a, &map_b, &args, &map_c); e != cudaSuccess) return e;
-  if (cudaError_t e = cudaFuncSetAttribute(kernel_ptr<T, kSmallM, kTransA, kTransB>(),
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
+  const void* kernel = kernel_ptr<T, TC, kSmallM, kTransA, kTransB>();
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
       e != cudaSuccess)
     return e;
   typename C::Scheduler sched{static_cast<int>(ceil_div(p.m, int64_t(Tile::kBM))),
                               static_cast<int>(ceil_div(p.n, int64_t(Tile::kBN))), p.batch, splits};
+  size_t column_offset = 0;
+  if (workspace.bytes < scratch_bytes<kSmallM>(p, splits, &column_offset) ||
+      ((splits > 1 || p.epi.column_sums) && workspace.data == nullptr))
+    return cudaErrorInvalidValue;
+  if (p.epi.column_sums)
+    args.column_partials = reinterpret_cast<float*>(static_cast<char*>(workspace.data) + column_offset);
   if (splits > 1) {
     size_t counters_offset = 0;
     const size_t need = split_bytes<kSmallM>(p, splits, &counters_offset);
-    if (workspace.bytes < need || workspace.data == nullptr) return cudaErrorInvalidValue;
     args.splits = splits;
     args.tiles_m = sched.tiles_m;
     args.tiles_n = sched.tiles_n;
@@ -182,11 +203,14 @@ cudaError_t launch(const GemmParams& p, int splits, const Workspace& workspace, 
     if (cudaError_t e = cudaMemsetAsync(args.counters, 0, need - counters_offset, stream); e != cudaSuccess) return e;
   }
   ClusterLaunch grid(C::kCluster, C::Shape::kThreads, Tile::kSmemBytes, stream);
-  if (cudaError_t e = grid.size_grid(kernel_ptr<T, kSmallM, kTransA, kTransB>(), sched.total()); e != cudaSuccess)
+  if (cudaError_t e = grid.size_grid(kernel, sched.total()); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaLaunchKernelEx(
+          &grid.config, &gemm_wgmma_ws_kernel<T, TC, Tile, C::kConsumers, typename C::Scheduler, C::kCluster, true>,
+          map_a, map_b, map_c, args, sched);
+      e != cudaSuccess)
     return e;
-  return cudaLaunchKernelEx(
-      &grid.config, &gemm_wgmma_ws_kernel<T, Tile, C::kConsumers, typename C::Scheduler, C::kCluster, true>, map_a,
-      map_b, map_c, args, sched);
+  return p.epi.column_sums ? finish_column_sums(p, args.column_partials, partial_rows<kSmallM>(p), stream)
+                           : cudaSuccess;
 }
 
 }  // namespace
@@ -202,36 +226,40 @@ cudaError_t gemm_wgmma_persistent(const GemmParams& p, const Workspace& workspac
     rest = {static_cast<char*>(workspace.data) + st.bytes, workspace.bytes - st.bytes};
   }
   return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    return dispatch_layout(q, [&]<bool kTransA, bool kTransB>() {
-      return plan.small_m ? launch<T, true, kTransA, kTransB>(q, plan.splits, rest, stream)
-                          : launch<T, false, kTransA, kTransB>(q, plan.splits, rest, stream);
+    return dispatch_c_dtype<T>(p, [&]<typename TC>() -> cudaError_t {
+      return dispatch_layout(q, [&]<bool kTransA, bool kTransB>() {
+        return plan.small_m ? launch<T, TC, true, kTransA, kTransB>(q, plan.splits, rest, stream)
+                            : launch<T, TC, false, kTransA, kTransB>(q, plan.splits, rest, stream);
+      });
     });
   });
 }
 
 cudaError_t gemm_wgmma_persistent_workspace(const GemmParams& p, size_t* bytes) {
   const GemmHopperPlan plan = plan_for(p);
-  size_t counters_offset = 0;
-  *bytes = staging_for(p).bytes + (plan.small_m ? split_bytes<true>(p, plan.splits, &counters_offset)
-                                                : split_bytes<false>(p, plan.splits, &counters_offset));
+  size_t column_offset = 0;
+  *bytes = staging_for(p).bytes + (plan.small_m ? scratch_bytes<true>(p, plan.splits, &column_offset)
+                                                : scratch_bytes<false>(p, plan.splits, &column_offset));
   return cudaSuccess;
 }
 
 cudaError_t gemm_wgmma_persistent_resources(const GemmParams& p, KernelResources* out) {
   const GemmHopperPlan plan = plan_for(p);
   return dispatch_half_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    return dispatch_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
-      const auto describe = [&]<bool kSmallM>() -> cudaError_t {
-        using C = Config<kSmallM, kTransA, kTransB>;
-        const void* kernel = kernel_ptr<T, kSmallM, kTransA, kTransB>();
-        if (cudaError_t e =
-                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::Tile::kSmemBytes);
-            e != cudaSuccess)
-          return e;
-        return describe_kernel(kernel, kernel_name<T, kSmallM, kTransA, kTransB>().c_str(), C::Shape::kThreads,
-                               C::Tile::kSmemBytes, out);
-      };
-      return plan.small_m ? describe.template operator()<true>() : describe.template operator()<false>();
+    return dispatch_c_dtype<T>(p, [&]<typename TC>() -> cudaError_t {
+      return dispatch_layout(p, [&]<bool kTransA, bool kTransB>() -> cudaError_t {
+        const auto describe = [&]<bool kSmallM>() -> cudaError_t {
+          using C = Config<kSmallM, kTransA, kTransB>;
+          const void* kernel = kernel_ptr<T, TC, kSmallM, kTransA, kTransB>();
+          if (cudaError_t e =
+                  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::Tile::kSmemBytes);
+              e != cudaSuccess)
+            return e;
+          return describe_kernel(kernel, kernel_name<T, TC, kSmallM, kTransA, kTransB>().c_str(), C::Shape::kThreads,
+                                 C::Tile::kSmemBytes, out);
+        };
+        return plan.small_m ? describe.template operator()<true>() : describe.template operator()<false>();
+      });
     });
   });
 }

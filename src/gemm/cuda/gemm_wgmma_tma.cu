@@ -77,12 +77,12 @@ __global__ void __launch_bounds__(kThreads) gemm_wgmma_tma_kernel(const __grid_c
   kernels::ptx::wgmma_hold(acc[0]);
   kernels::ptx::wgmma_hold(acc[1]);
 
-  T* c = static_cast<T*>(args.c) + t.batch * args.batch_stride_c;
+  const kernels::AlphaBetaOutput<T> out{args.alpha, args.beta, static_cast<T*>(args.c), args.ldc,
+                                        args.batch_stride_c, args.c_pairs};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row0 = m0 + 64 * h;
-    kernels::store_wgmma_tile<Tile::kBN>(acc[h], c + int64_t(row0) * args.ldc + n0, args.ldc, args.m - row0,
-                                         args.n - n0, args.c_pairs, args.epi);
+    kernels::store_wgmma_tile<Tile::kBN>(acc[h], t.batch, row0, n0, args.m - row0, args.n - n0, out);
   }
 }
 

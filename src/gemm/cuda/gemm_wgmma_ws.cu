@@ -27,7 +27,7 @@ constexpr int kSmemBytes = TileFor<false, false>::kSmemBytes;
 template <typename T, bool kTransA, bool kTransB>
 const void* kernel_ptr() {
   return reinterpret_cast<const void*>(
-      &gemm_wgmma_ws_kernel<T, TileFor<kTransA, kTransB>, kConsumers, Scheduler>);
+      &gemm_wgmma_ws_kernel<T, T, TileFor<kTransA, kTransB>, kConsumers, Scheduler>);
 }
 
 template <typename T, bool kTransA, bool kTransB>
@@ -52,7 +52,7 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   return launch_batch_chunks(p.batch, [&](int64_t z0, unsigned count) {
     sched.z_base = z0;
     const dim3 grid(static_cast<unsigned>(sched.tiles_m * sched.tiles_n), 1, count);
-    gemm_wgmma_ws_kernel<T, Tile, kConsumers, Scheduler><<<grid, Shape::kThreads, Tile::kSmemBytes, stream>>>(
+    gemm_wgmma_ws_kernel<T, T, Tile, kConsumers, Scheduler><<<grid, Shape::kThreads, Tile::kSmemBytes, stream>>>(
         map_a, map_b, map_c, args, sched);
   });
 }

@@ -57,8 +57,9 @@ template <int kConsumers>
 constexpr int kTmaStoreStagingBytes = kConsumers * 2 * kTmaStoreChunkBytes;
 
 // The TMA-store epilogue of one consumer warpgroup (thread `wg_thread` of it, named barrier
-// `barrier`): the 64 x kN tile at (m0, n0) of batch z, 64 columns at a time, through two staging
-// chunks; each chunk's store runs while the next is written and the next tile's mainloop starts.
+// `barrier`): the 64 x kN tile at (m0, n0) of batch z times alpha, 64 columns at a time, through two
+// staging chunks; each chunk's store runs while the next is written and the next tile's mainloop
+// starts.
 template <typename T, int kN>
 __device__ __forceinline__ void store_tile_tma(const float (&acc)[kN / 2], unsigned char* staging, const CUtensorMap* map_c,
                                                int m0, int n0, int z, float alpha, int wg_thread, int barrier) {
@@ -73,6 +74,58 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[kN / 2], unsig
     if (wg_thread == 0) {
       kernels::ptx::tma_store_3d(map_c, chunk, n0 + 64 * q, m0, z);
       kernels::ptx::bulk_commit_group();
+    }
+  }
+}
+
+// The fused epilogue (bias, activation, aux, residual, column sums) of one consumer warpgroup's
+// 64 x kN tile at (m0, n0) of batch z, through its 16 KiB of staging (two TMA chunks' worth):
+// 64 columns at a time, the fp32 fragments go to a 64 x 64 fp32 tile in shared memory (8-byte
+// units XOR-swizzled by row, so the fragment writes take the minimum two wavefronts and the row
+// reads one), then warp w takes rows w, w + 4, ..., w + 60 and lane l columns 2l, 2l + 1: every
+// access to C, aux and residual is a coalesced row segment, and the loop over the 16 rows stays
+// rolled (one copy of the epilogue's code instead of one per register pair). partials: this warp's
+// row of column-sum partials (its 16 rows summed in row order), or null.
+template <typename TC, int kN>
+__device__ __forceinline__ void store_tile_fused(const float (&acc)[kN / 2], float* staging, const HopperGemmArgs& args,
+                                                 const GemmEpilogueOp<TC>& epi, int m0, int n0, int64_t z,
+                                                 float* partials, int barrier) {
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+  const int frag_row = 16 * warp + lane / 4;
+  // Unit u (two floats) of row r sits at unit u ^ ((r % 8) * 4) of the row's 32.
+  const auto unit = [](int r, int u) { return r * 64 + 2 * (u ^ ((r & 7) << 2)); };
+#pragma unroll
+  for (int q = 0; q < kN / 64; ++q) {
+    kernels::ptx::named_barrier_sync(barrier, 128);  // the previous chunk's reads are done
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int j = 8 * q + u;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = frag_row + 8 * h;
+        *reinterpret_cast<float2*>(staging + unit(r, 4 * u + lane % 4)) =
+            make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      }
+    }
+    kernels::ptx::named_barrier_sync(barrier, 128);
+    const int col = n0 + 64 * q + 2 * lane;
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll 1
+    for (int r = warp; r < 64; r += 4) {
+      const int row = m0 + r;
+      if (row >= args.m) break;
+      const float2 v = *reinterpret_cast<const float2*>(staging + unit(r, lane));
+      float o0 = 0.0f, o1 = 0.0f;
+      if (col + 1 < args.n)
+        epi.store2(z, row, col, v.x, v.y, &o0, &o1);
+      else if (col < args.n)
+        o0 = epi.store(z, row, col, v.x);
+      s0 += o0;
+      s1 += o1;
+    }
+    if (partials) {
+      if (col < args.n) partials[col] = s0;
+      if (col + 1 < args.n) partials[col + 1] = s1;
     }
   }
 }
@@ -131,9 +184,14 @@ __device__ __forceinline__ bool reduce_splits(float (&acc)[Tile::kBN / 2], const
   return true;
 }
 
-// kTmaStore: C leaves through the TMA-store epilogue when args.c_tma (else, and for beta != 0,
-// straight from registers); the tile's extra shared memory holds kTmaStoreStagingBytes.
-template <typename T, typename Tile, int kConsumers, typename Scheduler, int kCluster = 1, bool kTmaStore = false>
+// kTmaStore: C leaves through the TMA-store epilogue when args.c_tma (else, and for beta != 0 or
+// an fp32 C, straight from registers); the tile's extra shared memory holds kTmaStoreStagingBytes.
+// TC: C's element type (T, or float for an fp32 C). With an epilogue (args.epi; kTmaStore kernels
+// only, which have the staging) the consumers store through store_tile_fused, and with column sums
+// each consumer warp writes the sums of its 16 rows of the tile as one row of
+// args.column_partials (row t.m * kBM / 16 + rows / 16 + warp of the batch's).
+template <typename T, typename TC, typename Tile, int kConsumers, typename Scheduler, int kCluster = 1,
+          bool kTmaStore = false>
 __global__ void __launch_bounds__(WgmmaWsShape<Tile, kConsumers>::kThreads, 1)
     gemm_wgmma_ws_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                          const __grid_constant__ CUtensorMap map_c, const HopperGemmArgs args, const Scheduler sched) {
@@ -204,13 +262,33 @@ __global__ void __launch_bounds__(WgmmaWsShape<Tile, kConsumers>::kThreads, 1)
     if (args.splits > 1 && !reduce_splits<Tile, kConsumers>(acc, args, t, rows)) continue;
 
     const int m0 = t.m * Tile::kBM + rows, n0 = t.n * Tile::kBN;
-    if (kTmaStore && args.c_tma) {
-      store_tile_tma<T, Tile::kBN>(acc, ring.extra() + (warpgroup - 1) * 2 * kTmaStoreChunkBytes, &map_c, m0, n0,
-                                   static_cast<int>(t.batch), args.epi.alpha, threadIdx.x % 128, warpgroup);
-    } else {
-      T* c = static_cast<T*>(args.c) + t.batch * args.batch_stride_c + int64_t(m0) * args.ldc + n0;
-      kernels::store_wgmma_tile<Tile::kBN>(acc, c, args.ldc, args.m - m0, args.n - n0, args.c_pairs, args.epi);
+    unsigned char* staging = ring.extra() + (warpgroup - 1) * 2 * kTmaStoreChunkBytes;
+    if constexpr (kTmaStore) {
+      if (args.epi.any()) {
+        // Column sums: this warp's row of partials (none for a cluster's block below the last tile row).
+        float* partials = nullptr;
+        if (args.column_partials && t.m < args.tiles_m) {
+          const int64_t per_batch = int64_t(args.tiles_m) * (Tile::kBM / 16);
+          const int64_t prow = int64_t(t.m) * (Tile::kBM / 16) + rows / 16 + (threadIdx.x / 32) % 4;
+          partials = args.column_partials + (t.batch * per_batch + prow) * args.n;
+        }
+        const GemmEpilogueOp<TC> epi{args.alpha, args.beta, static_cast<TC*>(args.c), args.ldc, args.batch_stride_c,
+                                     args.epi, args.c_pairs};
+        store_tile_fused<TC, Tile::kBN>(acc, reinterpret_cast<float*>(staging), args, epi, m0, n0, t.batch, partials,
+                                        warpgroup);
+        continue;
+      }
+      if constexpr (sizeof(TC) == 2) {
+        if (args.c_tma) {
+          store_tile_tma<TC, Tile::kBN>(acc, staging, &map_c, m0, n0, static_cast<int>(t.batch), args.alpha,
+                                        threadIdx.x % 128, warpgroup);
+          continue;
+        }
+      }
     }
+    const kernels::AlphaBetaOutput<TC> out{args.alpha, args.beta, static_cast<TC*>(args.c), args.ldc,
+                                           args.batch_stride_c, args.c_pairs};
+    kernels::store_wgmma_tile<Tile::kBN>(acc, t.batch, m0, n0, args.m - m0, args.n - n0, out);
   }
   if (kTmaStore && args.c_tma && threadIdx.x % 128 == 0) kernels::ptx::bulk_wait_group<0>();  // stores done
   if constexpr (kCluster > 1) kernels::ptx::cluster_sync();

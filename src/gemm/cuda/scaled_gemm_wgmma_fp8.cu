@@ -7,21 +7,31 @@
 //     index), so a stage is the same 128-byte rows as the 16-bit rungs' (WgmmaTile, kElemBytes 1).
 //     Other layouts, and rows TMA cannot describe, are first copied K-major into the workspace
 //     (to_k_major below: one pass over the operand, a transposing copy through shared memory).
+//   * tile 128 x 256: each consumer warpgroup owns 64 rows x 256 columns, 128 fp32 totals per
+//     thread. Per stage a block brings A (16 KiB) and half of B (16 KiB; the cluster peer
+//     multicasts the other half): 32 KiB of L2 traffic per 8.4 MFLOP, against 24 KiB per 4.2 MFLOP
+//     of a 128 x 128 tile (1.5x fewer bytes per FLOP: ~5.7 TB/s from L2 at 1450 TFLOP/s instead of
+//     ~8.5), and wgmma reads 96 instead of 128 bytes of shared memory per 64 columns x 32 K.
 //   * promotion: the tensor cores add fp8 products with about 14 bits of mantissa, which loses
-//     accuracy over long K (DeepSeek-V3 measured ~2^-13 relative error at K = 4096). Each
-//     consumer therefore accumulates one k-block (128 of K, four m64n128k32 steps) into a partial
-//     accumulator that starts at zero, waits for it, and adds it into its fp32 total: two
-//     accumulators of 64 registers each per thread, which is why the tile is 128 x 128 (a 64 x 256
-//     warpgroup tile would need 256 accumulator registers). While one consumer promotes, the
-//     other's wgmma keeps the tensor cores busy.
+//     accuracy over long K (DeepSeek-V3 measured ~2^-13 relative error at K = 4096). Each consumer
+//     therefore multiplies a k-block (128 of K) one 128-column half at a time: four m64n128k32
+//     steps into a 64-register partial that starts at zero (one wgmma group), waits for it, and
+//     adds it into its fp32 totals. 128 totals + 64 partials fit the consumers' 232 registers; two
+//     partials (one in flight while the other is promoted) would not, so the overlap comes from
+//     the other consumer instead: the two consumers take turns issuing their groups (two named
+//     barriers pass the turn), so that each one's group is queued behind the other's and the
+//     tensor cores work on one consumer's group while the other waits for and promotes its own.
+//     Without the turns both would issue at once, finish at once and promote at once.
 //   * block scales (1x128 for A, 128x128 for A or B) multiply the partial as it is promoted: the
-//     k-block is exactly one scale block along K, a 128-row tile one block of A, a 128-column tile
-//     one block of B. Per-tensor, per-row and per-column scales, and the bias, are applied once,
-//     in the epilogue.
-//   * clusters of 2 tiles along M share B through TMA multicast (half of B's boxes each), as in
-//     wgmma_persistent: 24 KiB per k-block from L2 instead of 32.
+//     k-block is exactly one scale block along K, a 128-row tile one block of A, a 128-column half
+//     one block of B (its own block column: 2 * tile column + half). They are loaded one k-block
+//     ahead, so their latency hides behind a whole k-block of math. Per-tensor, per-row and
+//     per-column scales, and the bias, are applied once, in the epilogue.
+//   * clusters of 2 tiles along M share B through TMA multicast (two of B's four 64-row boxes
+//     each), as in wgmma_persistent.
 //
-//   block tile 128 x 128 x 128, 6 stages (192 KiB), producer + 2 consumers, persistent, cluster 2x1.
+//   block tile 128 x 256 x 128, 4 stages (192 KiB), producer + 2 consumers (64 x 256 each, in two
+//   128-column wgmma groups, issued in turns), persistent, cluster 2x1.
 #include <cuda_fp8.h>
 
 #include <string>
@@ -38,9 +48,26 @@ namespace optimized::cuda {
 namespace {
 
 constexpr int kConsumers = 2, kCluster = 2;
-using Tile = kernels::WgmmaTile<128, 128, 6, 0, false, true, 1>;
-using Scheduler = kernels::PersistentTiles<8, kCluster>;
+using Tile = kernels::WgmmaTile<128, 256, 4, 0, false, true, 1>;  // (BLK_M, BLK_N, stages): BLK_K 128
+// Groups of 16 tile rows: a wave of 132 tiles 128 x 256 covers ~16 x 8 of them (2048 rows of A,
+// ~2100 columns of B) rather than 8 x 16 (1024 x ~4200): fewer distinct bytes in L2 at a time.
+using Scheduler = kernels::PersistentTiles<16, kCluster>;
 using Shape = WgmmaWsShape<Tile, kConsumers>;
+constexpr int kHalfN = 128;                    // columns per wgmma group and per promotion
+constexpr int kHalves = Tile::kBN / kHalfN;    // 2
+constexpr int kTotals = Tile::kBN / 2;         // 128 fp32 totals per consumer thread (64 x 256)
+constexpr int kPartials = kHalfN / 2;          // 64 fp32 partials (64 x 128)
+// The consumers take turns issuing their wgmma groups (see above). false: each issues as soon as
+// its stage is full (kept to compare on the GPU).
+constexpr bool kTakeTurns = true;
+// Named barriers of the turns: consumer c waits on kTurnBarrier + c, the other consumer arrives
+// there once it has issued its group. (0 is __syncthreads'; nothing else here uses named barriers.)
+constexpr int kTurnBarrier = 1;
+static_assert(Tile::kBK == 128, "a k-block is one 128-wide scale block along K");
+static_assert(Tile::kBM == 128, "a tile row is one 128-row scale block of A");
+static_assert(kHalfN == 128 && Tile::kBN % kHalfN == 0, "a half is one 128-column scale block of B");
+static_assert(kConsumers == 2, "the turns pass between two consumers");
+static_assert(Tile::kSmemBytes <= 227 * 1024, "the ring fits one block's shared memory");
 
 // What the kernel takes besides the maps.
 struct Fp8Args {
@@ -56,22 +83,39 @@ struct Fp8Args {
   const void* bias;
 };
 
-// The block-scale factor of k-block kb for the thread's two rows (row_lo, row_lo + 8, clamped to
-// the matrix) of the tile at (tile_m, tile_n): 1 where neither operand has block scales.
-__device__ __forceinline__ void block_factors(const Fp8Args& args, int kb, int row_lo, int tile_m, int tile_n,
-                                              float* f0, float* f1) {
-  float a0 = 1.0f, a1 = 1.0f, b = 1.0f;
+// Where a consumer thread's block scales are, fixed for a tile: its two rows (row_lo, row_lo + 8,
+// clamped to the matrix), the tile's row block of A (clamped: a cluster's second tile may lie past
+// the last row block) and the first of its two column blocks of B.
+struct ScaleSite {
+  int r0, r1;
+  int a_block;
+  int b_block;
+};
+
+// The block scales of one k-block: A's for the thread's two rows, B's for each half of the tile; 1
+// where the operand has no block scales.
+struct KScales {
+  float a0, a1;
+  float b[kHalves];
+};
+
+__device__ __forceinline__ KScales load_kscales(const Fp8Args& args, const ScaleSite& at, int kb) {
+  KScales s;
+  s.a0 = s.a1 = 1.0f;
   if (args.layout_a == ScaleLayout::kBlock1x128) {
-    const int r0 = min(row_lo, args.m - 1), r1 = min(row_lo + 8, args.m - 1);
-    a0 = __ldg(args.scale_a + int64_t(r0) * args.a_blocks_k + kb);
-    a1 = __ldg(args.scale_a + int64_t(r1) * args.a_blocks_k + kb);
+    s.a0 = __ldg(args.scale_a + int64_t(at.r0) * args.a_blocks_k + kb);
+    s.a1 = __ldg(args.scale_a + int64_t(at.r1) * args.a_blocks_k + kb);
   } else if (args.layout_a == ScaleLayout::kBlock128x128) {
-    // A cluster's second tile may lie past the last row block (an odd number of tile rows).
-    a0 = a1 = __ldg(args.scale_a + int64_t(min(tile_m, (args.m - 1) / 128)) * args.a_blocks_k + kb);
+    s.a0 = s.a1 = __ldg(args.scale_a + int64_t(at.a_block) * args.a_blocks_k + kb);
   }
-  if (args.layout_b == ScaleLayout::kBlock128x128) b = __ldg(args.scale_b + int64_t(kb) * args.b_blocks_n + tile_n);
-  *f0 = a0 * b;
-  *f1 = a1 * b;
+#pragma unroll
+  for (int h = 0; h < kHalves; ++h) {
+    s.b[h] = 1.0f;
+    // The second half of the last tile column may lie past N (no block of its own): clamped.
+    if (args.layout_b == ScaleLayout::kBlock128x128)
+      s.b[h] = __ldg(args.scale_b + int64_t(kb) * args.b_blocks_n + min(at.b_block + h, args.b_blocks_n - 1));
+  }
+  return s;
 }
 
 template <typename T>
@@ -87,36 +131,51 @@ __device__ __forceinline__ void store_pair(T* c, float v0, float v1) {
   }
 }
 
-// The epilogue of one consumer's 64 x 128 total at (m0, n0): outer scales (per tensor, row,
-// column), bias, rounding to C's type, ragged edges skipped.
-template <typename T>
-__device__ __forceinline__ void store_tile(const float (&acc)[64], const Fp8Args& args, int m0, int n0) {
+// The epilogue of one consumer's 64 x kN total at (m0, n0) (the m64nNk32 accumulator layout: d[4j +
+// 2h + e] is row 16 warp + lane/4 + 8h, column 8j + 2 (lane%4) + e): outer scales (per tensor, row,
+// column), bias, rounding to C's type, ragged edges skipped. A column's scale and bias are loaded
+// once for the thread's two rows.
+template <typename T, int kN>
+__device__ __forceinline__ void store_tile(const float (&acc)[kN / 2], const Fp8Args& args, int m0, int n0) {
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
   const float ta = args.layout_a == ScaleLayout::kTensor ? __ldg(args.scale_a) : 1.0f;
   const float tb = args.layout_b == ScaleLayout::kTensor ? __ldg(args.scale_b) : 1.0f;
   T* c = static_cast<T*>(args.c);
+  const T* bias = static_cast<const T*>(args.bias);
+  int row[2];
+  float rs[2];  // the row's scale: per tensor times per row
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int row = m0 + 16 * warp + lane / 4 + 8 * h;
-    if (row >= args.m) continue;
-    const float ra = ta * (args.layout_a == ScaleLayout::kRowwise ? __ldg(args.scale_a + row) : 1.0f);
-    T* c_row = c + int64_t(row) * args.ldc;
+    row[h] = m0 + 16 * warp + lane / 4 + 8 * h;
+    rs[h] = ta * (args.layout_a == ScaleLayout::kRowwise ? __ldg(args.scale_a + min(row[h], args.m - 1)) : 1.0f);
+  }
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const int col = n0 + 8 * j + 2 * (lane % 4);
+  for (int j = 0; j < kN / 8; ++j) {
+    const int col = n0 + 8 * j + 2 * (lane % 4);
+    if (col >= args.n) continue;
+    float cs[2], cb[2];  // the columns' scales (per column of B) and bias
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int cc = min(col + e, args.n - 1);
+      cs[e] = args.layout_b == ScaleLayout::kRowwise ? __ldg(args.scale_b + cc) : 1.0f;
+      cb[e] = bias ? kernels::to_float(bias[cc]) : 0.0f;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (row[h] >= args.m) continue;
       float v[2];
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int cc = min(col + e, args.n - 1);
-        float s = ra * tb;
-        if (args.layout_b == ScaleLayout::kRowwise) s *= __ldg(args.scale_b + cc);
+        float s = rs[h] * tb;
+        if (args.layout_b == ScaleLayout::kRowwise) s *= cs[e];
         v[e] = acc[4 * j + 2 * h + e] * s;
-        if (args.bias) v[e] += kernels::to_float(static_cast<const T*>(args.bias)[cc]);
+        if (bias) v[e] += cb[e];
       }
+      T* c_row = c + int64_t(row[h]) * args.ldc;
       if (args.c_pairs && col + 1 < args.n) {
         store_pair(c_row + col, v[0], v[1]);
       } else {
-        if (col < args.n) c_row[col] = kernels::from_float<T>(v[0]);
+        c_row[col] = kernels::from_float<T>(v[0]);
         if (col + 1 < args.n) c_row[col + 1] = kernels::from_float<T>(v[1]);
       }
     }
@@ -127,13 +186,31 @@ __device__ __forceinline__ void store_tile(const float (&acc)[64], const Fp8Args
 template <typename F8>
 using QgmmaTag = std::conditional_t<std::is_same_v<F8, __nv_fp8_e5m2>, kernels::ptx::E5m2Tag, kernels::ptx::E4m3Tag>;
 
+// The turns of the two consumers (256 threads): consumer c waits on named barrier kTurnBarrier + c
+// until the other has arrived there, i.e. has issued its group. Immediate barrier ids (a predicate
+// picks the instruction), so that no register holds them.
+__device__ __forceinline__ void wait_turn(int consumer) {
+  if (consumer == 0)
+    asm volatile("bar.sync %0, 256;\n" ::"n"(kTurnBarrier) : "memory");
+  else
+    asm volatile("bar.sync %0, 256;\n" ::"n"(kTurnBarrier + 1) : "memory");
+}
+__device__ __forceinline__ void pass_turn(int consumer) {
+  if (consumer == 0)
+    asm volatile("bar.arrive %0, 256;\n" ::"n"(kTurnBarrier + 1) : "memory");
+  else
+    asm volatile("bar.arrive %0, 256;\n" ::"n"(kTurnBarrier) : "memory");
+}
+
 template <typename FA, typename FB, typename T>
 __global__ void __launch_bounds__(Shape::kThreads, 1)
     scaled_gemm_wgmma_fp8_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                                  const Fp8Args args, const Scheduler sched) {
   extern __shared__ unsigned char smem[];
   const auto ring = kernels::WgmmaRing<Tile>::carve(smem);
-  const int warpgroup = threadIdx.x / 128;
+  // The same in every lane (the shuffle tells the compiler so: what derives from it may live in
+  // uniform registers).
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   if (threadIdx.x == 0) {
     kernels::ptx::tma_prefetch_descriptor(&map_a);
     kernels::ptx::tma_prefetch_descriptor(&map_b);
@@ -163,42 +240,64 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
   }
 
   kernels::ptx::setmaxnreg_inc<Shape::kConsumerRegs>();
-  const int rows = 64 * (warpgroup - 1);  // this consumer's rows of the tile
+  const int consumer = warpgroup - 1;
+  const int rows = 64 * consumer;  // this consumer's rows of the tile
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
   const bool releaser = lane == 0;
-  float total[64], partial[64];
+  // The turns: consumer 0 issues first. Consumer 1 hands it the first turn; every group then hands
+  // the turn to the other consumer; consumer 0 takes the last hand-over after its loop, so every
+  // arrival on a turn barrier is matched by one wait (both consumers issue the same groups).
+  if (kTakeTurns && consumer == 1) pass_turn(consumer);
+
+  float total[kTotals], partial[kPartials];
   for (int i = 0; sched.next(i, &t); ++i) {
 #pragma unroll
-    for (int j = 0; j < 64; ++j) total[j] = 0.0f;
+    for (int j = 0; j < kTotals; ++j) total[j] = 0.0f;
     const int row_lo = t.m * Tile::kBM + rows + 16 * warp + lane / 4;
+    const ScaleSite site{min(row_lo, args.m - 1), min(row_lo + 8, args.m - 1), min(t.m, (args.m - 1) / 128),
+                         t.n * kHalves};
+    KScales next = load_kscales(args, site, 0);
     for (int kb = 0; kb < args.k_blocks; ++kb) {
-      float f0, f1;  // loaded before the wait, used after the k-block's wgmma: their latency hides
-      block_factors(args, kb, row_lo, t.m, t.n, &f0, &f1);
+      // This k-block's scales arrived during the previous one; the next k-block's load now.
+      const KScales s = next;
+      next = load_kscales(args, site, min(kb + 1, args.k_blocks - 1));
       kernels::ptx::mbarrier_wait(&ring.full[cur.stage], cur.phase);
-      kernels::ptx::wgmma_fence();
-      const unsigned char* a_rows = ring.a(cur.stage) + rows * 128;
-      const unsigned char* b = ring.b(cur.stage);
+      // The descriptors of this consumer's A rows and of B's first row; a k-step moves 32 bytes
+      // along the rows and a half 128 rows of 128 bytes down (descriptor addresses count 16 bytes:
+      // adding to the start-address field, whose 14 bits hold every shared-memory address).
+      const uint64_t desc_a = kernels::ptx::make_smem_desc_k_major_sw128(ring.a(cur.stage) + rows * 128);
+      const uint64_t desc_b = kernels::ptx::make_smem_desc_k_major_sw128(ring.b(cur.stage));
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        kernels::ptx::wgmma_m64n128k32(partial, kernels::ptx::make_smem_desc_k_major_sw128(a_rows + kk * 32),
-                                       kernels::ptx::make_smem_desc_k_major_sw128(b + kk * 32), kk > 0 ? 1 : 0,
-                                       QgmmaTag<FA>{}, QgmmaTag<FB>{});
-      kernels::ptx::wgmma_commit();
-      kernels::ptx::wgmma_wait<0>();
-      kernels::ptx::wgmma_hold(partial);
-      if (releaser) release<kCluster>(&ring.empty[cur.stage]);
-      cur.advance();
-      // Promotion: the k-block's partial sums into the fp32 totals, times the block scales.
+      for (int h = 0; h < kHalves; ++h) {
+        if (kTakeTurns) wait_turn(consumer);
+        kernels::ptx::wgmma_fence();  // the previous promotion's reads of `partial` come first
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        total[4 * j + 0] = fmaf(partial[4 * j + 0], f0, total[4 * j + 0]);
-        total[4 * j + 1] = fmaf(partial[4 * j + 1], f0, total[4 * j + 1]);
-        total[4 * j + 2] = fmaf(partial[4 * j + 2], f1, total[4 * j + 2]);
-        total[4 * j + 3] = fmaf(partial[4 * j + 3], f1, total[4 * j + 3]);
+        for (int kk = 0; kk < 4; ++kk)  // (64 x 32) x (32 x 128): A's rows, B's rows of half h
+          kernels::ptx::wgmma_m64n128k32(partial, desc_a + (kk * 32) / 16,
+                                         desc_b + (h * kHalfN * 128 + kk * 32) / 16, kk > 0 ? 1 : 0,
+                                         QgmmaTag<FA>{}, QgmmaTag<FB>{});
+        kernels::ptx::wgmma_commit();
+        if (kTakeTurns) pass_turn(consumer);
+        kernels::ptx::wgmma_wait<0>();
+        kernels::ptx::wgmma_hold(partial);
+        // The stage is free once this consumer's last group on it has completed.
+        if (h == kHalves - 1 && releaser) release<kCluster>(&ring.empty[cur.stage]);
+        // Promotion: the half's partial sums into the fp32 totals, times the block scales.
+        const float f0 = s.a0 * s.b[h], f1 = s.a1 * s.b[h];
+#pragma unroll
+        for (int j = 0; j < kPartials / 4; ++j) {
+          float* tot = total + h * kPartials + 4 * j;
+          tot[0] = fmaf(partial[4 * j + 0], f0, tot[0]);
+          tot[1] = fmaf(partial[4 * j + 1], f0, tot[1]);
+          tot[2] = fmaf(partial[4 * j + 2], f1, tot[2]);
+          tot[3] = fmaf(partial[4 * j + 3], f1, tot[3]);
+        }
       }
+      cur.advance();
     }
-    store_tile<T>(total, args, t.m * Tile::kBM + rows, t.n * Tile::kBN);
+    store_tile<T, Tile::kBN>(total, args, t.m * Tile::kBM + rows, t.n * Tile::kBN);
   }
+  if (kTakeTurns && consumer == 0) wait_turn(consumer);
   kernels::ptx::cluster_sync();
 }
 
@@ -326,7 +425,8 @@ cudaError_t scaled_gemm_wgmma_fp8_resources(const ScaledGemmParams& p, KernelRes
         e != cudaSuccess)
       return e;
     static const std::string name =
-        "scaled_gemm_wgmma_fp8<128x128x128, 6 stages, producer + 2 consumers, cluster 2x1, promotion every 128 K>";
+        "scaled_gemm_wgmma_fp8<128x256x128, 4 stages, producer + 2 consumers (64x256, two 128-column wgmma groups "
+        "issued in turns), cluster 2x1, promotion every 128 K>";
     return describe_kernel(kernel, name.c_str(), Shape::kThreads, Tile::kSmemBytes, out);
   });
 }

@@ -1,9 +1,9 @@
 // The alpha/beta epilogue of a GEMM: C = alpha * acc + beta * C, in fp32, rounded once to C's
 // type. C is not read when beta == 0 (BLAS convention: NaN in the old C does not propagate).
 //
-// An epilogue functor takes fp32 results of the mainloop and writes them to C: store() one element,
-// store2() / store4() two / four consecutive ones (4- / 8-byte aligned, 16-bit C). Linear's bias / activation epilogue
-// plugs in the same way.
+// The store of the rungs that take no epilogue (the ladder's teaching rungs and gemv); the rungs
+// that do use the fused epilogue functor (fused_epilogue.cuh), which starts with the same alpha /
+// beta arithmetic.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,44 +22,70 @@ __device__ __forceinline__ void store_alpha_beta(T* c, float acc, float alpha, f
   *c = from_float<T>(out);
 }
 
-struct AlphaBetaEpilogue {
-  float alpha;
-  float beta;
+// The same as a functor at (batch, row, column) of C (row-major, type TC), with the interface of
+// FusedEpilogue (fused_epilogue.cuh) but nothing else to read or write: the small store the
+// Hopper rungs use when no epilogue is asked for (the fused one's extra branches, inlined at every
+// element of a 64 x 256 tile, would only cost code size and compile time there).
+template <typename TC>
+struct AlphaBetaOutput {
+  float alpha, beta;
+  TC* c;
+  int64_t ldc, batch_stride_c;
+  bool pairs;          // two neighbouring columns (even col) are one aligned access
+  bool quads = false;  // four (col a multiple of 4) are one aligned access too
 
-  template <typename T>
-  __device__ __forceinline__ void store(T* c, float acc) const {
-    store_alpha_beta(c, acc, alpha, beta);
+  __device__ __forceinline__ float store(int64_t z, int64_t row, int64_t col, float acc) const {
+    TC* p = c + z * batch_stride_c + row * ldc + col;
+    float out = alpha * acc;
+    if (beta != 0.0f) out = fmaf(beta, to_float(*p), out);
+    *p = from_float<TC>(out);
+    return out;
   }
-
-  // kN consecutive 16-bit elements as one access (4 or 8 bytes, aligned to it).
-  template <int kN, typename T>
-  __device__ __forceinline__ void store_n(T* c, const float (&v)[kN]) const {
-    static_assert(sizeof(T) == 2 && (kN == 2 || kN == 4), "two or four 16-bit elements as one access");
-    using Word = std::conditional_t<kN == 2, uint32_t, uint2>;
-    float o[kN];
-#pragma unroll
-    for (int e = 0; e < kN; ++e) o[e] = alpha * v[e];
-    if (beta != 0.0f) {
-      const Word old = *reinterpret_cast<const Word*>(c);
-      const T* ov = reinterpret_cast<const T*>(&old);
-#pragma unroll
-      for (int e = 0; e < kN; ++e) o[e] = fmaf(beta, to_float(ov[e]), o[e]);
+  __device__ __forceinline__ void store2(int64_t z, int64_t row, int64_t col, float acc0, float acc1, float* out0,
+                                         float* out1) const {
+    if (!pairs) {
+      *out0 = store(z, row, col, acc0);
+      *out1 = store(z, row, col + 1, acc1);
+      return;
     }
-    Word out;
-    T* outv = reinterpret_cast<T*>(&out);
+    using Pair = std::conditional_t<sizeof(TC) == 2, uint32_t, float2>;
+    Pair* p = reinterpret_cast<Pair*>(c + z * batch_stride_c + row * ldc + col);
+    float o0 = alpha * acc0, o1 = alpha * acc1;
+    if (beta != 0.0f) {
+      const Pair old = *p;
+      const TC* ov = reinterpret_cast<const TC*>(&old);
+      o0 = fmaf(beta, to_float(ov[0]), o0);
+      o1 = fmaf(beta, to_float(ov[1]), o1);
+    }
+    Pair w;
+    TC* wv = reinterpret_cast<TC*>(&w);
+    wv[0] = from_float<TC>(o0);
+    wv[1] = from_float<TC>(o1);
+    *p = w;
+    *out0 = o0;
+    *out1 = o1;
+  }
+  __device__ __forceinline__ void store4(int64_t z, int64_t row, int64_t col, float4 acc, float4* out) const {
+    if (!quads) {
+      store2(z, row, col, acc.x, acc.y, &out->x, &out->y);
+      store2(z, row, col + 2, acc.z, acc.w, &out->z, &out->w);
+      return;
+    }
+    using Quad = std::conditional_t<sizeof(TC) == 2, uint2, float4>;
+    Quad* p = reinterpret_cast<Quad*>(c + z * batch_stride_c + row * ldc + col);
+    float o[4] = {alpha * acc.x, alpha * acc.y, alpha * acc.z, alpha * acc.w};
+    if (beta != 0.0f) {
+      const Quad old = *p;
+      const TC* ov = reinterpret_cast<const TC*>(&old);
 #pragma unroll
-    for (int e = 0; e < kN; ++e) outv[e] = from_float<T>(o[e]);
-    *reinterpret_cast<Word*>(c) = out;
-  }
-  template <typename T>
-  __device__ __forceinline__ void store2(T* c, float v0, float v1) const {
-    const float v[2] = {v0, v1};
-    store_n<2>(c, v);
-  }
-  template <typename T>
-  __device__ __forceinline__ void store4(T* c, float4 v) const {
-    const float f[4] = {v.x, v.y, v.z, v.w};
-    store_n<4>(c, f);
+      for (int e = 0; e < 4; ++e) o[e] = fmaf(beta, to_float(ov[e]), o[e]);
+    }
+    Quad w;
+    TC* wv = reinterpret_cast<TC*>(&w);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) wv[e] = from_float<TC>(o[e]);
+    *p = w;
+    *out = make_float4(o[0], o[1], o[2], o[3]);
   }
 };
 

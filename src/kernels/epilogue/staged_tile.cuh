@@ -1,6 +1,6 @@
 // The store of a block's mma.sync accumulators through shared memory: every warp writes its
 // fragments as fp32 into a (kBM, kBN + 8) tile, then the block walks the tile in whole rows, 4
-// columns per thread per step, and hands them to an epilogue functor (epilogue/alpha_beta.cuh), so
+// columns per thread per step, and hands them to an epilogue functor (epilogue/fused_epilogue.cuh), so
 // that C is read and written in full, coalesced rows whatever the fragment layout.
 #pragma once
 
@@ -19,12 +19,19 @@ struct StagedTile {
 
 // acc: the mainloop's accumulators (C fragment layout of mma.m16n8k16). epi: StagedTile<Tile>::kBytes
 // of shared memory that no warp uses any more (the mainloop's ring). The tile's rows [m0, m0 + kBM)
-// and columns [n0, n0 + kBN) of C (m x n, row stride ldc) are written where they lie inside C.
-// c_vec4: C's base is 8-byte aligned and ldc a multiple of 4 (store4 for whole groups of 4).
-template <class Tile, typename T, class Epilogue>
-__device__ __forceinline__ void store_staged_tile(const float (&acc)[Tile::kMT][Tile::kNT][4], float* epi, T* c,
-                                                  int64_t m, int64_t n, int64_t ldc, int64_t m0, int64_t n0,
-                                                  bool c_vec4, const Epilogue& epilogue) {
+// and columns [n0, n0 + kBN) of batch z of C (m x n) are handed to the epilogue functor
+// (alpha_beta.cuh's AlphaBetaOutput or fused_epilogue.cuh's FusedEpilogue: store4 for whole groups
+// of 4 columns, store at the right edge) where they
+// lie inside C. Column sums (kColumnSums, a kernel that can be asked for them): a thread keeps the columns [col, col + 4) of every
+// kThreads / (kBN / 4)-th row of the tile, so `partials` (null: none; else the tile's first row of
+// partials, rows n apart) gets one row per such group of threads, summed in row order.
+template <class Tile>
+constexpr int kStagedPartialRows = Tile::kThreads / (Tile::kBN / 4);
+
+template <class Tile, bool kColumnSums, class Epilogue>
+__device__ __forceinline__ void store_staged_tile(const float (&acc)[Tile::kMT][Tile::kNT][4], float* epi, int64_t z,
+                                                  int64_t m, int64_t n, int64_t m0, int64_t n0,
+                                                  const Epilogue& epilogue, float* partials) {
   using C = Tile;
   constexpr int kStride = StagedTile<Tile>::kStride;
   const int tid = threadIdx.x;
@@ -47,23 +54,35 @@ __device__ __forceinline__ void store_staged_tile(const float (&acc)[Tile::kMT][
   __syncthreads();
 
   constexpr int kVecPerRow = C::kBN / 4;  // threads covering one row, 4 columns each
+  static_assert(C::kThreads % kVecPerRow == 0, "a thread keeps the same 4 columns on every row it stores");
+  float4 sums = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const int col = (tid % kVecPerRow) * 4;
+  const int64_t gn = n0 + col;
 #pragma unroll 4
   for (int it = 0; it < C::kBM * C::kBN / 4 / C::kThreads; ++it) {
-    const int idx = it * C::kThreads + tid;
-    const int r = idx / kVecPerRow;
-    const int col = (idx % kVecPerRow) * 4;
-    const int64_t gm = m0 + r, gn = n0 + col;
+    const int r = (it * C::kThreads + tid) / kVecPerRow;
+    const int64_t gm = m0 + r;
     if (gm >= m || gn >= n) continue;
     const float4 v = *reinterpret_cast<const float4*>(epi + r * kStride + col);
-    T* cp = c + gm * ldc + gn;
-    if (c_vec4 && gn + 4 <= n) {
-      epilogue.store4(cp, v);
+    float4 out;
+    if (gn + 4 <= n) {
+      epilogue.store4(z, gm, gn, v, &out);
     } else {
       const float vv[4] = {v.x, v.y, v.z, v.w};
+      float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        if (gn + e < n) epilogue.store(cp + e, vv[e]);
+        if (gn + e < n) o[e] = epilogue.store(z, gm, gn + e, vv[e]);
+      out = make_float4(o[0], o[1], o[2], o[3]);
     }
+    if constexpr (kColumnSums) sums.x += out.x, sums.y += out.y, sums.z += out.z, sums.w += out.w;
+  }
+  if (kColumnSums && partials && gn < n) {
+    float* row = partials + int64_t(tid / kVecPerRow) * n + gn;
+    const float s[4] = {sums.x, sums.y, sums.z, sums.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (gn + e < n) row[e] = s[e];
   }
 }
 
