@@ -185,6 +185,7 @@ cudaError_t launch(const GemmParams& p, int splits, const Workspace& workspace, 
     return e;
   typename C::Scheduler sched{static_cast<int>(ceil_div(p.m, int64_t(Tile::kBM))),
                               static_cast<int>(ceil_div(p.n, int64_t(Tile::kBN))), p.batch, splits};
+  if (!sched.fits()) return cudaErrorInvalidConfiguration;
   size_t column_offset = 0;
   if (workspace.bytes < scratch_bytes<kSmallM>(p, splits, &column_offset) ||
       ((splits > 1 || p.epi.column_sums) && workspace.data == nullptr))

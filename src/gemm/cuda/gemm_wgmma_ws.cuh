@@ -20,6 +20,8 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <utility>
+
 #include "gemm/cuda/gemm_hopper.cuh"
 #include "kernels/epilogue/wgmma_store.cuh"
 #include "kernels/gemm/wgmma_mainloop.cuh"
@@ -78,53 +80,105 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[kN / 2], unsig
   }
 }
 
-// The fused epilogue (bias, activation, aux, residual, column sums) of one consumer warpgroup's
-// 64 x kN tile at (m0, n0) of batch z, through its 16 KiB of staging (two TMA chunks' worth):
-// 64 columns at a time, the fp32 fragments go to a 64 x 64 fp32 tile in shared memory (8-byte
-// units XOR-swizzled by row, so the fragment writes take the minimum two wavefronts and the row
-// reads one), then warp w takes rows w, w + 4, ..., w + 60 and lane l columns 2l, 2l + 1: every
-// access to C, aux and residual is a coalesced row segment, and the loop over the 16 rows stays
-// rolled (one copy of the epilogue's code instead of one per register pair). partials: this warp's
-// row of column-sum partials (its 16 rows summed in row order), or null.
-template <typename TC, int kN>
-__device__ __forceinline__ void store_tile_fused(const float (&acc)[kN / 2], float* staging, const HopperGemmArgs& args,
-                                                 const GemmEpilogueOp<TC>& epi, int m0, int n0, int64_t z,
-                                                 float* partials, int barrier) {
-  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+// The staged epilogue of one consumer warpgroup's 64 x kN tile at (m0, n0) of batch z, through its
+// 16 KiB of C staging (two TMA chunks' worth): every store that is not the plain TMA one (an
+// epilogue, beta != 0, an fp32 C, a C that TMA cannot describe). 64 columns at a time, the fp32
+// fragments go to a 64 x 64 fp32 tile in shared memory (8-byte units XOR-swizzled by row, so the
+// fragment writes take the minimum two wavefronts and the row reads one), then warp w takes rows
+// w, w + 4, ..., w + 60 and lane l columns 2l, 2l + 1: every access to C, aux and residual is a
+// coalesced row segment, a bias along N is loaded once per chunk, and four rows' reads are in flight
+// at a time. partials: this warp's row of column-sum partials (its 16 rows summed in row order), or
+// null.
+//
+// Code size is the constraint here. The chunk loop stays rolled: a switch picks the chunk's
+// registers (each case a fixed set of acc[] indices, so acc stays in registers), and the row walk
+// -- the epilogue functor, with its activations -- exists in four copies (the batch of rows), not
+// sixteen. Unrolled over the 4 chunks and 4 rows, the kernel grew to 55,000 instructions and ran the
+// epilogue out of the instruction cache: ncu showed its samples stalled on "no instruction", and
+// bias alone ran at 0.49x of cuBLASLt.
+template <int kN>
+__device__ __forceinline__ void stage_fp32_chunk(const float (&acc)[kN / 2], int q, float* staging) {
+  // The thread index read here (volatile), so that the compiler computes the 16 addresses below
+  // when it stores, rather than hoisting the 64 of the four chunks out of the tile loop into
+  // registers (which pushed the consumers past their 232 and spilled two values to the stack).
+  unsigned tid;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  const int lane = static_cast<int>(tid % 32), warp = static_cast<int>((tid / 32) % 4);
   const int frag_row = 16 * warp + lane / 4;
-  // Unit u (two floats) of row r sits at unit u ^ ((r % 8) * 4) of the row's 32.
-  const auto unit = [](int r, int u) { return r * 64 + 2 * (u ^ ((r & 7) << 2)); };
 #pragma unroll
+  for (int u = 0; u < 8; ++u) {
+    const int j = 8 * q + u;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = frag_row + 8 * h;
+      // Unit u (two floats) of row r sits at unit u ^ ((r % 8) * 4) of the row's 32.
+      const int unit = (4 * u + lane % 4) ^ ((r & 7) << 2);
+      kernels::ptx::st_shared_f2(kernels::ptx::smem_u32(staging + r * 64 + 2 * unit),
+                                 make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]));
+    }
+  }
+}
+
+template <int kN, int... kQ>
+__device__ __forceinline__ void stage_fp32_chunk_at(const float (&acc)[kN / 2], int q, float* staging,
+                                                    std::integer_sequence<int, kQ...>) {
+  // One case per chunk, each with compile-time register indices.
+  ((q == kQ ? stage_fp32_chunk<kN>(acc, kQ, staging) : void()), ...);
+}
+
+template <typename TC, int kN, typename Epilogue>
+__device__ __forceinline__ void store_tile_staged(const float (&acc)[kN / 2], float* staging, const HopperGemmArgs& args,
+                                                  const Epilogue& epi, int m0, int n0, int64_t z, float* partials,
+                                                  int barrier) {
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+  const int rows = min(64, args.m - m0);  // rows of the tile inside C (<= 0: none)
+#pragma unroll 1
   for (int q = 0; q < kN / 64; ++q) {
     kernels::ptx::named_barrier_sync(barrier, 128);  // the previous chunk's reads are done
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int j = 8 * q + u;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = frag_row + 8 * h;
-        *reinterpret_cast<float2*>(staging + unit(r, 4 * u + lane % 4)) =
-            make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-      }
-    }
+    stage_fp32_chunk_at<kN>(acc, q, staging, std::make_integer_sequence<int, kN / 64>{});
     kernels::ptx::named_barrier_sync(barrier, 128);
     const int col = n0 + 64 * q + 2 * lane;
+    if (col >= args.n) continue;  // (no barrier below: skipping is safe)
+    const uint32_t stage = kernels::ptx::smem_u32(staging);
+    const auto value = [&](int r) { return kernels::ptx::ld_shared_f2(stage + 4 * (r * 64 + 2 * (lane ^ ((r & 7) << 2)))); };
     float s0 = 0.0f, s1 = 0.0f;
+    if (col + 1 < args.n) {
+      // Two rows at a time: their reads (C, aux, residual) are all in flight before the first
+      // one is used; rows past C are not touched. The cursor steps down the rows by pointer
+      // arithmetic.
+      const float2 bias = epi.column_bias(col, true);
+      constexpr int kBatch = 2;
+      typename Epilogue::Cursor at = epi.cursor(z, m0 + warp, col);
 #pragma unroll 1
-    for (int r = warp; r < 64; r += 4) {
-      const int row = m0 + r;
-      if (row >= args.m) break;
-      const float2 v = *reinterpret_cast<const float2*>(staging + unit(r, lane));
-      float o0 = 0.0f, o1 = 0.0f;
-      if (col + 1 < args.n)
-        epi.store2(z, row, col, v.x, v.y, &o0, &o1);
-      else if (col < args.n)
-        o0 = epi.store(z, row, col, v.x);
-      s0 += o0;
-      s1 += o1;
+      for (int r0 = warp; r0 < rows; r0 += 4 * kBatch) {
+        typename Epilogue::Inputs in[kBatch];
+        typename Epilogue::Cursor cur = at;
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+          if (r0 + 4 * k < rows) in[k] = epi.load2(cur);
+          epi.advance(cur, 4);
+        }
+        cur = at;
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+          const int r = r0 + 4 * k;
+          if (r < rows) {
+            const float2 v = value(r);
+            float o0, o1;
+            epi.finish2(cur, v.x, v.y, in[k], bias, &o0, &o1);
+            s0 += o0;
+            s1 += o1;
+          }
+          epi.advance(cur, 4);
+        }
+        at = cur;
+      }
+    } else {  // C's last column, alone
+#pragma unroll 1
+      for (int r = warp; r < rows; r += 4) s0 += epi.store(z, m0 + r, col, value(r).x);
     }
     if (partials) {
-      if (col < args.n) partials[col] = s0;
+      partials[col] = s0;
       if (col + 1 < args.n) partials[col + 1] = s1;
     }
   }
@@ -187,7 +241,7 @@ __device__ __forceinline__ bool reduce_splits(float (&acc)[Tile::kBN / 2], const
 // kTmaStore: C leaves through the TMA-store epilogue when args.c_tma (else, and for beta != 0 or
 // an fp32 C, straight from registers); the tile's extra shared memory holds kTmaStoreStagingBytes.
 // TC: C's element type (T, or float for an fp32 C). With an epilogue (args.epi; kTmaStore kernels
-// only, which have the staging) the consumers store through store_tile_fused, and with column sums
+// only, which have the staging) the consumers store through store_tile_staged, and with column sums
 // each consumer warp writes the sums of its 16 rows of the tile as one row of
 // args.column_partials (row t.m * kBM / 16 + rows / 16 + warp of the batch's).
 template <typename T, typename TC, typename Tile, int kConsumers, typename Scheduler, int kCluster = 1,
@@ -264,7 +318,7 @@ __global__ void __launch_bounds__(WgmmaWsShape<Tile, kConsumers>::kThreads, 1)
     const int m0 = t.m * Tile::kBM + rows, n0 = t.n * Tile::kBN;
     unsigned char* staging = ring.extra() + (warpgroup - 1) * 2 * kTmaStoreChunkBytes;
     if constexpr (kTmaStore) {
-      if (args.epi.any()) {
+      if (args.epi.any()) {  // the fused epilogue
         // Column sums: this warp's row of partials (none for a cluster's block below the last tile row).
         float* partials = nullptr;
         if (args.column_partials && t.m < args.tiles_m) {
@@ -274,8 +328,8 @@ __global__ void __launch_bounds__(WgmmaWsShape<Tile, kConsumers>::kThreads, 1)
         }
         const GemmEpilogueOp<TC> epi{args.alpha, args.beta, static_cast<TC*>(args.c), args.ldc, args.batch_stride_c,
                                      args.epi, args.c_pairs};
-        store_tile_fused<TC, Tile::kBN>(acc, reinterpret_cast<float*>(staging), args, epi, m0, n0, t.batch, partials,
-                                        warpgroup);
+        store_tile_staged<TC, Tile::kBN>(acc, reinterpret_cast<float*>(staging), args, epi, m0, n0, t.batch,
+                                         partials, warpgroup);
         continue;
       }
       if constexpr (sizeof(TC) == 2) {
@@ -285,6 +339,14 @@ __global__ void __launch_bounds__(WgmmaWsShape<Tile, kConsumers>::kThreads, 1)
           continue;
         }
       }
+      // beta != 0, an fp32 C or one TMA cannot take: the same staged walk with alpha / beta only
+      // (coalesced rows and reads of C in flight, where the register layout would read 8-byte
+      // pieces of 8 rows, each waiting for the store before it).
+      const kernels::AlphaBetaOutput<TC> out{args.alpha, args.beta, static_cast<TC*>(args.c), args.ldc,
+                                             args.batch_stride_c, args.c_pairs};
+      store_tile_staged<TC, Tile::kBN>(acc, reinterpret_cast<float*>(staging), args, out, m0, n0, t.batch, nullptr,
+                                       warpgroup);
+      continue;
     }
     const kernels::AlphaBetaOutput<TC> out{args.alpha, args.beta, static_cast<TC*>(args.c), args.ldc,
                                            args.batch_stride_c, args.c_pairs};

@@ -407,6 +407,7 @@ cudaError_t scaled_gemm_wgmma_fp8(const ScaledGemmParams& p, const Workspace& wo
   args.bias = p.bias;
   const Scheduler sched{static_cast<int>(ceil_div(p.m, int64_t(Tile::kBM))),
                         static_cast<int>(ceil_div(p.n, int64_t(Tile::kBN))), 1, 1};
+  if (!sched.fits()) return cudaErrorInvalidConfiguration;
   return dispatch_scaled_dtypes(p, [&]<typename FA, typename FB, typename T>() -> cudaError_t {
     if (cudaError_t e = cudaFuncSetAttribute(kernel_ptr<FA, FB, T>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              Tile::kSmemBytes);

@@ -58,7 +58,10 @@ __device__ __forceinline__ void store_staged_tile(const float (&acc)[Tile::kMT][
   float4 sums = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   const int col = (tid % kVecPerRow) * 4;
   const int64_t gn = n0 + col;
-#pragma unroll 4
+  // The fused epilogue's code (kColumnSums: a fused kernel) once per loop, not once per unrolled
+  // step: its activations are long, and copies of them crowd the instruction cache.
+  constexpr int kUnroll = kColumnSums ? 1 : 4;
+#pragma unroll kUnroll
   for (int it = 0; it < C::kBM * C::kBN / 4 / C::kThreads; ++it) {
     const int r = (it * C::kThreads + tid) / kVecPerRow;
     const int64_t gm = m0 + r;

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 
 #include "kernels/common.cuh"
@@ -56,16 +57,23 @@ struct PersistentTiles {
   // Units of work (cluster tiles x splits) over every batch.
   int64_t total() const { return int64_t(cluster_rows()) * tiles_n * batch * splits; }
 
+  // Whether the units fit the 32-bit arithmetic of next() (launchers refuse more: 2^31 tiles of
+  // 64 x 128 are far past any memory).
+  bool fits() const { return total() <= INT32_MAX; }
+
+  // In 32 bits (fits()): 64-bit divisions are a called subroutine on the GPU, ~100 instructions,
+  // whose register saves showed up as stack in the consumers.
   __device__ __forceinline__ bool next(int i, ScheduledTile* t) const {
     const int rows = cluster_rows();
-    const int64_t unit = int64_t(blockIdx.x / kClusterM) + int64_t(i) * (gridDim.x / kClusterM);
-    const int64_t per_batch = int64_t(rows) * tiles_n;
-    const int64_t id = unit / splits;
-    if (id >= per_batch * batch) return false;
-    const int64_t z = id / per_batch;
+    const unsigned unit = blockIdx.x / kClusterM + unsigned(i) * (gridDim.x / kClusterM);
+    const unsigned per_batch = unsigned(rows) * unsigned(tiles_n);
+    const unsigned id = unit / unsigned(splits);
+    if (id >= per_batch * unsigned(batch)) return false;
+    const unsigned z = id / per_batch;
     const TileCoord<int> c = grouped_tile<int>(static_cast<int>(id - z * per_batch), rows, tiles_n,
                                                (kGroupM + kClusterM - 1) / kClusterM);
-    *t = {c.m * kClusterM + static_cast<int>(blockIdx.x % kClusterM), c.n, z, static_cast<int>(unit - id * splits)};
+    *t = {c.m * kClusterM + static_cast<int>(blockIdx.x % kClusterM), c.n, int64_t(z),
+          static_cast<int>(unit - id * unsigned(splits))};
     return true;
   }
 };
