@@ -110,7 +110,8 @@ struct GemmEpilogue {
 };
 
 // Whether `variant` fuses epilogues (and writes an fp32 C from fp16/bf16 operands): the CPU rungs,
-// naive, mma_pipeline and wgmma_persistent; auto picks among them. Others refuse with the list.
+// naive, register_tiled, mma_pipeline and wgmma_persistent; auto picks among them (and true for
+// auto). Others refuse with the list.
 bool gemm_variant_supports_epilogue(GemmVariant variant);
 
 // matmul with an epilogue (validated like matmul, each tensor named in errors).

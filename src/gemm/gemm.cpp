@@ -73,6 +73,9 @@ void add_epilogue(GemmParams& p, const TensorView& a, const TensorView& b, const
               std::string(dtype_name(t.dtype)));
     same_device(t, name);
     if (!t.data) invalid(std::string(name) + ": expected a non-null data pointer; given null");
+    if (reinterpret_cast<uintptr_t>(t.data) % dtype_size(dtype) != 0)
+      invalid(std::string(name) + ": expected data aligned to " + std::to_string(dtype_size(dtype)) +
+              " bytes (the element size); given address " + std::to_string(reinterpret_cast<uintptr_t>(t.data)));
     if (t.rank != 1 || t.shape[0] != length || (length > 1 && t.strides[0] != 1))
       invalid(std::string(name) + ": expected a contiguous vector of " + std::to_string(length) + " elements; given " +
               t.describe());
@@ -106,6 +109,9 @@ void add_epilogue(GemmParams& p, const TensorView& a, const TensorView& b, const
     same_device(t, "column_sums");
     const bool rank3 = c.rank == 3;
     if (!t.data) invalid("column_sums: expected a non-null data pointer; given null");
+    if (reinterpret_cast<uintptr_t>(t.data) % 4 != 0)
+      invalid("column_sums: expected data aligned to 4 bytes (the element size); given address " +
+              std::to_string(reinterpret_cast<uintptr_t>(t.data)));
     if (t.rank != (rank3 ? 2 : 1) || t.shape[t.rank - 1] != p.n || (rank3 && t.shape[0] != p.batch) || !t.is_contiguous())
       invalid("column_sums: expected a contiguous fp32 tensor of shape " +
               (rank3 ? "(" + std::to_string(p.batch) + ", " + std::to_string(p.n) + ")" : "(" + std::to_string(p.n) + ")") +
