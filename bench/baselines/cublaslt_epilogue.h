@@ -26,10 +26,10 @@
 
 #include <cstdint>
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "baselines/cublaslt_common.h"
 #include "optimized/core.h"
 
 namespace bench {
@@ -68,11 +68,6 @@ struct LtPointers {
   void* bgrad = nullptr;
 };
 
-// cuBLASLt cannot run this problem (no algorithm for it, or CUBLAS_STATUS_NOT_SUPPORTED).
-struct CublasLtUnsupported : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
 #if OPTIMIZED_WITH_CUDA
 class CublasLtEpilogue {
  public:
@@ -90,9 +85,8 @@ class CublasLtEpilogue {
  private:
   Plan& plan_for(const LtProblem& problem, const LtPointers& ptr);
 
-  void* handle_ = nullptr;     // cublasLtHandle_t
+  std::unique_ptr<LtHandle> handle_;
   void* stream_ = nullptr;
-  void* workspace_ = nullptr;  // 32 MiB
   std::vector<std::unique_ptr<Plan>> plans_;
 };
 #endif

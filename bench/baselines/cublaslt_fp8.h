@@ -8,7 +8,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
+#include "baselines/cublaslt_common.h"
 #include "optimized/core.h"
 
 namespace bench {
@@ -31,10 +33,9 @@ class CublasLtFp8 {
   struct Plan;
 
  private:
-  void* handle_ = nullptr;     // cublasLtHandle_t
+  std::unique_ptr<LtHandle> handle_;
   void* stream_ = nullptr;
-  void* workspace_ = nullptr;  // 32 MiB for cuBLASLt's heuristics
-  Plan* plan_ = nullptr;
+  std::unique_ptr<Plan> plan_;
 };
 #endif
 

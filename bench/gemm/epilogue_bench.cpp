@@ -591,25 +591,6 @@ Groups linear_groups(const LinearConfig& cfg, bool gpu) {
   return groups;
 }
 
-std::vector<GemmVariant> parse_variants(const std::vector<std::string>& items) {
-  std::vector<GemmVariant> out;
-  auto add = [&](GemmVariant v) {
-    if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
-  };
-  for (const auto& name : split_commas(items)) {
-    if (name == "all" || name == "cpu" || name == "cuda") {
-      // The rungs that fuse epilogues (the others would only be skipped).
-      for (GemmVariant v : optimized::all_gemm_variants())
-        if (optimized::gemm_variant_supports_epilogue(v) && (name == "all" || optimized::gemm_variant_is_cuda(v) == (name == "cuda")))
-          add(v);
-      if (name != "cpu") add(GemmVariant::kAuto);
-    } else {
-      add(optimized::parse_gemm_variant(name));  // throws Error naming the choices
-    }
-  }
-  return out;
-}
-
 class LinearFamily : public Family {
  public:
   CLI::App* add_subcommand(CLI::App& app) override {
@@ -664,7 +645,8 @@ class LinearFamily : public Family {
     for (DType d : cfg.dtypes)
       if (d == DType::kF32)
         throw std::invalid_argument("--dtype: linear takes bf16 or fp16 (the fp32-output case is wgrad_f32); given 'fp32'");
-    cfg.variants = parse_variants(variants_);
+    // "all" / "cuda" / "cpu": the rungs that fuse epilogues (the others would only be skipped).
+    cfg.variants = parse_gemm_variants(variants_, &optimized::gemm_variant_supports_epilogue, true);
     if (threads_ < 0) throw std::invalid_argument("--threads: expected >= 0; given " + std::to_string(threads_));
     cfg.threads = threads_ == 0 ? all_threads() : threads_;
     if (check_columns_ < 1) throw std::invalid_argument("--check-columns: expected >= 1; given " + std::to_string(check_columns_));

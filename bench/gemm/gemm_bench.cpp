@@ -53,6 +53,24 @@ GemmShape parse_gemm_shape(const std::string& text) {
   return s;
 }
 
+std::vector<GemmVariant> parse_gemm_variants(const std::vector<std::string>& items, bool (*keep)(GemmVariant),
+                                             bool with_auto) {
+  std::vector<GemmVariant> out;
+  auto add = [&](GemmVariant v) {
+    if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
+  };
+  for (const auto& name : split_commas(items)) {
+    if (name == "all" || name == "cpu" || name == "cuda") {
+      for (GemmVariant v : optimized::all_gemm_variants())
+        if ((!keep || keep(v)) && (name == "all" || optimized::gemm_variant_is_cuda(v) == (name == "cuda"))) add(v);
+      if (with_auto && name != "cpu") add(GemmVariant::kAuto);
+    } else {
+      add(optimized::parse_gemm_variant(name));  // throws Error naming the choices
+    }
+  }
+  return out;
+}
+
 namespace {
 
 constexpr uint64_t kSeedStride = 16;  // set i uses seeds 16*i + {1, 2, 3} for A, B, C
@@ -321,22 +339,6 @@ Groups gemm_groups(const GemmBenchConfig& cfg, bool gpu) {
 
 namespace {
 
-std::vector<GemmVariant> parse_variants(const std::vector<std::string>& items) {
-  std::vector<GemmVariant> out;
-  auto add = [&](GemmVariant v) {
-    if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
-  };
-  for (const auto& name : split_commas(items)) {
-    if (name == "all" || name == "cpu" || name == "cuda") {
-      for (GemmVariant v : optimized::all_gemm_variants())
-        if (name == "all" || optimized::gemm_variant_is_cuda(v) == (name == "cuda")) add(v);
-    } else {
-      add(optimized::parse_gemm_variant(name));  // throws Error naming the choices
-    }
-  }
-  return out;
-}
-
 std::vector<int> resolve_threads(const std::vector<int>& given) {
   std::vector<int> out;
   auto add = [&](int t) {
@@ -418,7 +420,7 @@ class GemmFamily : public Family {
       cfg.shapes = shapes;
     }
     cfg.dtypes = parse_float_dtypes(dtypes_, "--dtype: matmul takes");
-    cfg.variants = parse_variants(variants_);
+    cfg.variants = parse_gemm_variants(variants_);
     cfg.threads = resolve_threads(threads_);
     cfg.alpha = alpha_;
     cfg.beta = beta_;

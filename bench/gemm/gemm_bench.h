@@ -36,6 +36,13 @@ struct GemmShape {
 // Throws std::invalid_argument naming the text.
 GemmShape parse_gemm_shape(const std::string& text);
 
+// --variant's items, each once: "all", "cpu" or "cuda" (the table's variants of that backend that
+// `keep` accepts, null: all of them; auto too for "all" and "cuda" when `with_auto`), or names
+// (parse_gemm_variant: throws optimized::Error naming the choices).
+std::vector<optimized::GemmVariant> parse_gemm_variants(const std::vector<std::string>& items,
+                                                        bool (*keep)(optimized::GemmVariant) = nullptr,
+                                                        bool with_auto = false);
+
 struct GemmBenchConfig {
   std::vector<GemmShape> shapes;
   std::vector<optimized::DType> dtypes;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <initializer_list>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -153,12 +154,24 @@ double act_grad_ref(Activation act, double x) {
   }
 }
 
-void note_failure(CheckResult& r, const std::string& what, double got, double ref, double allowed) {
-  if (r.failures++ == 0) {
+// One element into r: counted, its error / allowed kept, and a failure noted (the first with its
+// place, named by where() only then).
+template <typename Where>
+void tally(CheckResult& r, double got, double ref, double allowed, const Where& where) {
+  double ratio = 0;
+  ++r.checked;
+  if (!element_ok(got, ref, allowed, &ratio) && r.failures++ == 0) {
     std::ostringstream s;
-    s << what << " = " << got << ", expected " << ref << " (allowed error " << allowed << ")";
+    s << where() << " = " << got << ", expected " << ref << " (allowed error " << allowed << ")";
     r.first_failure = s.str();
   }
+  r.worst_ratio = std::max(r.worst_ratio, ratio);
+}
+
+std::string place(const char* name, std::initializer_list<int64_t> index) {
+  std::string s = std::string(name) + "[";
+  for (int64_t i : index) s += (s.back() == '[' ? "" : ", ") + std::to_string(i);
+  return s + "]";
 }
 
 }  // namespace
@@ -221,23 +234,12 @@ CheckResult check_gemm_epilogue(const TensorView& a, const TensorView& b, const 
         out = y + res;
         const double act_error = e.activation == Activation::kNone ? 0.0 : 8 * u32 * std::fabs(pre);
         slack = (e.activation == Activation::kNone ? 1.0 : 1.2) * e_pre + act_error + 8 * u32 * (std::fabs(y) + std::fabs(res));
-        if (e.aux) {
-          const double got = at(*e.aux, z, i, j), allowed = e_pre + u_out * std::fabs(pre) + floor + u32 * std::fabs(pre);
-          double ratio = 0;
-          ++r.checked;
-          if (!element_ok(got, pre, allowed, &ratio))
-            note_failure(r, "aux[" + std::to_string(z) + ", " + std::to_string(i) + ", " + std::to_string(j) + "]", got, pre,
-                         allowed);
-          r.worst_ratio = std::max(r.worst_ratio, ratio);
-        }
+        if (e.aux)
+          tally(r, at(*e.aux, z, i, j), pre, e_pre + u_out * std::fabs(pre) + floor + u32 * std::fabs(pre),
+                [&] { return place("aux", {z, i, j}); });
       }
-      const double got = at(c_out, z, i, j), allowed = slack + u_out * std::fabs(out) + floor;
-      double ratio = 0;
-      ++r.checked;
-      if (!element_ok(got, out, allowed, &ratio))
-        note_failure(r, "C[" + std::to_string(z) + ", " + std::to_string(i) + ", " + std::to_string(j) + "]", got, out,
-                     allowed);
-      r.worst_ratio = std::max(r.worst_ratio, ratio);
+      const double got = at(c_out, z, i, j);
+      tally(r, got, out, slack + u_out * std::fabs(out) + floor, [&] { return place("C", {z, i, j}); });
       if (std::isfinite(got)) max_err = std::max(max_err, std::fabs(got - out));
       max_ref = std::max(max_ref, std::fabs(out));
       sum_ref += out;
@@ -245,13 +247,9 @@ CheckResult check_gemm_epilogue(const TensorView& a, const TensorView& b, const 
       sum_abs += std::fabs(out);
     }
     if (e.column_sums) {
-      const double got = load_as_double(e.column_sums->data, DType::kF32, z * n + j);
-      const double allowed = sum_allowed + static_cast<double>(m > 1 ? m - 1 : 1) * u32 * sum_abs + std::ldexp(1.0, -126);
-      double ratio = 0;
-      ++r.checked;
-      if (!element_ok(got, sum_ref, allowed, &ratio))
-        note_failure(r, "column_sums[" + std::to_string(z) + ", " + std::to_string(j) + "]", got, sum_ref, allowed);
-      r.worst_ratio = std::max(r.worst_ratio, ratio);
+      tally(r, load_as_double(e.column_sums->data, DType::kF32, z * n + j), sum_ref,
+            sum_allowed + static_cast<double>(m > 1 ? m - 1 : 1) * u32 * sum_abs + std::ldexp(1.0, -126),
+            [&] { return place("column_sums", {z, j}); });
     }
   };
 

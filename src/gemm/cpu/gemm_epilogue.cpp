@@ -70,8 +70,6 @@ std::vector<float> widen(const void* src, DType dtype, int64_t rows, int64_t col
   return out;
 }
 
-double load(const void* base, DType dtype, int64_t index) { return load_as_double(base, dtype, index); }
-
 template <typename Acc>
 void apply(const GemmParams& p, std::vector<Acc>& scratch, int threads) {
   const GemmEpilogueParams& e = p.epi;
@@ -84,17 +82,17 @@ void apply(const GemmParams& p, std::vector<Acc>& scratch, int threads) {
       const size_t o = static_cast<size_t>(r * p.n + j);
       const int64_t ci = z * p.batch_stride_c + i * p.ldc + j;
       Acc pre = scratch[o];
-      if (p.beta != 0.0f) pre += Acc(p.beta) * static_cast<Acc>(load(p.c, p.c_dtype, ci));
-      if (e.bias) pre += static_cast<Acc>(load(e.bias, p.c_dtype, e.bias_along_m ? i : j));
+      if (p.beta != 0.0f) pre += Acc(p.beta) * static_cast<Acc>(load_as_double(p.c, p.c_dtype, ci));
+      if (e.bias) pre += static_cast<Acc>(load_as_double(e.bias, p.c_dtype, e.bias_along_m ? i : j));
       Acc out;
       if (e.act_grad) {
-        out = pre * activate_grad(e.act, static_cast<Acc>(load(e.aux, p.c_dtype, z * e.batch_stride_aux + i * e.ld_aux + j)));
+        out = pre * activate_grad(e.act, static_cast<Acc>(load_as_double(e.aux, p.c_dtype, z * e.batch_stride_aux + i * e.ld_aux + j)));
       } else {
         if (e.aux) store_from_double(e.aux, p.c_dtype, z * e.batch_stride_aux + i * e.ld_aux + j, pre);
         out = activate(e.act, pre);
       }
       if (e.residual)
-        out += static_cast<Acc>(load(e.residual, p.c_dtype, z * e.batch_stride_residual + i * e.ld_residual + j));
+        out += static_cast<Acc>(load_as_double(e.residual, p.c_dtype, z * e.batch_stride_residual + i * e.ld_residual + j));
       scratch[o] = out;  // kept for the column sums
       store_from_double(p.c, p.c_dtype, ci, out);
     }

@@ -196,7 +196,6 @@ cudaError_t launch(const GemmParams& p, int splits, const Workspace& workspace, 
     size_t counters_offset = 0;
     const size_t need = split_bytes<kSmallM>(p, splits, &counters_offset);
     args.splits = splits;
-    args.tiles_m = sched.tiles_m;
     args.tiles_n = sched.tiles_n;
     args.slot_rows = static_cast<int>(p.m < Tile::kBM ? p.m : Tile::kBM);
     args.partials = static_cast<float*>(workspace.data);

@@ -18,10 +18,9 @@
 //     steps into a 64-register partial that starts at zero (one wgmma group), waits for it, and
 //     adds it into its fp32 totals. 128 totals + 64 partials fit the consumers' 232 registers; two
 //     partials (one in flight while the other is promoted) would not, so the overlap comes from
-//     the other consumer instead: the two consumers take turns issuing their groups (two named
-//     barriers pass the turn), so that each one's group is queued behind the other's and the
-//     tensor cores work on one consumer's group while the other waits for and promotes its own.
-//     Without the turns both would issue at once, finish at once and promote at once.
+//     the other consumer: its group runs on the tensor cores while this one waits for and promotes
+//     its own. (Passing turns between the consumers with named barriers, to force that order,
+//     measured the same on the H100: they already interleave; docs/perf-notes/gemm.md.)
 //   * block scales (1x128 for A, 128x128 for A or B) multiply the partial as it is promoted: the
 //     k-block is exactly one scale block along K, a 128-row tile one block of A, a 128-column half
 //     one block of B (its own block column: 2 * tile column + half). They are loaded one k-block
@@ -31,7 +30,7 @@
 //     each), as in wgmma_persistent.
 //
 //   block tile 128 x 256 x 128, 4 stages (192 KiB), producer + 2 consumers (64 x 256 each, in two
-//   128-column wgmma groups, issued in turns), persistent, cluster 2x1.
+//   128-column wgmma groups), persistent, cluster 2x1.
 #include <cuda_fp8.h>
 
 #include <string>
@@ -57,16 +56,9 @@ constexpr int kHalfN = 128;                    // columns per wgmma group and pe
 constexpr int kHalves = Tile::kBN / kHalfN;    // 2
 constexpr int kTotals = Tile::kBN / 2;         // 128 fp32 totals per consumer thread (64 x 256)
 constexpr int kPartials = kHalfN / 2;          // 64 fp32 partials (64 x 128)
-// The consumers take turns issuing their wgmma groups (see above). false: each issues as soon as
-// its stage is full (kept to compare on the GPU).
-constexpr bool kTakeTurns = true;
-// Named barriers of the turns: consumer c waits on kTurnBarrier + c, the other consumer arrives
-// there once it has issued its group. (0 is __syncthreads'; nothing else here uses named barriers.)
-constexpr int kTurnBarrier = 1;
 static_assert(Tile::kBK == 128, "a k-block is one 128-wide scale block along K");
 static_assert(Tile::kBM == 128, "a tile row is one 128-row scale block of A");
 static_assert(kHalfN == 128 && Tile::kBN % kHalfN == 0, "a half is one 128-column scale block of B");
-static_assert(kConsumers == 2, "the turns pass between two consumers");
 static_assert(Tile::kSmemBytes <= 227 * 1024, "the ring fits one block's shared memory");
 
 // What the kernel takes besides the maps.
@@ -186,22 +178,6 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kN / 2], const Fp8
 template <typename F8>
 using QgmmaTag = std::conditional_t<std::is_same_v<F8, __nv_fp8_e5m2>, kernels::ptx::E5m2Tag, kernels::ptx::E4m3Tag>;
 
-// The turns of the two consumers (256 threads): consumer c waits on named barrier kTurnBarrier + c
-// until the other has arrived there, i.e. has issued its group. Immediate barrier ids (a predicate
-// picks the instruction), so that no register holds them.
-__device__ __forceinline__ void wait_turn(int consumer) {
-  if (consumer == 0)
-    asm volatile("bar.sync %0, 256;\n" ::"n"(kTurnBarrier) : "memory");
-  else
-    asm volatile("bar.sync %0, 256;\n" ::"n"(kTurnBarrier + 1) : "memory");
-}
-__device__ __forceinline__ void pass_turn(int consumer) {
-  if (consumer == 0)
-    asm volatile("bar.arrive %0, 256;\n" ::"n"(kTurnBarrier + 1) : "memory");
-  else
-    asm volatile("bar.arrive %0, 256;\n" ::"n"(kTurnBarrier) : "memory");
-}
-
 template <typename FA, typename FB, typename T>
 __global__ void __launch_bounds__(Shape::kThreads, 1)
     scaled_gemm_wgmma_fp8_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
@@ -240,14 +216,9 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
   }
 
   kernels::ptx::setmaxnreg_inc<Shape::kConsumerRegs>();
-  const int consumer = warpgroup - 1;
-  const int rows = 64 * consumer;  // this consumer's rows of the tile
+  const int rows = 64 * (warpgroup - 1);  // this consumer's rows of the tile
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
   const bool releaser = lane == 0;
-  // The turns: consumer 0 issues first. Consumer 1 hands it the first turn; every group then hands
-  // the turn to the other consumer; consumer 0 takes the last hand-over after its loop, so every
-  // arrival on a turn barrier is matched by one wait (both consumers issue the same groups).
-  if (kTakeTurns && consumer == 1) pass_turn(consumer);
 
   float total[kTotals], partial[kPartials];
   for (int i = 0; sched.next(i, &t); ++i) {
@@ -269,7 +240,6 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
       const uint64_t desc_b = kernels::ptx::make_smem_desc_k_major_sw128(ring.b(cur.stage));
 #pragma unroll
       for (int h = 0; h < kHalves; ++h) {
-        if (kTakeTurns) wait_turn(consumer);
         kernels::ptx::wgmma_fence();  // the previous promotion's reads of `partial` come first
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)  // (64 x 32) x (32 x 128): A's rows, B's rows of half h
@@ -277,7 +247,6 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
                                          desc_b + (h * kHalfN * 128 + kk * 32) / 16, kk > 0 ? 1 : 0,
                                          QgmmaTag<FA>{}, QgmmaTag<FB>{});
         kernels::ptx::wgmma_commit();
-        if (kTakeTurns) pass_turn(consumer);
         kernels::ptx::wgmma_wait<0>();
         kernels::ptx::wgmma_hold(partial);
         // The stage is free once this consumer's last group on it has completed.
@@ -297,7 +266,6 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
     }
     store_tile<T, Tile::kBN>(total, args, t.m * Tile::kBM + rows, t.n * Tile::kBN);
   }
-  if (kTakeTurns && consumer == 0) wait_turn(consumer);
   kernels::ptx::cluster_sync();
 }
 
@@ -426,8 +394,8 @@ cudaError_t scaled_gemm_wgmma_fp8_resources(const ScaledGemmParams& p, KernelRes
         e != cudaSuccess)
       return e;
     static const std::string name =
-        "scaled_gemm_wgmma_fp8<128x256x128, 4 stages, producer + 2 consumers (64x256, two 128-column wgmma groups "
-        "issued in turns), cluster 2x1, promotion every 128 K>";
+        "scaled_gemm_wgmma_fp8<128x256x128, 4 stages, producer + 2 consumers (64x256, two 128-column wgmma groups), "
+        "cluster 2x1, promotion every 128 K>";
     return describe_kernel(kernel, name.c_str(), Shape::kThreads, Tile::kSmemBytes, out);
   });
 }

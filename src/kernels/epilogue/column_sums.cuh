@@ -21,6 +21,7 @@ constexpr int kColumnSumCols = 32;
 constexpr int kColumnSumSlices = 8;
 
 // grid: (ceil(n / 32), min(batch, 65535)); block: (32, 8). Batches past grid.y by a stride loop.
+// (A template, so that every translation unit that includes this may hold its instance.)
 template <int kUnused = 0>
 __global__ void __launch_bounds__(kColumnSumCols * kColumnSumSlices)
     finish_column_sums(const float* __restrict__ partials, int64_t rows, int64_t n, int64_t batch,
