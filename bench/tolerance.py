@@ -10,6 +10,9 @@ family, for pytest (tests/python/conftest.py re-exports them) and the Python ben
         same: the same computation in the output's dtype (torch in that dtype, in Python);
         n: the reduction length; scale: max(max |ref|, terms), terms the magnitude of what was summed
 
+    attention (out, dq, dk, dv; bench/benchmark_attention.py): the reduction rule per tensor with n the
+        sequence length reduced over and no terms (attention_allowed_error)
+
 tests/common/tolerance_vectors.txt holds both rules on fixed numbers with the bounds they give; the
 C++ test (tests/core/test_tolerance.cpp) and pytest (tests/python/test_tolerance.py) each recompute
 every line, so this mirror and the C++ rule agree. Pure arithmetic: the values may be floats or
@@ -55,3 +58,13 @@ def reduction_allowed_error(dtype, n: int, same_error: float, max_ref: float, te
     scale = max(max_ref, terms)
     return (2.0 * same_error + 2.0 * UNIT_ROUNDOFF[d] * max_ref + 16.0 * math.sqrt(n) * u_acc * scale
             + REDUCTION_FLOOR[d])
+
+
+def attention_allowed_error(dtype, seqlen: int, same_error: float, max_ref: float) -> float:
+    """The allowed max error of one attention output or gradient (flash-attention's rule, design.md):
+    2 x the error of the same-dtype torch math path against float64 + rounding noise, i.e. the reduction rule
+    with n = the reduction length (seqlen: S_k for out and dq, S_q x the GQA group for dk and dv; the longest
+    sequence for varlen), fp32 accumulation (fp64's unit for fp64), as attention_rule in
+    src/testing/attention_check.cpp; applied per tensor with scale = max |ref| (the C++ check goes per row and
+    also takes the summed terms' magnitude)."""
+    return reduction_allowed_error(dtype, max(int(seqlen), 1), same_error, max_ref, 0.0, accumulation_unit(dtype))

@@ -20,6 +20,13 @@ without .json (e.g. fused, python-fused); any other key filters the rows by that
         the fused pivot: one line per (op, direction, dtype, shape), GB/s per variant
   <!-- generated: grid file=fused machine=h100 dtype=bf16 direction=fwd variant=auto rows=16384 metric=roofline -->
         ops down, widths across; metric: gbps | roofline (fraction of copy) | vs_baseline | vs_copy
+  <!-- generated: attention-table file=python-attention machine=h100 direction=fwd dtype=bf16 -->
+        the attention pivot: one line per (direction, dtype, shape, causal), TFLOP/s per implementation,
+        the headline rung vs FA2 (sdpa_flash) and vs cuDNN, the target (issue 13)
+  <!-- generated: attention-ladder file=python-attention machine=h100 direction=fwd dtype=bf16 -->
+        the ladder: each rung and peer as "TFLOP/s (ratio to cuDNN)", one line per shape
+  <!-- generated: attention-memory file=python-attention-memory machine=h100 -->
+        the peak-memory table: MiB above the inputs per implementation, one line per (N, direction)
 """
 import argparse
 import json
@@ -231,11 +238,147 @@ def fused_formulas(data):
     return "\n".join(f"- `{n.removeprefix('min_bytes ')}`" for n in notes)
 
 
+# ---- the attention family ------------------------------------------------------------------
+
+ATTENTION_HEADLINE = ("flash2", "auto", "flash", "naive", "cpu")  # the rung a line is judged by, in order
+
+
+def attention_line_key(r):
+    sh = r.get("shape", {})
+    return (r.get("direction", ""), r["backend"], r["dtype"], r["shape_label"], "causal" if r.get("causal") else "-",
+            str(sh.get("head_dim", "")))
+
+
+def attention_cell(r, ratio=None):
+    if r is None:
+        return ""
+    if r["status"] != "ok":
+        return "skip" if r["status"] == "skipped" else "FAILED"
+    text = fmt(r.get("tflops"))
+    if ratio is not None:
+        text += f" ({r[ratio]:.2f}x)" if r.get(ratio) is not None else " (-)"
+    return text
+
+
+def attention_target(h):
+    """Issue 13: flash2 >= 1.0x SDPA-flash at d64/d128 (fixed length); varlen within 10% of fixed length."""
+    if h is None or h["status"] != "ok" or h["variant"] not in ("flash2", "auto") or h.get("backend") != "cuda":
+        return ""
+    if h.get("varlen"):
+        return "" if h.get("vs_fixed") is None else ("met" if h["vs_fixed"] >= 0.9 else "**missed**")
+    if h.get("shape", {}).get("head_dim") not in (64, 128) or h.get("vs_baseline") is None:
+        return ""
+    return "met" if h["vs_baseline"] >= 1.0 else "**missed**"
+
+
+def attention_pivot(results, ladder=False):
+    """One line per (direction, backend, dtype, shape, causal): TFLOP/s of every implementation, then the
+    headline rung's ratio to FA2 and cuDNN (and, varlen, to the same rung at fixed length) and the target.
+    ladder=True: every cell "TFLOP/s (x cuDNN)" and no headline columns (the perf-notes ladder table)."""
+    lines = {}
+    for r in results:
+        lines.setdefault(attention_line_key(r), []).append(r)
+    variants = list(dict.fromkeys(r["variant"] for r in results))
+    ours = [v for v in variants if not v.startswith("sdpa_")]
+    variants = ours + [v for v in variants if v.startswith("sdpa_")]
+    if ladder:
+        head = "| dir | dtype | shape BxSxHxD | causal | " + " | ".join(variants) + " |"
+        out = [head, "|---|---|---|---|" + "---:|" * len(variants)]
+    else:
+        head = ("| dir | dtype | shape BxSxHxD | causal | " + " | ".join(f"{v} TFLOP/s" for v in variants) +
+                " | headline | vs FA2 | vs cuDNN | vs fixed | target |")
+        out = [head, "|---|---|---|---|" + "---:|" * len(variants) + "---|---:|---:|---:|---|"]
+    failures = []
+    for key, rows in lines.items():
+        by_v = {r["variant"]: r for r in rows}
+        cells = [attention_cell(by_v.get(v), "vs_cudnn" if ladder else None) for v in variants]
+        for v in variants:
+            r = by_v.get(v)
+            if r is not None and r["status"] == "failed":
+                failures.append(f"- {key[0]} {key[2]} {key[3]} {key[4]} {v}: {r.get('reason', '')}")
+        lead = f"| {key[0]} | {key[2]} | {key[3]} | {key[4]} | "
+        if ladder:
+            out.append(lead + " | ".join(cells) + " |")
+            continue
+        hv = next((v for v in ATTENTION_HEADLINE if v in by_v), None)
+        h = by_v.get(hv) if hv else None
+        ok = h is not None and h["status"] == "ok"
+
+        def ratio(name):
+            return f"{h[name]:.2f}x" if ok and h.get(name) is not None else "-"
+
+        out.append(lead + " | ".join(cells) + f" | {hv or '-'} | {ratio('vs_baseline')} | {ratio('vs_cudnn')} "
+                   f"| {ratio('vs_fixed')} | {attention_target(h)} |")
+    text = "\n".join(out)
+    if failures:
+        text += "\n\nFailed:\n" + "\n".join(failures)
+    return text
+
+
+def attention_target_summary(results):
+    lines = {}
+    for r in results:
+        lines.setdefault(attention_line_key(r), []).append(r)
+    fixed, fixed_met, var, var_met, worst = 0, 0, 0, 0, None
+    for rows in lines.values():
+        by_v = {r["variant"]: r for r in rows}
+        h = next((by_v[v] for v in ("flash2", "auto") if v in by_v), None)
+        t = attention_target(h)
+        if not t:
+            continue
+        if h.get("varlen"):
+            var, var_met = var + 1, var_met + (t == "met")
+        else:
+            fixed, fixed_met = fixed + 1, fixed_met + (t == "met")
+            if worst is None or h["vs_baseline"] < worst[0]:
+                worst = (h["vs_baseline"], f"{h['direction']} {h['shape_label']}{' causal' if h.get('causal') else ''}")
+    parts = []
+    if fixed:
+        parts.append(f"{fixed_met} of {fixed} fixed-length lines with flash2 >= 1.0x SDPA-flash (FA2)"
+                     + (f"; lowest {worst[0]:.2f}x ({worst[1]})" if worst else ""))
+    if var:
+        parts.append(f"{var_met} of {var} varlen lines within 10% of fixed length (TFLOP/s)")
+    return ("Targets (issue 13): " + "; ".join(parts) + ".") if parts else ""
+
+
+def attention_memory_table(results):
+    """One line per (dtype, shape, direction): MiB above the inputs per implementation, and naive's predicted
+    O(N^2) workspace (B*H*S^2*4 bytes, x2 with the backward)."""
+    lines = {}
+    for r in results:
+        lines.setdefault((r["dtype"], r["shape_label"], r.get("direction", "")), []).append(r)
+    variants = list(dict.fromkeys(r["variant"] for r in results))
+    out = ["| dtype | shape BxSxHxD | dir | " + " | ".join(f"{v} MiB" for v in variants) + " | naive predicted MiB |",
+           "|---|---|---|" + "---:|" * (len(variants) + 1)]
+    notes = {}  # reason: the lines it applies to
+    for (dname, label, direction), rows in lines.items():
+        by_v = {r["variant"]: r for r in rows}
+        cells = []
+        for v in variants:
+            r = by_v.get(v)
+            if r is None:
+                cells.append("")
+            elif r["status"] == "ok":
+                cells.append(fmt(r.get("peak_mib")))
+            else:
+                cells.append("skip" if r["status"] == "skipped" else "FAILED")
+                notes.setdefault(f"{v}: {r['status']}: {r.get('reason', '')}", []).append(f"{label} {direction}")
+        pred = rows[0].get("naive_predicted_bytes")
+        out.append(f"| {dname} | {label} | {direction} | " + " | ".join(cells) +
+                   f" | {fmt(pred / (1 << 20)) if pred else '-'} |")
+    text = "\n".join(out)
+    if notes:
+        text += "\n\n" + "\n".join(f"- {why} ({', '.join(where)})" for why, where in notes.items())
+    return text
+
+
 def run_markdown(data, heading_level=2):
     h = "#" * heading_level
     m = data["machine"]
-    fused_only = bool(data["results"]) and all(family_of(r) == "fused" for r in data["results"])
-    what = ("Fused ops" + (", Python runner" if is_python_run(data) else "") + ": ") if fused_only else ""
+    fams = {family_of(r) for r in data["results"]}
+    titles = {"fused": "Fused ops", "attention": "Attention", "attention-memory": "Attention peak memory"}
+    only = next(iter(fams)) if len(fams) == 1 else None
+    what = (titles[only] + (", Python runner" if is_python_run(data) else "") + ": ") if only in titles else ""
     out = [f"{h} {what}{m.get('gpu') or 'CPU only'} ({m.get('cpu')}, {m.get('cpu_threads')} threads, "
            f"CPU microkernel {m.get('cpu_isa')})",
            "", f"Run {data['created']}: `{data['command']}`", "", f"{h}# Ceilings measured in the same run", "",
@@ -249,6 +392,14 @@ def run_markdown(data, heading_level=2):
             summary = fused_target_summary(rows)
             out += [summary, ""] if summary else []
             out += [fused_pivot(rows), ""]
+        elif family == "attention":
+            out += [f"{h}# attention on {backend}", ""]
+            summary = attention_target_summary(rows)
+            out += [summary, ""] if summary else []
+            out += [attention_pivot(rows), ""]
+        elif family == "attention-memory":
+            out += [f"{h}# attention peak memory on {backend} (MiB above the inputs)", "",
+                    attention_memory_table(rows), ""]
         else:
             out += [f"{h}# {family} on {backend}", "", results_table(rows), ""]
     if any(family_of(r) == "fused" for r in data["results"]):
@@ -258,6 +409,10 @@ def run_markdown(data, heading_level=2):
         other = [n for n in data.get("notes", []) if not n.startswith("min_bytes ")]
         if other:
             out += [f"{h}# Notes", ""] + [f"- {n}" for n in other] + [""]
+    if any(family_of(r).startswith("attention") for r in data["results"]):
+        notes = [n for n in data.get("notes", []) if n.startswith("attention")]
+        if notes:
+            out += [f"{h}# Attention notes", ""] + [f"- {n}" for n in notes] + [""]
     return "\n".join(out)
 
 
@@ -266,7 +421,8 @@ def cmd_table(args):
 
 
 def is_python_run(data):
-    return "benchmark_all.py" in data.get("command", "") or "benchmark_fused.py" in data.get("command", "")
+    return any(name in data.get("command", "") for name in ("benchmark_all.py", "benchmark_fused.py",
+                                                            "benchmark_attention.py"))
 
 
 def cmd_place(args):
@@ -295,7 +451,8 @@ def cmd_place(args):
             print(f"placed {dest / png.name}")
 
 
-BLOCK = re.compile(r"(<!-- generated: (?P<kind>ladder|fused-table|grid) (?P<spec>[^>]*?) -->\n)(?P<body>.*?)"
+BLOCK = re.compile(r"(<!-- generated: (?P<kind>ladder|fused-table|grid|attention-table|attention-ladder|attention-memory)"
+                   r" (?P<spec>[^>]*?) -->\n)(?P<body>.*?)"
                    r"(<!-- end generated -->)", re.S)
 SPEC_KEYS = {"machine", "file", "metric"}  # every other key of a spec filters the rows
 
@@ -309,6 +466,8 @@ def row_field(r, key):
         return str(fmt(r.get("threads")))
     if key == "family":
         return family_of(r)
+    if key in ("head_dim", "seqlen", "batch", "heads"):
+        return str(r.get("shape", {}).get(key))
     return str(r.get(key))
 
 
@@ -371,7 +530,27 @@ def grid_block(root, spec):
             "\n".join(out) + "\n")
 
 
-BLOCK_KINDS = {"ladder": ladder_block, "fused-table": fused_table_block, "grid": grid_block}
+def attention_block(kind):
+    def block(root, spec):
+        want = dict(kv.split("=", 1) for kv in spec.split())
+        rows = select_rows(root, want)
+        if not rows:
+            return f"(no results for {spec} under {root})\n"
+        if kind == "attention-memory":
+            body = attention_memory_table(rows)
+        else:
+            body = attention_pivot(rows, ladder=kind == "attention-ladder")
+            summary = attention_target_summary(rows) if kind == "attention-table" else ""
+            body = (summary + "\n\n" + body) if summary else body
+        what = " (cells: TFLOP/s (ratio to sdpa_cudnn's time))" if kind == "attention-ladder" else ""
+        return f"Measured: `{spec}` (from `{root.as_posix()}/{want['machine']}/`){what}\n\n" + body + "\n"
+    return block
+
+
+BLOCK_KINDS = {"ladder": ladder_block, "fused-table": fused_table_block, "grid": grid_block,
+               "attention-table": attention_block("attention-table"),
+               "attention-ladder": attention_block("attention-ladder"),
+               "attention-memory": attention_block("attention-memory")}
 
 
 def refresh_generated_blocks(root, notes_dir):

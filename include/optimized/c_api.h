@@ -18,8 +18,8 @@
  *
  * Sections, one per family: GEMM (optimized_matmul), the scaled fp8 GEMM (optimized_scaled_matmul),
  * the fused memory-bound ops (softmax, norms, bias + GELU, SiLU-and-mul; forward and backward), the
- * streaming loader (opaque handles: a shard writer and a loader), and one variant query for every
- * family (optimized_variant_name / optimized_variant_check), read from the C++ variant tables.
+ * streaming loader (opaque handles: a shard writer and a loader), attention (forward and backward,
+ * fixed length and varlen), and one variant query for every family (optimized_variant_name / optimized_variant_check), read from the C++ variant tables.
  *
  * Example (C = A @ B, fp32 on the CPU, contiguous row-major):
  *
@@ -69,7 +69,8 @@ typedef enum optimized_dtype {
   OPTIMIZED_DTYPE_I32 = 4,
   OPTIMIZED_DTYPE_I64 = 5,
   OPTIMIZED_DTYPE_F64 = 6, /* GEMM: CPU rungs cpu_naive and cpu_blocked only */
-  OPTIMIZED_DTYPE_F8E5M2 = 7
+  OPTIMIZED_DTYPE_F8E5M2 = 7,
+  OPTIMIZED_DTYPE_BOOL = 8 /* one byte, 0 or 1: attention masks only */
 } optimized_dtype;
 
 typedef enum optimized_device_type {
@@ -164,12 +165,13 @@ OPTIMIZED_C_EXPORT optimized_status optimized_scaled_matmul(const optimized_tens
                                                             const char* variant, void* cuda_stream);
 
 /* ---- every family: one variant query ------------------------------------------------------
- * The families with named variants: "gemm", "fused", "loader", "scaled_gemm". Each query reads the
- * family's C++ variant table (all_gemm_variants(), all_fused_variants(), all_loader_variants(),
- * all_scaled_gemm_variants()), so a variant added in C++ is listed here without a C edit. A family
+ * The families with named variants: "gemm", "fused", "loader", "scaled_gemm", "attention". Each query
+ * reads the family's C++ variant table (all_gemm_variants(), all_fused_variants(), all_loader_variants(),
+ * all_scaled_gemm_variants(), all_attention_variants()), so a variant added in C++ is listed here without a C edit. A family
  * name that is not one of these: INVALID_ARGUMENT, with a message naming the families. */
 
-/* Name of family `index` (0-based: "gemm", "fused", "loader", "scaled_gemm"), or NULL past the end. */
+/* Name of family `index` (0-based: "gemm", "fused", "loader", "scaled_gemm", "attention"), or NULL past
+ * the end. */
 OPTIMIZED_C_EXPORT const char* optimized_family_name(int32_t index);
 
 /* *count = the number of variants of `family` ("auto" excluded). */
@@ -187,7 +189,8 @@ OPTIMIZED_C_EXPORT const char* optimized_variant_name(const char* family, int32_
  * either device (dtype and device_type must still be valid values). For "gemm" the same as
  * optimized_gemm_variant_check(). For "scaled_gemm" `dtype` is the inputs' (a's and b's): every
  * variant takes OPTIMIZED_DTYPE_F8E4M3 and OPTIMIZED_DTYPE_F8E5M2, and refuses the others
- * (UNSUPPORTED). */
+ * (UNSUPPORTED). For "attention" `dtype` is q's (the table's dtypes: fp32 and fp64 refused by flash2,
+ * fp64 by every CUDA variant). */
 OPTIMIZED_C_EXPORT optimized_status optimized_variant_check(const char* family, const char* variant,
                                                             int32_t dtype, int32_t device_type);
 
@@ -438,6 +441,81 @@ OPTIMIZED_C_EXPORT optimized_status optimized_loader_get_stats(const optimized_l
 /* Reads and checks every shard and every record's checksum (a full scrub); the first mismatch
  * names the file and the record. */
 OPTIMIZED_C_EXPORT optimized_status optimized_dataset_verify(const char* dir);
+
+/* ---- attention (include/optimized/attention.h) -------------------------------------------
+ * out = softmax(S) V with S = score(Q K^T), forward and backward; the ladder "cpu", "naive",
+ * "flash", "flash2" (optimized_variant_name("attention", i)), "auto" (or NULL): cpu on the CPU, on
+ * CUDA flash2 where it runs the call (fp16 / bf16), else flash.
+ *
+ * Layouts (every view: last dimension of unit stride, other strides free, so (B, S, H, D) and
+ * (B, H, S, D) memory both run without a copy):
+ *   fixed length: q (B, S_q, H_q, D); k, v (B, S_k, H_kv, D); out, dout, dq: q's shape; dk, dv: k's;
+ *                 lse (B, H_q, S_q) fp32 (fp64 for fp64), unit stride along S_q.
+ *   varlen:       q (total_q, H_q, D); k, v (total_k, H_kv, D); cu_seqlens_q / _k int32 (B + 1),
+ *                 contiguous, on the tensors' device (cu[0] = 0, non-decreasing, cu[B] = total);
+ *                 max_seqlen_q / _k at least the longest sequence; lse (H_q, total_q).
+ * Dtypes: fp16, bf16 on every variant; fp32 on cpu, naive, flash; fp64 on cpu. H_q a multiple of
+ * H_kv (GQA / MQA). Head dims: any on cpu; on CUDA multiples of 8 up to 256. The score of query i
+ * and key j, the window, soft-cap, ALiBi and mask rules, and the rows with no visible key (out 0,
+ * lse -inf) are those of include/optimized/attention.h. Outputs may not overlap any operand.
+ * lse may be NULL in a forward (not written); the backward requires the forward's. cuda_stream as
+ * for optimized_matmul. CUDA variants that need scratch (naive; flash2's backward) allocate it on
+ * the stream per call. Errors name the argument (q, k, v, out, lse, mask, alibi_slopes, window_left,
+ * softcap, cu_seqlens_q, variant, ...). */
+
+typedef struct optimized_attention_options {
+  double softmax_scale;  /* NaN: 1 / sqrt(D); any finite value is used as given */
+  int32_t causal;        /* 0 or 1 */
+  int32_t top_left;      /* 0: causal / window aligned bottom-right (flash-attn: query i sees keys
+                            j <= i + S_k - S_q); 1: top-left (torch SDPA: j <= i) */
+  int64_t window_left;   /* sliding window in keys around the aligned diagonal; -1: unbounded */
+  int64_t window_right;
+  double softcap;        /* > 0: s = softcap * tanh(s / softcap); 0: off */
+  const optimized_tensor* alibi_slopes; /* fp32 (H_q) or (B, H_q); NULL: off */
+  const optimized_tensor* mask; /* fixed length only: 4-D, broadcastable to (B, H_q, S_q, S_k) (size-1
+                                   or stride-0 dimensions broadcast), bool (nonzero: attend) or
+                                   additive (q's dtype or fp32); NULL: none */
+  int32_t deterministic;        /* backward: 1 gives the same bits on every run (no atomics) */
+  int32_t skip_cu_seqlens_check; /* varlen on CUDA: 0 reads cu_seqlens back to the host (a sync) and
+                                    checks them (skipped while the stream is being captured); 1
+                                    trusts them. The CPU always checks. */
+} optimized_attention_options;
+
+/* Fills *options with the defaults: softmax_scale NaN, no causal / window / softcap / ALiBi / mask,
+ * bottom-right alignment, nondeterministic backward, cu_seqlens checked. Start from these (a
+ * zeroed struct means softmax_scale 0). */
+OPTIMIZED_C_EXPORT optimized_status optimized_attention_options_default(optimized_attention_options* options);
+
+/* out (and lse, when not NULL) from q, k, v. options: NULL for the defaults. */
+OPTIMIZED_C_EXPORT optimized_status optimized_attention_forward(const optimized_tensor* q, const optimized_tensor* k,
+                                                                const optimized_tensor* v, optimized_tensor* out,
+                                                                optimized_tensor* lse,
+                                                                const optimized_attention_options* options,
+                                                                const char* variant, void* cuda_stream);
+/* dq, dk, dv from dout and the forward's q, k, v, out and lse, with the forward's options. GQA: dk,
+ * dv summed over each group of query heads. */
+OPTIMIZED_C_EXPORT optimized_status optimized_attention_backward(
+    const optimized_tensor* dout, const optimized_tensor* q, const optimized_tensor* k, const optimized_tensor* v,
+    const optimized_tensor* out, const optimized_tensor* lse, optimized_tensor* dq, optimized_tensor* dk,
+    optimized_tensor* dv, const optimized_attention_options* options, const char* variant, void* cuda_stream);
+/* The packed forms (options->mask must be NULL). */
+OPTIMIZED_C_EXPORT optimized_status optimized_attention_varlen_forward(
+    const optimized_tensor* q, const optimized_tensor* k, const optimized_tensor* v,
+    const optimized_tensor* cu_seqlens_q, const optimized_tensor* cu_seqlens_k, int64_t max_seqlen_q,
+    int64_t max_seqlen_k, optimized_tensor* out, optimized_tensor* lse, const optimized_attention_options* options,
+    const char* variant, void* cuda_stream);
+OPTIMIZED_C_EXPORT optimized_status optimized_attention_varlen_backward(
+    const optimized_tensor* dout, const optimized_tensor* q, const optimized_tensor* k, const optimized_tensor* v,
+    const optimized_tensor* cu_seqlens_q, const optimized_tensor* cu_seqlens_k, int64_t max_seqlen_q,
+    int64_t max_seqlen_k, const optimized_tensor* out, const optimized_tensor* lse, optimized_tensor* dq,
+    optimized_tensor* dk, optimized_tensor* dv, const optimized_attention_options* options, const char* variant,
+    void* cuda_stream);
+
+/* *variant = the variant "auto" runs for `dtype` and `head_dim` on the device (device_type,
+ * device_index). The string is static. */
+OPTIMIZED_C_EXPORT optimized_status optimized_attention_resolve_variant(int32_t dtype, int64_t head_dim,
+                                                                        int32_t device_type, int32_t device_index,
+                                                                        const char** variant);
 
 /* The message of the most recent call on this thread; "" when it succeeded. Valid until the next
  * call into the library on this thread. Never NULL. */

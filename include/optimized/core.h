@@ -12,9 +12,10 @@
 namespace optimized {
 
 // kF64 comes last so that the C API's dtype values stay what they were.
-enum class DType : uint8_t { kF32, kF16, kBF16, kF8E4M3, kI32, kI64, kF64, kF8E5M2 };
+// kBool (one byte, 0 or 1) is taken only where an op says so (attention masks).
+enum class DType : uint8_t { kF32, kF16, kBF16, kF8E4M3, kI32, kI64, kF64, kF8E5M2, kBool };
 
-std::string_view dtype_name(DType dtype);  // "fp32", "fp16", "bf16", "fp8_e4m3", "int32", "int64", "fp64"
+std::string_view dtype_name(DType dtype);  // "fp32", "fp16", "bf16", "fp8_e4m3", "int32", "int64", "fp64", "fp8_e5m2", "bool"
 size_t dtype_size(DType dtype);             // bytes per element
 DType parse_dtype(std::string_view name);   // inverse of dtype_name; throws Error on unknown names
 

@@ -12,13 +12,18 @@ True
 The scaled (fp8) GEMM, ``optimized_ops.scaled_mm(a, b, scale_a, scale_b, ...)``, takes the arguments
 of ``torch._scaled_mm`` (per-tensor, per-row and DeepSeek-V3's block scales; forward only).
 
+Attention: ``optimized_ops.flash_attention(q, k, v, causal=True)`` (flash-attn's (B, S, H, D) layout),
+``optimized_ops.flash_attention_varlen`` (packed sequences) and
+``optimized_ops.scaled_dot_product_attention`` (a drop-in for torch's), forward and backward.
+
 The ops are also reachable as ``torch.ops.optimized.<op>``; without this package,
 ``torch.ops.load_library(optimized_ops.library_path())`` registers them (forward only).
 
 Every op family shows its ladder of variants, naive to best: ``optimized_ops.variants(family)``
-(``"gemm"``, the default; ``"fused"``; ``"loader"``).
+(``"gemm"``, the default; ``"fused"``; ``"loader"``; ``"attention"``).
 
-The package, one folder per op family with autograd and fake kernels (``gemm/``, ``fused/``: the
+The package, one folder per op family with autograd and fake kernels (``gemm/``, ``fused/``,
+``attention/``: the
 functions in ``__init__.py``, the fake kernels in ``_fakes.py``, the autograd rules in
 ``_autograd.py``), the loader (``data.py``), the ``nn`` modules (``nn.py``), and what they share:
 ``_library.py`` (loading the library), ``_autograd.py`` (the autograd mechanism) and
@@ -32,6 +37,8 @@ from .fused import (add_layer_norm, add_rms_norm, bias_gelu, fused_registers_max
                     layer_norm, log_softmax, resolve_fused_variant, rms_norm, silu_and_mul, softmax)
 from . import nn
 from . import data  # the streaming loader: optimized_ops.data.StreamingLoader
+from .attention import (attention_head_dims, attention_variants, flash_attention, flash_attention_varlen,
+                        resolve_attention_variant, scaled_dot_product_attention)
 
 __version__ = "0.1.0"
 __all__ = ["library_path", "matmul", "variants", "variant_supports", "built_with_cuda", "__version__",
@@ -40,3 +47,5 @@ __all__ = ["library_path", "matmul", "variants", "variant_supports", "built_with
            "nn"]
 __all__ += ["data"]
 __all__ += ["scaled_mm", "scaled_gemm_variants"]
+__all__ += ["flash_attention", "flash_attention_varlen", "scaled_dot_product_attention", "attention_variants",
+            "attention_head_dims", "resolve_attention_variant"]

@@ -2,9 +2,9 @@
 // the C++ API and turns every exception into a status code plus a thread-local message. Nothing
 // thrown crosses the extern "C" boundary: each entry runs inside guarded() (catch (...)).
 //
-// One section per family: core (views, errors), GEMM, the scaled (fp8) GEMM, fused, loader, and the
-// variant query of every family, which reads the C++ tables (all_gemm_variants(),
-// all_scaled_gemm_variants(), all_fused_variants(), the loader's names) so that a variant added in
+// One section per family: core (views, errors), GEMM, the scaled (fp8) GEMM, fused, loader, attention,
+// and the variant query of every family, which reads the C++ tables (all_gemm_variants(),
+// all_scaled_gemm_variants(), all_fused_variants(), the loader's names, all_attention_variants()) so that a variant added in
 // C++ is reachable from C without an edit here (tests/c_api/test_c_api_tables.cpp checks it).
 #include "optimized/c_api.h"
 
@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "optimized/attention.h"
 #include "optimized/core.h"
 #include "optimized/fused.h"
 #include "optimized/gemm.h"
@@ -64,9 +65,9 @@ optimized_status guarded(const char* function, Body&& body) {
 }
 
 optimized::DType to_dtype(int32_t dtype, const char* name) {
-  if (dtype < OPTIMIZED_DTYPE_F32 || dtype > OPTIMIZED_DTYPE_F8E5M2)
+  if (dtype < OPTIMIZED_DTYPE_F32 || dtype > OPTIMIZED_DTYPE_BOOL)
     invalid(std::string(name) + ": expected dtype to be an optimized_dtype value (0.." +
-            std::to_string(OPTIMIZED_DTYPE_F8E5M2) + "); given " + std::to_string(dtype));
+            std::to_string(OPTIMIZED_DTYPE_BOOL) + "); given " + std::to_string(dtype));
   return static_cast<optimized::DType>(dtype);
 }
 
@@ -221,6 +222,50 @@ void loader_check(const char* variant, int32_t dtype, int32_t device_type) {
   to_device(device_type, 0, "device_type");
 }
 
+// ---- attention ---------------------------------------------------------------------------------
+
+optimized::AttentionVariant attention_variant(const char* variant) {
+  return variant ? optimized::parse_attention_variant(variant) : optimized::AttentionVariant::kAuto;
+}
+
+// The C options as the C++ ones; the views of alibi_slopes and mask live in `alibi` and `mask`
+// (absent: rank 0). NULL: the defaults. The C++ API checks every value.
+optimized::AttentionOptions attention_options(const optimized_attention_options* c, optimized::TensorView& alibi,
+                                              optimized::TensorView& mask) {
+  optimized::AttentionOptions o;
+  if (!c) return o;
+  o.softmax_scale = c->softmax_scale;
+  o.causal = flag(c->causal, "options.causal");
+  o.alignment = flag(c->top_left, "options.top_left") ? optimized::CausalAlignment::kTopLeft
+                                                      : optimized::CausalAlignment::kBottomRight;
+  o.window_left = c->window_left;
+  o.window_right = c->window_right;
+  o.softcap = c->softcap;
+  alibi = optional_view(c->alibi_slopes, "alibi_slopes");
+  mask = optional_view(c->mask, "mask");
+  o.alibi_slopes = alibi;
+  o.mask = mask;
+  o.deterministic = flag(c->deterministic, "options.deterministic");
+  o.check_cu_seqlens = !flag(c->skip_cu_seqlens_check, "options.skip_cu_seqlens_check");
+  return o;
+}
+
+// An attention variant runs on one kind of device, on the dtypes of its table row (kAuto: whatever
+// some variant of the device runs): the C++ table owns that rule and its messages.
+void attention_check(const char* variant, int32_t dtype, int32_t device_type) {
+  if (!variant) invalid("variant: expected a name (\"auto\" or a variant); given NULL");
+  const optimized::AttentionVariant v = optimized::parse_attention_variant(variant);
+  const optimized::DType d = to_dtype(dtype, "dtype");
+  const optimized::Device device = to_device(device_type, 0, "device_type");
+  const bool is_auto = v == optimized::AttentionVariant::kAuto;
+  check_variant_device(variant, is_auto, optimized::attention_variant_is_cuda(v), device);
+  // kAuto resolves to cpu on the CPU and to flash (every CUDA dtype) or flash2 on CUDA.
+  const optimized::AttentionVariant probe =
+      !is_auto ? v : device.is_cuda() ? optimized::AttentionVariant::kFlash : optimized::AttentionVariant::kCpu;
+  if (std::string why = optimized::attention_variant_rejects_dtype(probe, d); !why.empty())
+    throw optimized::Error(optimized::Status::kUnsupported, "variant: " + why);
+}
+
 // ---- every family ------------------------------------------------------------------------------
 
 struct Family {
@@ -240,6 +285,9 @@ constexpr Family kFamilies[] = {
     {"scaled_gemm", [] { return optimized::all_scaled_gemm_variants().size(); },
      [](size_t i) { return optimized::scaled_gemm_variant_name(optimized::all_scaled_gemm_variants()[i]).data(); },
      scaled_gemm_check},
+    {"attention", [] { return optimized::all_attention_variants().size(); },
+     [](size_t i) { return optimized::attention_variant_name(optimized::all_attention_variants()[i]).data(); },
+     attention_check},
 };
 
 const Family& family(const char* name) {
@@ -839,6 +887,97 @@ optimized_status optimized_dataset_verify(const char* dir) {
   return guarded("optimized_dataset_verify", [&] {
     if (!dir) invalid("dir: expected a dataset directory; given NULL");
     optimized::verify_dataset(dir);
+  });
+}
+
+// ---- attention ---------------------------------------------------------------------------------
+
+optimized_status optimized_attention_options_default(optimized_attention_options* options) {
+  return guarded("optimized_attention_options_default", [&] {
+    require_out(options, "options");
+    const optimized::AttentionOptions o;
+    optimized_attention_options out{};
+    out.softmax_scale = o.softmax_scale;
+    out.causal = o.causal ? 1 : 0;
+    out.top_left = o.alignment == optimized::CausalAlignment::kTopLeft ? 1 : 0;
+    out.window_left = o.window_left;
+    out.window_right = o.window_right;
+    out.softcap = o.softcap;
+    out.alibi_slopes = nullptr;
+    out.mask = nullptr;
+    out.deterministic = o.deterministic ? 1 : 0;
+    out.skip_cu_seqlens_check = o.check_cu_seqlens ? 0 : 1;
+    *options = out;
+  });
+}
+
+optimized_status optimized_attention_forward(const optimized_tensor* q, const optimized_tensor* k,
+                                             const optimized_tensor* v, optimized_tensor* out, optimized_tensor* lse,
+                                             const optimized_attention_options* options, const char* variant,
+                                             void* cuda_stream) {
+  return guarded("optimized_attention_forward", [&] {
+    optimized::TensorView alibi, mask;
+    const optimized::AttentionOptions o = attention_options(options, alibi, mask);
+    optimized::attention_forward(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"), to_view(out, "out"),
+                                 optional_view(lse, "lse"), o, attention_variant(variant), context(cuda_stream));
+  });
+}
+
+optimized_status optimized_attention_backward(const optimized_tensor* dout, const optimized_tensor* q,
+                                              const optimized_tensor* k, const optimized_tensor* v,
+                                              const optimized_tensor* out, const optimized_tensor* lse,
+                                              optimized_tensor* dq, optimized_tensor* dk, optimized_tensor* dv,
+                                              const optimized_attention_options* options, const char* variant,
+                                              void* cuda_stream) {
+  return guarded("optimized_attention_backward", [&] {
+    optimized::TensorView alibi, mask;
+    const optimized::AttentionOptions o = attention_options(options, alibi, mask);
+    optimized::attention_backward(to_view(dout, "dout"), to_view(q, "q"), to_view(k, "k"), to_view(v, "v"),
+                                  to_view(out, "out"), to_view(lse, "lse"), to_view(dq, "dq"), to_view(dk, "dk"),
+                                  to_view(dv, "dv"), o, attention_variant(variant), context(cuda_stream));
+  });
+}
+
+optimized_status optimized_attention_varlen_forward(const optimized_tensor* q, const optimized_tensor* k,
+                                                    const optimized_tensor* v, const optimized_tensor* cu_seqlens_q,
+                                                    const optimized_tensor* cu_seqlens_k, int64_t max_seqlen_q,
+                                                    int64_t max_seqlen_k, optimized_tensor* out, optimized_tensor* lse,
+                                                    const optimized_attention_options* options, const char* variant,
+                                                    void* cuda_stream) {
+  return guarded("optimized_attention_varlen_forward", [&] {
+    optimized::TensorView alibi, mask;
+    const optimized::AttentionOptions o = attention_options(options, alibi, mask);
+    optimized::attention_varlen_forward(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"),
+                                        to_view(cu_seqlens_q, "cu_seqlens_q"), to_view(cu_seqlens_k, "cu_seqlens_k"),
+                                        max_seqlen_q, max_seqlen_k, to_view(out, "out"), optional_view(lse, "lse"), o,
+                                        attention_variant(variant), context(cuda_stream));
+  });
+}
+
+optimized_status optimized_attention_varlen_backward(
+    const optimized_tensor* dout, const optimized_tensor* q, const optimized_tensor* k, const optimized_tensor* v,
+    const optimized_tensor* cu_seqlens_q, const optimized_tensor* cu_seqlens_k, int64_t max_seqlen_q,
+    int64_t max_seqlen_k, const optimized_tensor* out, const optimized_tensor* lse, optimized_tensor* dq,
+    optimized_tensor* dk, optimized_tensor* dv, const optimized_attention_options* options, const char* variant,
+    void* cuda_stream) {
+  return guarded("optimized_attention_varlen_backward", [&] {
+    optimized::TensorView alibi, mask;
+    const optimized::AttentionOptions o = attention_options(options, alibi, mask);
+    optimized::attention_varlen_backward(to_view(dout, "dout"), to_view(q, "q"), to_view(k, "k"), to_view(v, "v"),
+                                         to_view(cu_seqlens_q, "cu_seqlens_q"), to_view(cu_seqlens_k, "cu_seqlens_k"),
+                                         max_seqlen_q, max_seqlen_k, to_view(out, "out"), to_view(lse, "lse"),
+                                         to_view(dq, "dq"), to_view(dk, "dk"), to_view(dv, "dv"), o,
+                                         attention_variant(variant), context(cuda_stream));
+  });
+}
+
+optimized_status optimized_attention_resolve_variant(int32_t dtype, int64_t head_dim, int32_t device_type,
+                                                     int32_t device_index, const char** variant) {
+  return guarded("optimized_attention_resolve_variant", [&] {
+    require_out(variant, "variant");
+    const optimized::AttentionVariant v = optimized::resolve_attention_variant(
+        to_dtype(dtype, "dtype"), head_dim, to_device(device_type, device_index, "device"));
+    *variant = optimized::attention_variant_name(v).data();  // a string literal
   });
 }
 

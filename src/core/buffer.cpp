@@ -270,6 +270,7 @@ double load_as_double(const void* data, DType dtype, int64_t i) {
     case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
     case DType::kF8E4M3: return fp8_e4m3_to_float(static_cast<const uint8_t*>(data)[i]);
     case DType::kF8E5M2: return fp8_e5m2_to_float(static_cast<const uint8_t*>(data)[i]);
+    case DType::kBool: return static_cast<const uint8_t*>(data)[i] != 0 ? 1.0 : 0.0;
   }
   throw Error(Status::kUnsupported, "dtype: load_as_double does not read " + std::string(dtype_name(dtype)));
 }
@@ -284,6 +285,7 @@ void store_from_double(void* data, DType dtype, int64_t i, double v) {
     case DType::kI64: static_cast<int64_t*>(data)[i] = static_cast<int64_t>(v); return;
     case DType::kF8E4M3: static_cast<uint8_t*>(data)[i] = float_to_fp8_e4m3(v); return;
     case DType::kF8E5M2: static_cast<uint8_t*>(data)[i] = float_to_fp8_e5m2(v); return;
+    case DType::kBool: static_cast<uint8_t*>(data)[i] = v != 0.0 ? 1 : 0; return;
   }
   throw Error(Status::kUnsupported, "dtype: store_from_double does not write " + std::string(dtype_name(dtype)));
 }

@@ -21,6 +21,7 @@ std::string_view dtype_name(DType dtype) {
     case DType::kI64: return "int64";
     case DType::kF64: return "fp64";
     case DType::kF8E5M2: return "fp8_e5m2";
+    case DType::kBool: return "bool";
   }
   return "unknown";
 }
@@ -35,16 +36,17 @@ size_t dtype_size(DType dtype) {
     case DType::kI64: return 8;
     case DType::kF64: return 8;
     case DType::kF8E5M2: return 1;
+    case DType::kBool: return 1;
   }
   return 0;
 }
 
 DType parse_dtype(std::string_view name) {
   for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kF8E5M2, DType::kI32, DType::kI64,
-                  DType::kF64})
+                  DType::kF64, DType::kBool})
     if (dtype_name(d) == name) return d;
   throw Error(Status::kInvalidArgument,
-              "dtype: expected one of fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, int32, int64, fp64; given '" +
+              "dtype: expected one of fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, int32, int64, fp64, bool; given '" +
                   std::string(name) + "'");
 }
 

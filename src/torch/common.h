@@ -114,11 +114,12 @@ inline DType to_dtype(at::ScalarType t, const std::string& prefix) {
     case c10::ScalarType::Float8_e5m2: return DType::kF8E5M2;
     case at::kInt: return DType::kI32;
     case at::kLong: return DType::kI64;
+    case at::kBool: return DType::kBool;
     default: break;
   }
   TORCH_CHECK_NOT_IMPLEMENTED(false, prefix +
                                          "expected a dtype of the library (float32, float16, bfloat16, float64, "
-                                         "float8_e4m3fn, float8_e5m2, int32, int64); given " + dtype_str(t));
+                                         "float8_e4m3fn, float8_e5m2, int32, int64, bool); given " + dtype_str(t));
 }
 
 // The C++ device of a torch device: cpu or cuda (an index of -1, "cuda", is device 0). Any other

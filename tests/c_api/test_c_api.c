@@ -381,13 +381,14 @@ static void thread_local_error(void) {
 
 static void variant_queries(void) {
   const optimized_status I = OPTIMIZED_STATUS_INVALID_ARGUMENT, U = OPTIMIZED_STATUS_UNSUPPORTED;
-  const char* const families[] = {"gemm", "fused", "loader", "scaled_gemm"};
+  const char* const families[] = {"gemm", "fused", "loader", "scaled_gemm", "attention"};
   int nf = 0;
   while (optimized_family_name(nf) != NULL) ++nf;
-  check(nf == 4 && strcmp(optimized_family_name(0), families[0]) == 0 &&
+  check(nf == 5 && strcmp(optimized_family_name(0), families[0]) == 0 &&
             strcmp(optimized_family_name(1), families[1]) == 0 && strcmp(optimized_family_name(2), families[2]) == 0 &&
-            strcmp(optimized_family_name(3), families[3]) == 0 && optimized_family_name(-1) == NULL,
-        "families: gemm, fused, loader, scaled_gemm", NULL);
+            strcmp(optimized_family_name(3), families[3]) == 0 && strcmp(optimized_family_name(4), families[4]) == 0 &&
+            optimized_family_name(-1) == NULL,
+        "families: gemm, fused, loader, scaled_gemm, attention", NULL);
 
   for (int f = 0; f < nf; ++f) {
     const char* family = optimized_family_name(f);
@@ -495,18 +496,18 @@ static void variant_queries(void) {
 
   /* unknown families */
   int32_t count = 77;
-  const char* name = optimized_variant_name("attention", 0);
-  check(name == NULL && strstr(optimized_last_error(), "family: expected one of gemm, fused, loader, scaled_gemm; given 'attention'"),
+  const char* name = optimized_variant_name("moe", 0);
+  check(name == NULL && strstr(optimized_last_error(), "family: expected one of gemm, fused, loader, scaled_gemm, attention; given 'moe'"),
         "variant name: an unknown family is NULL with a message naming the families", optimized_last_error());
-  expect_error("variant count: unknown family", optimized_variant_count("attention", &count), I,
-               "family: expected one of gemm, fused, loader, scaled_gemm; given 'attention'");
+  expect_error("variant count: unknown family", optimized_variant_count("moe", &count), I,
+               "family: expected one of gemm, fused, loader, scaled_gemm, attention; given 'moe'");
   check(count == 77, "variant count: an unknown family leaves *count alone", NULL);
   expect_error("variant count: NULL family", optimized_variant_count(NULL, &count), I,
-               "family: expected one of gemm, fused, loader, scaled_gemm; given NULL");
+               "family: expected one of gemm, fused, loader, scaled_gemm, attention; given NULL");
   expect_error("variant count: NULL result", optimized_variant_count("gemm", NULL), I, "count: expected a pointer");
   expect_error("variant check: unknown family",
                optimized_variant_check("GEMM", "auto", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU), I,
-               "family: expected one of gemm, fused, loader, scaled_gemm; given 'GEMM'");
+               "family: expected one of gemm, fused, loader, scaled_gemm, attention; given 'GEMM'");
   check(optimized_variant_name("fused", 0) != NULL && optimized_last_error()[0] == '\0',
         "variant name: success clears the message", optimized_last_error());
 }
@@ -1939,6 +1940,324 @@ static void loader_tests(void) {
   remove_tree(g_tmp, 0);
 }
 
+/* ---- attention ------------------------------------------------------------------------------ */
+/* Forward and backward on the CPU variant (fixed length with GQA, causal bottom-right, a scale, ALiBi;
+ * varlen with an empty sequence) against a double-precision reference written out here, outputs
+ * poisoned first; then the refusals, each naming its argument. */
+
+/* One (sequence, query head): queries q[i * rs] (len_q rows), keys / values k[j * rs], v[j * rs]
+ * (len_k rows), D columns; causal aligned bottom-right; slope: ALiBi (0: off). Writes out and lse,
+ * and accumulates dq, dk, dv (double buffers laid out as q, k, v) from dout. */
+static void attention_reference(const float* q, const float* k, const float* v, const float* dout, int64_t rs,
+                                int64_t len_q, int64_t len_k, int64_t d, double scale, int causal, double slope,
+                                double* out, double* lse, int64_t lse_stride, double* dq, double* dk, double* dv) {
+  double p[16];
+  const int64_t offset = len_k - len_q;
+  for (int64_t i = 0; i < len_q; ++i) {
+    double m = -INFINITY, sum = 0;
+    for (int64_t j = 0; j < len_k; ++j) {
+      double s = 0;
+      for (int64_t c = 0; c < d; ++c) s += (double)q[i * rs + c] * (double)k[j * rs + c];
+      s = s * scale - slope * fabs((double)(i + offset - j));
+      p[j] = causal && j > i + offset ? -INFINITY : s;
+      if (p[j] > m) m = p[j];
+    }
+    for (int64_t j = 0; j < len_k; ++j) sum += p[j] == -INFINITY ? 0 : exp(p[j] - m);
+    const double l = sum > 0 ? m + log(sum) : -INFINITY;
+    lse[i * lse_stride] = l;
+    double delta = 0;
+    for (int64_t j = 0; j < len_k; ++j) p[j] = sum > 0 && p[j] != -INFINITY ? exp(p[j] - l) : 0;
+    for (int64_t c = 0; c < d; ++c) {
+      double o = 0;
+      for (int64_t j = 0; j < len_k; ++j) o += p[j] * (double)v[j * rs + c];
+      out[i * rs + c] = o;
+      delta += o * (double)dout[i * rs + c];
+    }
+    for (int64_t j = 0; j < len_k; ++j) {
+      double dp = 0;
+      for (int64_t c = 0; c < d; ++c) {
+        dp += (double)dout[i * rs + c] * (double)v[j * rs + c];
+        dv[j * rs + c] += p[j] * (double)dout[i * rs + c];
+      }
+      const double ds = p[j] * (dp - delta) * scale;
+      for (int64_t c = 0; c < d; ++c) {
+        dq[i * rs + c] += ds * (double)k[j * rs + c];
+        dk[j * rs + c] += ds * (double)q[i * rs + c];
+      }
+    }
+  }
+}
+
+/* Worst |got - want| / (1 + |want|) over n elements; infinite when got is NaN (unwritten), 0 where
+ * both are -inf. */
+static double attention_worst(const float* got, const double* want, int64_t n) {
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (isinf(want[i]) && got[i] == (float)want[i]) continue;
+    const double e = isnan(got[i]) ? INFINITY : fabs((double)got[i] - want[i]) / (1.0 + fabs(want[i]));
+    if (e > worst) worst = e;
+  }
+  return worst;
+}
+
+static float* attention_random(int64_t n) { return (float*)random_buffer(OPTIMIZED_DTYPE_F32, n); }
+
+static void attention_check_results(const char* what, const float* out, const float* lse, const float* dq,
+                                    const float* dk, const float* dv, const double* r_out, const double* r_lse,
+                                    const double* r_dq, const double* r_dk, const double* r_dv, int64_t nq,
+                                    int64_t nk, int64_t nl) {
+  char name[200], detail[200];
+  const double tol = 2e-5;
+  const double e[5] = {attention_worst(out, r_out, nq), attention_worst(lse, r_lse, nl), attention_worst(dq, r_dq, nq),
+                       attention_worst(dk, r_dk, nk), attention_worst(dv, r_dv, nk)};
+  snprintf(name, sizeof name, "%s: out, lse, dq, dk, dv match the float64 reference", what);
+  snprintf(detail, sizeof detail, "worst relative errors %.3g %.3g %.3g %.3g %.3g (tolerance %.1g)", e[0], e[1], e[2],
+           e[3], e[4], tol);
+  check(e[0] <= tol && e[1] <= tol && e[2] <= tol && e[3] <= tol && e[4] <= tol, name, detail);
+}
+
+static void attention_tests(void) {
+  const optimized_status I = OPTIMIZED_STATUS_INVALID_ARGUMENT;
+  enum { B = 2, SQ = 3, SK = 5, HQ = 4, HKV = 2, D = 3 };
+  const int64_t nq = B * SQ * HQ * D, nk = B * SK * HKV * D, nl = B * HQ * SQ;
+  float *q = attention_random(nq), *k = attention_random(nk), *v = attention_random(nk), *dout = attention_random(nq);
+  float *out = (float*)poisoned_buffer(OPTIMIZED_DTYPE_F32, nq), *lse = (float*)poisoned_buffer(OPTIMIZED_DTYPE_F32, nl);
+  float *dq = (float*)poisoned_buffer(OPTIMIZED_DTYPE_F32, nq), *dk = (float*)poisoned_buffer(OPTIMIZED_DTYPE_F32, nk);
+  float *dv = (float*)poisoned_buffer(OPTIMIZED_DTYPE_F32, nk);
+  double *r_out = calloc(nq, sizeof(double)), *r_lse = calloc(nl, sizeof(double)), *r_dq = calloc(nq, sizeof(double));
+  double *r_dk = calloc(nk, sizeof(double)), *r_dv = calloc(nk, sizeof(double));
+  float slopes[HQ] = {0.25f, 0.5f, 0.125f, 1.0f};
+  const int64_t s_q[4] = {B, SQ, HQ, D}, s_k[4] = {B, SK, HKV, D}, s_l[3] = {B, HQ, SQ}, s_a[1] = {HQ};
+  optimized_tensor tq, tk, tv, tdo, to, tl, tdq, tdk, tdv, ta;
+  optimized_tensor_contiguous(&tq, q, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 4, s_q);
+  optimized_tensor_contiguous(&tk, k, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 4, s_k);
+  optimized_tensor_contiguous(&tv, v, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 4, s_k);
+  optimized_tensor_contiguous(&tdo, dout, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 4, s_q);
+  optimized_tensor_contiguous(&to, out, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 4, s_q);
+  optimized_tensor_contiguous(&tl, lse, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 3, s_l);
+  optimized_tensor_contiguous(&tdq, dq, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 4, s_q);
+  optimized_tensor_contiguous(&tdk, dk, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 4, s_k);
+  optimized_tensor_contiguous(&tdv, dv, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 4, s_k);
+  optimized_tensor_contiguous(&ta, slopes, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 1, s_a);
+
+  optimized_attention_options o;
+  check(optimized_attention_options_default(&o) == OPTIMIZED_STATUS_OK && isnan(o.softmax_scale) && o.causal == 0 &&
+            o.top_left == 0 && o.window_left == -1 && o.window_right == -1 && o.softcap == 0 && !o.alibi_slopes &&
+            !o.mask && o.deterministic == 0 && o.skip_cu_seqlens_check == 0,
+        "attention: options_default", optimized_last_error());
+
+  /* Fixed length, two option sets: the defaults (options NULL) and causal + scale + ALiBi. */
+  for (int set = 0; set < 2; ++set) {
+    const int causal = set == 1;
+    const double scale = set == 1 ? 0.7 : 1.0 / sqrt((double)D);
+    if (set == 1) {
+      o.causal = 1;
+      o.softmax_scale = scale;
+      o.alibi_slopes = &ta;
+    }
+    memset(r_dk, 0, nk * sizeof(double));
+    memset(r_dv, 0, nk * sizeof(double));
+    {
+      /* rows of q / out / dq are HQ * D apart and rows of k / v HKV * D apart: copy each head to a packed
+       * (rows, D) scratch, run the reference there and scatter back. */
+      float sq_[SQ * D], sk_[SK * D], sv_[SK * D], sdo_[SQ * D];
+      double so_[SQ * D], sdq_[SQ * D], sdk_[SK * D], sdv_[SK * D];
+      for (int b = 0; b < B; ++b)
+        for (int h = 0; h < HQ; ++h) {
+          const int g = h / (HQ / HKV);
+          for (int i = 0; i < SQ; ++i)
+            for (int c = 0; c < D; ++c) {
+              sq_[i * D + c] = q[(((int64_t)b * SQ + i) * HQ + h) * D + c];
+              sdo_[i * D + c] = dout[(((int64_t)b * SQ + i) * HQ + h) * D + c];
+            }
+          for (int j = 0; j < SK; ++j)
+            for (int c = 0; c < D; ++c) {
+              sk_[j * D + c] = k[(((int64_t)b * SK + j) * HKV + g) * D + c];
+              sv_[j * D + c] = v[(((int64_t)b * SK + j) * HKV + g) * D + c];
+            }
+          memset(sdq_, 0, sizeof sdq_);
+          memset(sdk_, 0, sizeof sdk_);
+          memset(sdv_, 0, sizeof sdv_);
+          attention_reference(sq_, sk_, sv_, sdo_, D, SQ, SK, D, scale, causal, set == 1 ? slopes[h] : 0, so_,
+                              r_lse + ((int64_t)b * HQ + h) * SQ, 1, sdq_, sdk_, sdv_);
+          for (int i = 0; i < SQ; ++i)
+            for (int c = 0; c < D; ++c) {
+              r_out[(((int64_t)b * SQ + i) * HQ + h) * D + c] = so_[i * D + c];
+              r_dq[(((int64_t)b * SQ + i) * HQ + h) * D + c] = sdq_[i * D + c];
+            }
+          for (int j = 0; j < SK; ++j)
+            for (int c = 0; c < D; ++c) {
+              r_dk[(((int64_t)b * SK + j) * HKV + g) * D + c] += sdk_[j * D + c];
+              r_dv[(((int64_t)b * SK + j) * HKV + g) * D + c] += sdv_[j * D + c];
+            }
+        }
+    }
+    const char* variant = set == 0 ? "cpu" : "auto";
+    const optimized_attention_options* opts = set == 0 ? NULL : &o;
+    const optimized_status sf = optimized_attention_forward(&tq, &tk, &tv, &to, &tl, opts, variant, NULL);
+    check(sf == OPTIMIZED_STATUS_OK, set == 0 ? "attention: forward (defaults)" : "attention: forward (causal, ALiBi)",
+          optimized_last_error());
+    const optimized_status sb =
+        optimized_attention_backward(&tdo, &tq, &tk, &tv, &to, &tl, &tdq, &tdk, &tdv, opts, variant, NULL);
+    check(sb == OPTIMIZED_STATUS_OK, set == 0 ? "attention: backward (defaults)" : "attention: backward (causal, ALiBi)",
+          optimized_last_error());
+    attention_check_results(set == 0 ? "attention defaults" : "attention causal + scale + ALiBi, GQA 2", out, lse, dq,
+                            dk, dv, r_out, r_lse, r_dq, r_dk, r_dv, nq, nk, nl);
+    memset(out, 0xFF, nq * sizeof(float));
+    memset(lse, 0xFF, nl * sizeof(float));
+    memset(dq, 0xFF, nq * sizeof(float));
+    memset(dk, 0xFF, nk * sizeof(float));
+    memset(dv, 0xFF, nk * sizeof(float));
+  }
+  /* lse may be absent in a forward */
+  check(optimized_attention_forward(&tq, &tk, &tv, &to, NULL, NULL, "cpu", NULL) == OPTIMIZED_STATUS_OK &&
+            !isnan(out[0]) && isnan(lse[0]),
+        "attention: forward without lse", optimized_last_error());
+
+  /* Varlen: the same buffers read as packed sequences, q lengths {2, 0, 4}, k lengths {3, 4, 3}, H_q 4,
+   * H_kv 2: q (6, 4, 3), k, v (10, 2, 3). Reference per sequence, as above. */
+  {
+    int32_t cu_q[4] = {0, 2, 2, 6}, cu_k[4] = {0, 3, 7, 10};
+    const int64_t s_vq[3] = {6, HQ, D}, s_vk[3] = {10, HKV, D}, s_vl[2] = {HQ, 6}, s_cu[1] = {4};
+    optimized_tensor vq, vk, vv, vdo, vo, vl, vdq, vdk, vdv, tcq, tck;
+    optimized_tensor_contiguous(&vq, q, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 3, s_vq);
+    optimized_tensor_contiguous(&vk, k, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 3, s_vk);
+    optimized_tensor_contiguous(&vv, v, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 3, s_vk);
+    optimized_tensor_contiguous(&vdo, dout, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 3, s_vq);
+    optimized_tensor_contiguous(&vo, out, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 3, s_vq);
+    optimized_tensor_contiguous(&vl, lse, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, s_vl);
+    optimized_tensor_contiguous(&vdq, dq, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 3, s_vq);
+    optimized_tensor_contiguous(&vdk, dk, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 3, s_vk);
+    optimized_tensor_contiguous(&vdv, dv, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 3, s_vk);
+    optimized_tensor_contiguous(&tcq, cu_q, OPTIMIZED_DTYPE_I32, OPTIMIZED_DEVICE_CPU, 0, 1, s_cu);
+    optimized_tensor_contiguous(&tck, cu_k, OPTIMIZED_DTYPE_I32, OPTIMIZED_DEVICE_CPU, 0, 1, s_cu);
+    optimized_attention_options vo_opts;
+    optimized_attention_options_default(&vo_opts);
+    vo_opts.causal = 1;
+    memset(r_out, 0, nq * sizeof(double));
+    memset(r_dq, 0, nq * sizeof(double));
+    memset(r_dk, 0, nk * sizeof(double));
+    memset(r_dv, 0, nk * sizeof(double));
+    const double scale = 1.0 / sqrt((double)D);
+    float sq_[8 * D], sk_[8 * D], sv_[8 * D], sdo_[8 * D];
+    double so_[8 * D], sl_[8], sdq_[8 * D], sdk_[8 * D], sdv_[8 * D];
+    for (int b = 0; b < 3; ++b)
+      for (int h = 0; h < HQ; ++h) {
+        const int g = h / (HQ / HKV), lq = cu_q[b + 1] - cu_q[b], lk = cu_k[b + 1] - cu_k[b];
+        for (int i = 0; i < lq; ++i)
+          for (int c = 0; c < D; ++c) {
+            sq_[i * D + c] = q[((int64_t)(cu_q[b] + i) * HQ + h) * D + c];
+            sdo_[i * D + c] = dout[((int64_t)(cu_q[b] + i) * HQ + h) * D + c];
+          }
+        for (int j = 0; j < lk; ++j)
+          for (int c = 0; c < D; ++c) {
+            sk_[j * D + c] = k[((int64_t)(cu_k[b] + j) * HKV + g) * D + c];
+            sv_[j * D + c] = v[((int64_t)(cu_k[b] + j) * HKV + g) * D + c];
+          }
+        memset(sdq_, 0, sizeof sdq_);
+        memset(sdk_, 0, sizeof sdk_);
+        memset(sdv_, 0, sizeof sdv_);
+        attention_reference(sq_, sk_, sv_, sdo_, D, lq, lk, D, scale, 1, 0, so_, sl_, 1, sdq_, sdk_, sdv_);
+        for (int i = 0; i < lq; ++i) {
+          r_lse[(int64_t)h * 6 + cu_q[b] + i] = sl_[i];
+          for (int c = 0; c < D; ++c) {
+            r_out[((int64_t)(cu_q[b] + i) * HQ + h) * D + c] = so_[i * D + c];
+            r_dq[((int64_t)(cu_q[b] + i) * HQ + h) * D + c] = sdq_[i * D + c];
+          }
+        }
+        for (int j = 0; j < lk; ++j)
+          for (int c = 0; c < D; ++c) {
+            r_dk[((int64_t)(cu_k[b] + j) * HKV + g) * D + c] += sdk_[j * D + c];
+            r_dv[((int64_t)(cu_k[b] + j) * HKV + g) * D + c] += sdv_[j * D + c];
+          }
+      }
+    check(optimized_attention_varlen_forward(&vq, &vk, &vv, &tcq, &tck, 4, 4, &vo, &vl, &vo_opts, "cpu", NULL) ==
+              OPTIMIZED_STATUS_OK,
+          "attention varlen: forward", optimized_last_error());
+    check(optimized_attention_varlen_backward(&vdo, &vq, &vk, &vv, &tcq, &tck, 4, 4, &vo, &vl, &vdq, &vdk, &vdv,
+                                              &vo_opts, "cpu", NULL) == OPTIMIZED_STATUS_OK,
+          "attention varlen: backward", optimized_last_error());
+    attention_check_results("attention varlen causal (lengths 2, 0, 4), GQA 2", out, lse, dq, dk, dv, r_out, r_lse,
+                            r_dq, r_dk, r_dv, 6 * HQ * D, 10 * HKV * D, HQ * 6);
+
+    /* varlen refusals */
+    cu_q[2] = 1; /* decreasing: 0, 2, 1, 6 */
+    expect_error("attention varlen: cu_seqlens_q not monotone",
+                 optimized_attention_varlen_forward(&vq, &vk, &vv, &tcq, &tck, 4, 4, &vo, &vl, NULL, "cpu", NULL), I,
+                 "cu_seqlens_q");
+    cu_q[2] = 2;
+    tck.shape[0] = 3;
+    expect_error("attention varlen: cu_seqlens_k of another length",
+                 optimized_attention_varlen_forward(&vq, &vk, &vv, &tcq, &tck, 4, 4, &vo, &vl, NULL, "cpu", NULL), I,
+                 "cu_seqlens_k: expected shape (4)");
+    tck.shape[0] = 4;
+    const int64_t s_m[4] = {1, 1, 1, 1};
+    uint8_t one = 1;
+    optimized_tensor tm;
+    optimized_tensor_contiguous(&tm, &one, OPTIMIZED_DTYPE_BOOL, OPTIMIZED_DEVICE_CPU, 0, 4, s_m);
+    vo_opts.mask = &tm;
+    expect_error("attention varlen: a mask",
+                 optimized_attention_varlen_forward(&vq, &vk, &vv, &tcq, &tck, 4, 4, &vo, &vl, &vo_opts, "cpu", NULL),
+                 I, "mask: not supported by the varlen ops");
+  }
+
+  /* Fixed-length refusals, each naming its argument. */
+  optimized_tensor bad = tk;
+  bad.shape[2] = 3; /* H_kv 3 does not divide H_q 4 */
+  expect_error("attention: heads that do not divide",
+               optimized_attention_forward(&tq, &bad, &bad, &to, &tl, NULL, "cpu", NULL), I,
+               "k: expected a number of heads that divides q's 4");
+  bad = tk;
+  bad.shape[3] = 2;
+  expect_error("attention: head dims that differ", optimized_attention_forward(&tq, &bad, &bad, &to, &tl, NULL, "cpu", NULL),
+               I, "k: expected head_dim 3");
+  expect_error("attention: unknown variant", optimized_attention_forward(&tq, &tk, &tv, &to, &tl, NULL, "fastest", NULL),
+               I, "variant: expected one of");
+  expect_error("attention: a CUDA variant on CPU tensors",
+               optimized_attention_forward(&tq, &tk, &tv, &to, &tl, NULL, "flash2", NULL), I,
+               "variant: flash2 runs on CUDA");
+  optimized_attention_options_default(&o);
+  o.causal = 2;
+  expect_error("attention: causal not 0 or 1", optimized_attention_forward(&tq, &tk, &tv, &to, &tl, &o, "cpu", NULL), I,
+               "options.causal: expected 0 or 1; given 2");
+  optimized_attention_options_default(&o);
+  o.softcap = -1;
+  expect_error("attention: a negative softcap", optimized_attention_forward(&tq, &tk, &tv, &to, &tl, &o, "cpu", NULL), I,
+               "softcap: expected a finite value >= 0");
+  expect_error("attention: backward without lse",
+               optimized_attention_backward(&tdo, &tq, &tk, &tv, &to, NULL, &tdq, &tdk, &tdv, NULL, "cpu", NULL), I,
+               "lse: expected a pointer to an optimized_tensor; given NULL");
+  expect_error("attention: out overlapping q", optimized_attention_forward(&tq, &tk, &tv, &tq, &tl, NULL, "cpu", NULL), I,
+               "out: expected an output that does not overlap");
+  expect_error("attention: options_default to NULL", optimized_attention_options_default(NULL), I,
+               "options: expected a pointer");
+
+  /* The family's variant query and auto. */
+  const char* resolved = NULL;
+  check(optimized_attention_resolve_variant(OPTIMIZED_DTYPE_F32, 64, OPTIMIZED_DEVICE_CPU, 0, &resolved) ==
+                OPTIMIZED_STATUS_OK &&
+            resolved && strcmp(resolved, "cpu") == 0,
+        "attention: auto resolves to cpu on the CPU", optimized_last_error());
+  check(optimized_variant_check("attention", "cpu", OPTIMIZED_DTYPE_F64, OPTIMIZED_DEVICE_CPU) == OPTIMIZED_STATUS_OK &&
+            optimized_variant_check("attention", "flash2", OPTIMIZED_DTYPE_BF16, OPTIMIZED_DEVICE_CUDA) ==
+                OPTIMIZED_STATUS_OK &&
+            optimized_variant_check("attention", "auto", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CUDA) == OPTIMIZED_STATUS_OK,
+        "attention: variant check accepts", optimized_last_error());
+  expect_error("attention check: flash2 on fp32",
+               optimized_variant_check("attention", "flash2", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CUDA),
+               OPTIMIZED_STATUS_UNSUPPORTED, "variant:");
+  expect_error("attention check: cpu on CUDA",
+               optimized_variant_check("attention", "cpu", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CUDA), I,
+               "variant: cpu runs on the CPU");
+  const char* const names[4] = {"cpu", "naive", "flash", "flash2"};
+  int listed = 1;
+  for (int i = 0; i < 4; ++i) listed &= optimized_variant_name("attention", i) && strcmp(optimized_variant_name("attention", i), names[i]) == 0;
+  check(listed && optimized_variant_name("attention", 4) == NULL, "attention: variants cpu, naive, flash, flash2", NULL);
+
+  free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv);
+  free(r_out), free(r_lse), free(r_dq), free(r_dk), free(r_dv);
+}
+
 /* ---- main ------------------------------------------------------------------------------------ */
 
 int main(void) {
@@ -1987,6 +2306,7 @@ int main(void) {
   fused_error_paths();
   fused_results();
   loader_tests();
+  attention_tests();
 
   /* Odd shapes (1, primes), strided A, broadcast B, both dtypes, every CPU variant. */
   const gemm_case cases[] = {

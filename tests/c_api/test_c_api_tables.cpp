@@ -26,6 +26,7 @@
 
 #include "optimized/c_api.h"
 #include "optimized/core.h"
+#include "optimized/attention.h"
 #include "optimized/fused.h"
 #include "optimized/gemm.h"
 #include "optimized/loader.h"
@@ -90,7 +91,7 @@ void expect_named_values_reachable(const std::vector<std::pair<E, std::string>>&
 TEST(CApiTables, FamiliesAreListed) {
   std::vector<std::string> families;
   for (int32_t i = 0; const char* f = optimized_family_name(i); ++i) families.emplace_back(f);
-  EXPECT_EQ(families, (std::vector<std::string>{"gemm", "fused", "loader", "scaled_gemm"}));
+  EXPECT_EQ(families, (std::vector<std::string>{"gemm", "fused", "loader", "scaled_gemm", "attention"}));
   for (const std::string& f : families) {
     int32_t count = -1;
     ASSERT_EQ(optimized_variant_count(f.c_str(), &count), OPTIMIZED_STATUS_OK) << optimized_last_error();
@@ -122,6 +123,16 @@ TEST(CApiTables, FusedListIsTheTable) {
   std::vector<std::string> ops;
   for (FusedOp op : all_fused_ops()) ops.emplace_back(fused_op_name(op));
   EXPECT_EQ(c_list(optimized_fused_op_name), ops);
+}
+
+TEST(CApiTables, AttentionListIsTheTable) {
+  std::vector<std::string> table;
+  for (AttentionVariant v : all_attention_variants()) table.emplace_back(attention_variant_name(v));
+  const std::vector<std::string> c_names = c_list("attention");
+  EXPECT_EQ(c_names, table);
+  const auto named = named_values<AttentionVariant>(attention_variant_name, parse_attention_variant);
+  EXPECT_EQ(named.size(), table.size());
+  expect_named_values_reachable(named, parse_attention_variant, c_names, "attention");
 }
 
 TEST(CApiTables, ScaledGemmListIsTheTable) {

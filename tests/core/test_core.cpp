@@ -35,7 +35,7 @@ TEST(DType, NamesAndSizes) {
   for (const Row& r : {Row{DType::kF32, "fp32", 4}, Row{DType::kF16, "fp16", 2}, Row{DType::kBF16, "bf16", 2},
                        Row{DType::kF8E4M3, "fp8_e4m3", 1}, Row{DType::kF8E5M2, "fp8_e5m2", 1},
                        Row{DType::kI32, "int32", 4},
-                       Row{DType::kI64, "int64", 8}, Row{DType::kF64, "fp64", 8}}) {
+                       Row{DType::kI64, "int64", 8}, Row{DType::kF64, "fp64", 8}, Row{DType::kBool, "bool", 1}}) {
     EXPECT_EQ(dtype_name(r.dtype), r.name);
     EXPECT_EQ(dtype_size(r.dtype), r.size) << r.name;
     EXPECT_EQ(parse_dtype(r.name), r.dtype) << r.name;

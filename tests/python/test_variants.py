@@ -44,9 +44,9 @@ def test_a_fresh_list_each_call():
     assert optimized_ops.variants("fused") == FUSED
 
 
-@pytest.mark.parametrize("family", ["attention", "GEMM", "", None, 3])
+@pytest.mark.parametrize("family", ["moe", "GEMM", "", None, 3])
 def test_unknown_family_names_the_families(family):
-    with pytest.raises(ValueError, match=rf"optimized_ops.variants: family: expected one of gemm, scaled_gemm, fused, loader; "
+    with pytest.raises(ValueError, match=rf"optimized_ops.variants: family: expected one of gemm, scaled_gemm, fused, loader, attention; "
                                          rf"given {re.escape(repr(family))}$"):
         optimized_ops.variants(family)
 

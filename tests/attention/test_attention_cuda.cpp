@@ -1,0 +1,243 @@
+// The attention family on CUDA through the public API: the rungs naive, flash and flash2 (and
+// auto), forward and backward, fp32 (naive, flash) / fp16 / bf16, against the float64 reference with
+// flash-attention's rule (src/testing/attention_check.h), on fresh random inputs with poisoned
+// outputs, padded rows, view offsets and guard zones: S in {1, 7, 113, 1000} and S_q != S_k both
+// ways, B > 1, GQA ratios 1 / 2 / 4 / 8 and MQA, head dims 64, 96, 128, 256 and the rounded-up ones
+// (40, 72), causal (both alignments) x window x soft-cap x ALiBi, bool and additive masks with
+// broadcasting, varlen batches with empty and length-1 sequences, (B, H, S, D) views, NaN / Inf,
+// rows with no visible key, a deterministic backward (the same bits twice), the workspace query
+// honoured (an explicit workspace of exactly attention_workspace_bytes), an own stream.
+// A plain C++ file, built in every configuration: without a CUDA device every test skips with the
+// reason. Tests named *Big* hold S = 4097 (the compute-sanitizer run filters them out).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "attention_test_util.h"
+
+namespace optimized::testing {
+namespace {
+
+const std::vector<AttentionVariant> kCudaVariants = {AttentionVariant::kNaive, AttentionVariant::kFlash,
+                                                     AttentionVariant::kFlash2, AttentionVariant::kAuto};
+
+// variant, backward; each test runs every dtype the variant takes.
+using Param = std::tuple<AttentionVariant, bool>;
+
+std::string param_name(const ::testing::TestParamInfo<Param>& info) {
+  const auto& [variant, backward] = info.param;
+  return std::string(attention_variant_name(variant)) + (backward ? "_bwd" : "_fwd");
+}
+
+class CudaAttention : public ::testing::TestWithParam<Param> {
+ protected:
+  void SetUp() override { SKIP_WITHOUT_CUDA(); }
+  AttentionVariant variant() const { return std::get<0>(GetParam()); }
+  bool backward() const { return std::get<1>(GetParam()); }
+  // fp32 on naive and flash (auto picks flash for it); fp16 / bf16 everywhere.
+  std::vector<DType> dtypes() const {
+    if (variant() == AttentionVariant::kFlash2) return {DType::kF16, DType::kBF16};
+    return {DType::kF32, DType::kF16, DType::kBF16};
+  }
+  AttnCase base(DType dtype, int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d) const {
+    return make_case(backward(), dtype, variant(), Device::cuda(0), batch, sq, sk, hq, hkv, d);
+  }
+};
+
+TEST_P(CudaAttention, Sizes) {
+  const std::vector<std::pair<int64_t, int64_t>> sizes = {{1, 1}, {7, 7}, {113, 113}, {7, 113}, {113, 7}, {1, 113}, {113, 1}};
+  for (DType dt : dtypes()) {
+    for (auto [sq, sk] : sizes) expect_attention_ok(base(dt, 2, sq, sk, 4, 2, 64));
+    expect_attention_ok(base(dt, 1, 1000, 1000, 2, 1, 64));
+    expect_attention_ok(base(dt, 1, 300, 1000, 2, 2, 128));
+  }
+}
+
+TEST_P(CudaAttention, HeadDims) {
+  for (DType dt : dtypes())
+    for (int64_t d : {64, 96, 128, 256, 72, 40, 8}) expect_attention_ok(base(dt, 2, 33, 47, 2, 1, d));
+}
+
+TEST_P(CudaAttention, GqaAndMqa) {
+  for (DType dt : dtypes())
+    for (auto [hq, hkv] : std::vector<std::pair<int64_t, int64_t>>{{4, 4}, {4, 2}, {8, 2}, {8, 1}, {16, 2}, {3, 1}})
+      expect_attention_ok(base(dt, 2, 37, 53, hq, hkv, 64));
+}
+
+TEST_P(CudaAttention, FeatureMatrix) {
+  for (DType dt : dtypes())
+    for (const Feature& f : feature_matrix())
+      for (auto [sq, sk] : std::vector<std::pair<int64_t, int64_t>>{{77, 130}, {130, 77}}) {
+        SCOPED_TRACE(f.name);
+        expect_attention_ok(with_feature(base(dt, 2, sq, sk, 4, 2, 64), f));
+      }
+}
+
+TEST_P(CudaAttention, Masks) {
+  const std::vector<std::array<bool, 4>> shapes = {
+      {true, true, true, true}, {false, false, true, true}, {true, false, false, true}, {false, true, true, false}};
+  for (DType dt : dtypes())
+    for (MaskKind kind : {MaskKind::kBool, MaskKind::kAdditive})
+      for (const auto& full : shapes)
+        for (bool stride0 : {false, true}) {
+          AttnCase c = base(dt, 2, 45, 70, 4, 2, 64);
+          c.mask = kind;
+          c.mask_dtype = stride0 ? DType::kF32 : dt;
+          c.mask_full = full;
+          c.mask_stride0 = stride0;
+          expect_attention_ok(c);
+        }
+  // With the score options.
+  AttnCase c = base(dtypes().back(), 2, 64, 96, 4, 1, 128);
+  c.mask = MaskKind::kAdditive;
+  c.mask_dtype = DType::kF32;
+  c.causal = true;
+  c.softcap = 2.0;
+  c.alibi = Alibi::kPerHead;
+  expect_attention_ok(c);
+}
+
+TEST_P(CudaAttention, Varlen) {
+  for (DType dt : dtypes())
+    for (const VarlenLens& lens : varlen_batches())
+      for (int opt = 0; opt < 3; ++opt) {
+        AttnCase c = base(dt, 1, 1, 1, 4, 2, 64);
+        c.lens_q = lens.q;
+        c.lens_k = lens.k;
+        if (opt == 1) c.causal = true;
+        if (opt == 2) c.window_left = 2, c.window_right = 1, c.alibi = Alibi::kPerBatchHead, c.softcap = 1.5;
+        expect_attention_ok(c);
+      }
+  // Longer sequences across tile boundaries.
+  AttnCase c = base(dtypes().front(), 1, 1, 1, 4, 1, 128);
+  c.lens_q = {130, 0, 1, 257, 64};
+  c.lens_k = {200, 5, 1, 100, 64};
+  c.causal = true;
+  expect_attention_ok(c);
+}
+
+TEST_P(CudaAttention, StridedViews) {
+  for (DType dt : dtypes())
+    for (DataLayout layout : {DataLayout::kBSHD, DataLayout::kBHSD})
+      for (auto [pad, offset] : std::vector<std::pair<int64_t, int64_t>>{{0, 0}, {8, 16}, {3, 5}}) {
+        // flash2 needs 16-byte rows: the misaligned views go to the other rungs.
+        if (variant() == AttentionVariant::kFlash2 && (pad % 8 || offset % 8)) continue;
+        AttnCase c = base(dt, 2, 50, 61, 4, 2, 64);
+        c.layout = layout;
+        c.pad = pad;
+        c.offset = offset;
+        c.causal = true;
+        expect_attention_ok(c);
+      }
+}
+
+TEST_P(CudaAttention, RowsWithNoVisibleKey) {
+  for (DType dt : dtypes()) {
+    AttnCase c = base(dt, 2, 90, 40, 2, 1, 64);
+    c.causal = true;  // bottom-right: the first 50 rows see no key
+    expect_attention_ok(c);
+    AttnCase m = base(dt, 1, 20, 30, 2, 2, 64);
+    m.mask = MaskKind::kBool;
+    AttnOperands o(m);
+    for (int64_t j = 0; j < 30; ++j) o.set(kMask, {0, 1, 7, j}, 0.0);
+    o.refresh_forward();
+    expect_operands_ok(o);
+  }
+}
+
+TEST_P(CudaAttention, NanAndInf) {
+  for (DType dt : dtypes()) {
+    AttnCase c = base(dt, 2, 40, 40, 2, 1, 64);
+    c.causal = true;
+    AttnOperands o(c);
+    o.set_data(kQ, 3, 0, 7, std::nan(""));
+    o.set_data(kK, 0, 0, 0, 0.5);
+    o.set_data(kQ, 30, 1, 0, INFINITY);
+    o.set_data(kK, 40 + 20, 0, 2, std::nan(""));
+    o.set_data(kV, 33, 0, 1, std::nan(""));
+    o.refresh_forward();
+    expect_operands_ok(o);
+  }
+}
+
+TEST_P(CudaAttention, WorkspaceAndStream) {
+  OwnStream stream;
+  for (DType dt : dtypes()) {
+    AttnCase c = base(dt, 2, 129, 77, 4, 2, 64);
+    c.explicit_workspace = true;
+    expect_attention_ok(c);
+    c.stream = stream.get();
+    expect_attention_ok(c);
+    c.lens_q = {17, 0, 90};
+    c.lens_k = {40, 3, 1};
+    expect_attention_ok(c);
+  }
+}
+
+// deterministic: the same bits on two runs (and right); otherwise right (atomics may reorder sums).
+TEST_P(CudaAttention, DeterministicBackward) {
+  if (!backward()) GTEST_SKIP() << "the deterministic option is the backward's";
+  for (DType dt : dtypes())
+    for (bool det : {true, false}) {
+      AttnCase c = base(dt, 2, 200, 150, 8, 2, 64);
+      c.deterministic = det;
+      c.causal = det;
+      const AttnOperands o(c);
+      AttnRun first;
+      const AttnCheck r = expect_operands_ok(o, &first);
+      if (!det || !r.passed) continue;
+      const AttnRun second = run_attention(o);
+      ASSERT_TRUE(second.ok) << second.error;
+      EXPECT_TRUE(same_output_bits(o, first, second)) << c.describe();
+    }
+}
+
+// S = 4097: past every tile and grid size.
+TEST_P(CudaAttention, BigSequences) {
+  const DType dt = dtypes().back();
+  AttnCase c = base(dt, 1, 4097, 4097, 2, 1, 64);
+  c.causal = true;
+  expect_attention_ok(c);
+  AttnCase d = base(dt, 1, 257, 4097, 1, 1, 128);
+  expect_attention_ok(d);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaAttention,
+                         ::testing::Combine(::testing::ValuesIn(kCudaVariants), ::testing::Bool()), param_name);
+
+TEST(CudaAttentionAuto, PicksFlash2ForHalfAndFlashForFp32) {
+  SKIP_WITHOUT_CUDA();
+  EXPECT_EQ(resolve_attention_variant(DType::kF16, 128, Device::cuda(0)), AttentionVariant::kFlash2);
+  EXPECT_EQ(resolve_attention_variant(DType::kBF16, 64, Device::cuda(0)), AttentionVariant::kFlash2);
+  EXPECT_EQ(resolve_attention_variant(DType::kF32, 64, Device::cuda(0)), AttentionVariant::kFlash);
+}
+
+TEST(CudaAttentionWorkspace, NaiveNeedsTheMaterializedScores) {
+  SKIP_WITHOUT_CUDA();
+  AttentionShape s;
+  s.batch = 2, s.seqlen_q = 100, s.seqlen_k = 300, s.heads_q = 4, s.heads_kv = 2, s.head_dim = 64;
+  const size_t fwd = attention_workspace_bytes(s, DType::kF16, Device::cuda(0), false, {}, AttentionVariant::kNaive);
+  EXPECT_GE(fwd, static_cast<size_t>(2 * 4 * 100 * 300) * sizeof(float));
+  // A workspace one byte short is refused, naming it.
+  AttnCase c = make_case(false, DType::kF16, AttentionVariant::kNaive, Device::cuda(0), 2, 100, 300, 4, 2, 64);
+  const AttnOperands o(c);
+  Buffer ws(DType::kI32, static_cast<int64_t>(fwd / 4 + 1), Device::cuda(0));
+  std::vector<Buffer> dev;
+  std::array<void*, kRoles> bases{};
+  for (int r = 0; r < kRoles; ++r) {
+    if (!o.ops[r].present) continue;
+    dev.emplace_back(o.ops[r].dtype, o.ops[r].host.count(), Device::cuda(0));
+    dev.back().copy_from_host(o.ops[r].host.data());
+    bases[static_cast<size_t>(r)] = dev.back().data();
+  }
+  ExecutionContext ctx;
+  ctx.workspace = {ws.data(), fwd - 1};
+  const Caught e = call([&] { call_attention(o, c, bases, Device::cuda(0), ctx); });
+  EXPECT_ERROR(e, Status::kInvalidArgument);
+  EXPECT_MENTIONS(e, "workspace");
+}
+
+}  // namespace
+}  // namespace optimized::testing
