@@ -29,6 +29,9 @@
 // out_i = sum_j softmax_j(s) v_j; lse_i = log(sum_j exp(s_ij)) (natural log).
 // A row with no visible key (every score -inf) gives out 0 and lse -inf; its gradients are 0.
 // NaN in q, k or v propagates to the rows it reaches; an infinite input gives NaN, as in torch.
+// flash2 multiplies whole tiles, so a NaN or Inf of q, k or v also reaches the rows (forward, dq)
+// and keys (dk, dv) of its tile that do not see it (0 * NaN, as torch's math path and
+// FlashAttention give); the other rungs touch only the pairs a row sees.
 //
 // GQA / MQA: H_q is a multiple of H_kv; query head h reads key/value head h / (H_q / H_kv). The
 // backward sums dk, dv over the group.
