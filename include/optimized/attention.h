@@ -23,7 +23,7 @@
 //   s = s - slope[b][h] * |i + offset - j|        (ALiBi slopes)
 //   s = s + mask[b, h, i, j]  or  -inf where a bool mask is false           (explicit mask)
 //   s = -inf where j is outside [i + offset - window_left, i + offset + window_right]
-//     (a negative window side is unbounded; causal sets window_right = 0)
+//     (a side of -1, or wider than 2^40, is unbounded; causal sets window_right = 0)
 // offset = S_k - S_q (bottom-right alignment, the flash-attn convention) or 0 (top-left, the
 // torch.nn.functional.scaled_dot_product_attention convention).
 // out_i = sum_j softmax_j(s) v_j; lse_i = log(sum_j exp(s_ij)) (natural log).
@@ -85,7 +85,7 @@ struct AttentionOptions {
   double softmax_scale = std::numeric_limits<double>::quiet_NaN();
   bool causal = false;
   CausalAlignment alignment = CausalAlignment::kBottomRight;
-  // Sliding window (left, right) in keys around the aligned diagonal; -1: unbounded.
+  // Sliding window (left, right) in keys around the aligned diagonal; -1 (or more than 2^40): unbounded.
   int64_t window_left = -1;
   int64_t window_right = -1;
   double softcap = 0.0;  // > 0: s = softcap * tanh(s / softcap); 0: off
@@ -137,8 +137,8 @@ AttentionVariant resolve_attention_variant(DType dtype, int64_t head_dim, Device
 
 // Bytes of ExecutionContext::workspace a call needs (forward or backward), for calls of these sizes
 // on `device` (varlen: batch = number of sequences, seqlen_* = the max_seqlen_* given, total_q the
-// packed rows). naive needs B * H_q * S_q * S_k floats (x2 backward); flash2's backward an fp32 dq
-// accumulator and a row-sum vector. Throws Error as the ops do for a bad variant, dtype or device.
+// packed rows). naive needs B * H_q * S_q * S_k floats (x2 backward); the flash backward a row-sum
+// vector (B * H_q * S_q floats), flash2's that and an fp32 dq accumulator. Throws Error as the ops do for a bad variant, dtype or device.
 struct AttentionShape {
   int64_t batch = 1, seqlen_q = 0, seqlen_k = 0, heads_q = 1, heads_kv = 1, head_dim = 0;
   int64_t total_q = -1;  // varlen: packed query rows; -1: fixed length (batch * seqlen_q)

@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -47,6 +48,31 @@ std::string head_dims_text() {
   return s;
 }
 
+void check_aligned(const TensorView& t, const char* name) {
+  if (reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) != 0)
+    invalid(std::string(name) + ": expected data aligned to the element size (" + std::to_string(dtype_size(t.dtype)) +
+            " bytes)");
+}
+
+// An output's elements must be distinct memory: sorted by stride, each dimension of size > 1 steps
+// past everything the smaller ones span (a zero stride, or head rows interleaved with query rows,
+// would have two threads write one address).
+void check_distinct(const TensorView& t, const char* name) {
+  for (int i = 0; i < t.rank; ++i)
+    if (t.shape[i] == 0) return;  // no element at all
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, size)
+  for (int i = 0; i < t.rank; ++i)
+    if (t.shape[i] > 1) dims.push_back({t.strides[i] < 0 ? -t.strides[i] : t.strides[i], t.shape[i]});
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 1;  // elements covered by the smaller dimensions
+  for (const auto& [stride, size] : dims) {
+    if (stride < span)
+      invalid(std::string(name) + ": expected an output whose elements do not overlap one another; given " +
+              t.describe());
+    span = stride * (size - 1) + span;
+  }
+}
+
 // The sizes of one call, fixed by q and k.
 struct Dims {
   bool varlen = false;
@@ -83,8 +109,7 @@ class Operands {
     if (!(t.device == device_))
       invalid(std::string(name) + ": expected device " + device_name(device_) + " (q's); given " +
               device_name(t.device));
-    if (reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) != 0)
-      invalid(std::string(name) + ": expected data aligned to the element size");
+    check_aligned(t, name);
     // Shapes: (B, S, H, D) or (total, H, D).
     const int64_t* s = t.shape;
     const int64_t rows = varlen_ ? s[0] : s[1], heads = varlen_ ? s[1] : s[2], dim = varlen_ ? s[2] : s[3];
@@ -127,6 +152,7 @@ class Operands {
     }
     if (t.strides[t.rank - 1] != 1 && dim > 1)
       invalid(std::string(name) + ": expected unit stride in the last dimension (head_dim); given " + t.describe());
+    if (output) check_distinct(t, name);
     (output ? outputs_ : inputs_).push_back({&t, name});
     AttentionStrides st;
     if (varlen_) st.row = t.strides[0], st.head = t.strides[1];
@@ -147,6 +173,7 @@ class Operands {
       invalid("lse: expected dtype " + std::string(dtype_name(want)) + "; given " + std::string(dtype_name(t.dtype)));
     if (!(t.device == device_))
       invalid("lse: expected device " + device_name(device_) + " (q's); given " + device_name(t.device));
+    check_aligned(t, "lse");
     const bool ok = varlen_ ? (t.rank == 2 && t.shape[0] == d_.heads_q && t.shape[1] == d_.total_q)
                             : (t.rank == 3 && t.shape[0] == d_.batch && t.shape[1] == d_.heads_q &&
                                t.shape[2] == d_.seqlen_q);
@@ -159,6 +186,7 @@ class Operands {
     const int64_t rows = t.shape[t.rank - 1];
     if (rows > 1 && t.strides[t.rank - 1] != 1)
       invalid("lse: expected unit stride along the query rows; given " + t.describe());
+    if (output) check_distinct(t, "lse");
     p.lse = t.data;
     if (varlen_) p.lse_head = t.strides[0];
     else p.lse_batch = t.strides[0], p.lse_head = t.strides[1];
@@ -177,6 +205,7 @@ class Operands {
       invalid(std::string(name) + ": expected shape (batch + 1) with batch >= 0; given " + shape_string(t));
     if (t.shape[0] > 1 && t.strides[0] != 1) invalid(std::string(name) + ": expected a contiguous vector; given " + t.describe());
     if (!t.data) invalid(std::string(name) + ": expected a non-null data pointer; given null");
+    check_aligned(t, name);
     const int64_t batch = t.shape[0] - 1;
     if (d_.batch < 0) d_.batch = batch;
     else if (batch != d_.batch)
@@ -257,11 +286,27 @@ void apply_options(const AttentionOptions& o, Operands& ops, AttentionParams& p)
     invalid("window_right: expected -1 (unbounded) or >= 0; given " + std::to_string(o.window_right));
   if (!(o.softcap >= 0.0) || !std::isfinite(o.softcap))
     invalid("softcap: expected a finite value >= 0 (0: off); given " + number(o.softcap));
+  // A window side wider than any sequence can be is unbounded (-1): the kernels' key ranges are
+  // i + offset -+ window, which must not overflow.
+  constexpr int64_t kWidest = int64_t{1} << 40;
+  const int64_t left = o.window_left > kWidest ? -1 : o.window_left;
+  const int64_t right = o.window_right > kWidest ? -1 : o.window_right;
   p.causal = o.causal;
   p.top_left = o.alignment == CausalAlignment::kTopLeft;
-  p.window_left = o.window_left;
-  p.window_right = o.causal ? (o.window_right < 0 ? 0 : std::min<int64_t>(o.window_right, 0)) : o.window_right;
+  p.window_left = left;
+  p.window_right = o.causal ? 0 : right;
   p.softcap = o.softcap;
+  // fp32 math (every rung but fp64's) takes the scalars as floats: one outside float's range would
+  // silently turn into 0 or inf there.
+  if (ops.dtype() != DType::kF64) {
+    if (std::fabs(p.scale) > std::numeric_limits<float>::max())
+      invalid("softmax_scale: expected a value inside float's range for " + std::string(dtype_name(ops.dtype())) +
+              " inputs (fp32 math); given " + number(p.scale));
+    if (p.softcap > 0 && (p.softcap > std::numeric_limits<float>::max() ||
+                          p.softcap < std::numeric_limits<float>::min()))
+      invalid("softcap: expected 0 (off) or a value inside float's normal range for " +
+              std::string(dtype_name(ops.dtype())) + " inputs (fp32 math); given " + number(p.softcap));
+  }
 
   if (present(o.alibi_slopes)) {
     const TensorView& a = o.alibi_slopes;
@@ -278,6 +323,7 @@ void apply_options(const AttentionOptions& o, Operands& ops, AttentionParams& p)
     if (d.heads_q > 1 && a.strides[a.rank - 1] != 1)
       invalid("alibi_slopes: expected unit stride along the heads; given " + a.describe());
     if (!a.data) invalid("alibi_slopes: expected a non-null data pointer; given null");
+    check_aligned(a, "alibi_slopes");
     p.alibi = static_cast<const float*>(a.data);
     p.alibi_batch = two ? a.strides[0] : 0;
     ops.add_input(a, "alibi_slopes");
@@ -286,7 +332,7 @@ void apply_options(const AttentionOptions& o, Operands& ops, AttentionParams& p)
   if (present(o.mask)) {
     const TensorView& m = o.mask;
     if (d.varlen) invalid("mask: not supported by the varlen ops (use per-sequence windows or fixed length); given a mask");
-    view_extent(m, "mask");
+    const ViewExtent mask_extent = view_extent(m, "mask");
     const DType q = ops.dtype();
     const bool ok_dtype = m.dtype == DType::kBool || m.dtype == q || m.dtype == DType::kF32;
     if (!ok_dtype)
@@ -306,7 +352,8 @@ void apply_options(const AttentionOptions& o, Operands& ops, AttentionParams& p)
                 " (" + kDimNames[i] + ") is " + std::to_string(m.shape[i]));
       p.mask_s[i] = m.shape[i] == 1 ? 0 : m.strides[i];
     }
-    if (!m.data && full[0] * full[1] * full[2] * full[3] > 0) invalid("mask: expected a non-null data pointer; given null");
+    if (!m.data && mask_extent.numel > 0) invalid("mask: expected a non-null data pointer; given null");
+    check_aligned(m, "mask");
     p.mask = m.data;
     p.mask_dtype = m.dtype;
     ops.add_input(m, "mask");
@@ -404,11 +451,13 @@ void run(AttentionParams& p, Operands& ops, const AttentionOptions& o, Attention
     if (p.batch > 65535 || p.heads_q > 65535)
       unsupported(what + ": the CUDA variants take up to 65535 sequences and 65535 query heads; given batch " +
                   std::to_string(p.batch) + " and " + std::to_string(p.heads_q) + " heads");
-    if (p.seqlen_q + 2 * p.seqlen_k >= (int64_t{1} << 31) || p.total_q >= (int64_t{1} << 31) ||
-        p.total_k >= (int64_t{1} << 31))
+    constexpr int64_t k31 = int64_t{1} << 31;
+    if (p.seqlen_q >= k31 || p.seqlen_k >= k31 || p.seqlen_q + 2 * p.seqlen_k >= k31 || p.total_q >= k31 ||
+        p.total_k >= k31)
       unsupported(what + ": the CUDA variants take sequences with seqlen_q + 2 * seqlen_k < 2^31 and fewer than 2^31 "
                   "packed rows; given seqlen_q " + std::to_string(p.seqlen_q) + ", seqlen_k " +
-                  std::to_string(p.seqlen_k));
+                  std::to_string(p.seqlen_k) + ", " + std::to_string(p.total_q) + " and " +
+                  std::to_string(p.total_k) + " packed rows");
     if (variant == AttentionVariant::kFlash2 && !aligned)
       invalid(what + ": flash2 needs every row of q, k, v, out (and dout, dq, dk, dv) to start on a 16-byte "
               "boundary (data pointers and batch / row / head strides multiples of 16 bytes); given a view that "

@@ -74,6 +74,7 @@ struct AttnCase {
   bool backend_direct = false;      // CPU: cpu_attention on the params, bypassing the API
   bool explicit_workspace = false;  // CUDA: ctx.workspace of exactly attention_workspace_bytes
   double in_scale = 1.5;            // q, k uniform in (-in_scale, in_scale); v, dout in (-1, 1)
+  int64_t max_seqlen_bound = 0;     // varlen: > 0 passes this as max_seqlen_q and _k (a loose bound)
 
   bool varlen() const { return !lens_q.empty(); }
   int64_t nseq() const { return varlen() ? static_cast<int64_t>(lens_q.size()) : batch; }
@@ -459,6 +460,7 @@ class AttnOperands {
 inline void call_attention(const AttnOperands& o, const AttnCase& c, const std::array<void*, kRoles>& bases,
                            Device device, const ExecutionContext& ctx) {
   auto v = [&](Role r) { return o.view(r, bases[static_cast<size_t>(r)], device); };
+  auto bound = [&](int64_t longest) { return c.max_seqlen_bound > 0 ? c.max_seqlen_bound : longest; };
   AttentionOptions opt = c.options();
   opt.alibi_slopes = v(kAlibiSlopes);
   opt.mask = v(kMask);
@@ -468,10 +470,10 @@ inline void call_attention(const AttnOperands& o, const AttnCase& c, const std::
       attention_backward(v(kDout), v(kQ), v(kK), v(kV), v(kOut), v(kLse), v(kDq), v(kDk), v(kDv), opt, c.variant, ctx);
   } else {
     if (!c.backward)
-      attention_varlen_forward(v(kQ), v(kK), v(kV), v(kCuQ), v(kCuK), c.max_q(), c.max_k(), v(kOut), v(kLse), opt,
+      attention_varlen_forward(v(kQ), v(kK), v(kV), v(kCuQ), v(kCuK), bound(c.max_q()), bound(c.max_k()), v(kOut), v(kLse), opt,
                                c.variant, ctx);
     else
-      attention_varlen_backward(v(kDout), v(kQ), v(kK), v(kV), v(kCuQ), v(kCuK), c.max_q(), c.max_k(), v(kOut),
+      attention_varlen_backward(v(kDout), v(kQ), v(kK), v(kV), v(kCuQ), v(kCuK), bound(c.max_q()), bound(c.max_k()), v(kOut),
                                 v(kLse), v(kDq), v(kDk), v(kDv), opt, c.variant, ctx);
   }
 }

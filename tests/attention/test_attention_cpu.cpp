@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -186,6 +187,31 @@ TEST(AttentionCpu, Varlen) {
           if (opt == 2) c.window_left = 2, c.window_right = 1, c.alibi = Alibi::kPerBatchHead, c.softcap = 1.5;
           expect_attention_ok(c);
         }
+}
+
+// max_seqlen is only a bound: a loose one (2^40) neither sizes the CPU rung's buffers nor its loops.
+TEST(AttentionCpu, VarlenLooseMaxSeqlen) {
+  for (bool bwd : {false, true}) {
+    AttnCase c = base(bwd, DType::kF32);
+    c.lens_q = {3, 0, 5};
+    c.lens_k = {4, 2, 6};
+    c.max_seqlen_bound = int64_t{1} << 40;
+    expect_attention_ok(c);
+  }
+}
+
+// A window side wider than 2^40 is unbounded: the same bits as -1 (no overflow of i + offset +- w).
+TEST(AttentionCpu, HugeWindowIsUnbounded) {
+  for (bool bwd : {false, true}) {
+    AttnCase c = base(bwd, DType::kF32, 9, 5);
+    const AttnOperands o(c);
+    const AttnRun unbounded = run_attention(o);
+    AttnCase huge = c;
+    huge.window_left = huge.window_right = std::numeric_limits<int64_t>::max();
+    const AttnRun wide = run_attention(o, &huge);
+    ASSERT_TRUE(unbounded.ok && wide.ok) << unbounded.error << wide.error;
+    EXPECT_TRUE(same_output_bits(o, unbounded, wide)) << c.describe();
+  }
 }
 
 TEST(AttentionCpu, VarlenStrided) {

@@ -195,6 +195,43 @@ TEST_F(AttentionErrors, OutputOverlapsAnInput) {
   EXPECT_REJECTS(fwd(Q(), K(), V(), t4(q_, B, Sq, Hq), Lse()), Status::kInvalidArgument, "out");
 }
 
+// An output whose elements overlap one another (a zero stride, heads interleaved with rows): two
+// threads would write one address.
+TEST_F(AttentionErrors, SelfOverlappingOutputs) {
+  EXPECT_REJECTS(fwd(Q(), K(), V(), raw(out_.data(), DType::kF32, kCpu, {B, Sq, Hq, D}, {Sq * Hq * D, Hq * D, 0, 1}),
+                     Lse()),
+                 Status::kInvalidArgument, "out");
+  EXPECT_REJECTS(fwd(Q(), K(), V(), Out(), raw(lse_.data(), DType::kF32, kCpu, {B, Hq, Sq}, {Hq * Sq, 1, 1})),
+                 Status::kInvalidArgument, "lse");
+}
+
+// Operands whose data is not aligned to their element size (a kernel's scalar load would fault).
+TEST_F(AttentionErrors, MisalignedSideOperands) {
+  auto shifted = [](TensorView t) {
+    t.data = static_cast<char*>(t.data) + 1;
+    return t;
+  };
+  EXPECT_REJECTS(fwd(Q(), K(), V(), Out(), shifted(Lse())), Status::kInvalidArgument, "lse");
+  AttentionOptions o;
+  o.alibi_slopes = shifted(raw(slopes_.data(), DType::kF32, kCpu, {Hq}, {1}));
+  EXPECT_REJECTS(fwd(Q(), K(), V(), Out(), Lse(), o), Status::kInvalidArgument, "alibi_slopes");
+  EXPECT_REJECTS(attention_varlen_forward(VQ(), VK(), VV(), shifted(CuQ()), CuK(), 3, 4, VOut(), VLse()),
+                 Status::kInvalidArgument, "cu_seqlens_q");
+}
+
+// Scalars fp32 math cannot hold: refused for fp32 / fp16 / bf16 inputs rather than silently made 0
+// or inf.
+TEST_F(AttentionErrors, ScalarsOutsideFloatRange) {
+  AttentionOptions o;
+  o.softmax_scale = 1e300;
+  EXPECT_REJECTS(fwd(Q(), K(), V(), Out(), Lse(), o), Status::kInvalidArgument, "softmax_scale");
+  o = {};
+  o.softcap = 1e-46;
+  EXPECT_REJECTS(fwd(Q(), K(), V(), Out(), Lse(), o), Status::kInvalidArgument, "softcap");
+  o.softcap = 1e300;
+  EXPECT_REJECTS(fwd(Q(), K(), V(), Out(), Lse(), o), Status::kInvalidArgument, "softcap");
+}
+
 // ---- lse ------------------------------------------------------------------------------------------
 
 TEST_F(AttentionErrors, LseShapeDtypeAndPresence) {

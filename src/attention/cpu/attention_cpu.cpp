@@ -127,6 +127,13 @@ std::vector<AttentionSeq> sequences(const AttentionParams& p) {
   return seqs;
 }
 
+// The longest of the sequences' lengths (len_q or len_k); 0 for none.
+int64_t longest(const std::vector<AttentionSeq>& seqs, int64_t AttentionSeq::*len) {
+  int64_t m = 0;
+  for (const AttentionSeq& s : seqs) m = std::max(m, s.*len);
+  return m;
+}
+
 // lse of (b, h, row start_q + i): fp32, or fp64 for fp64 inputs.
 int64_t lse_index(const AttentionParams& p, const AttentionSeq& seq, int64_t b, int64_t h, int64_t i) {
   return b * p.lse_batch + h * p.lse_head + seq.start_q + i;
@@ -138,8 +145,9 @@ template <class D>
 void forward(const AttentionParams& p, int threads) {
   using A = typename D::Acc;
   using LseT = A;  // fp32 lse for fp32 math, fp64 for fp64
-  const int64_t Dh = p.head_dim, Sq = p.seqlen_q, Sk = p.seqlen_k;
   const std::vector<AttentionSeq> seqs = sequences(p);
+  // The longest real sequences (varlen's max_seqlen is only a bound the caller gives).
+  const int64_t Dh = p.head_dim, Sq = longest(seqs, &AttentionSeq::len_q), Sk = longest(seqs, &AttentionSeq::len_k);
   const int64_t items = p.batch * p.heads_q * Sq;  // (b, h, i); rows past a varlen sequence's end skip
   const int nth = thread_count(threads, items);
 #pragma omp parallel num_threads(nth)
@@ -185,8 +193,8 @@ template <class D>
 void backward(const AttentionParams& p, int threads) {
   using A = typename D::Acc;
   using LseT = A;
-  const int64_t Dh = p.head_dim, Sk = p.seqlen_k, group = p.group();
   const std::vector<AttentionSeq> seqs = sequences(p);
+  const int64_t Dh = p.head_dim, Sk = longest(seqs, &AttentionSeq::len_k), group = p.group();
   const int64_t items = p.batch * p.heads_kv;  // (b, kv head): every dk / dv sum stays in one thread
   const int nth = thread_count(threads, items);
 #pragma omp parallel num_threads(nth)
