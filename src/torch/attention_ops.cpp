@@ -111,6 +111,16 @@ bool last_dim_contiguous(const at::Tensor& t) { return t.dim() == 0 || t.size(-1
 // t as an operand: itself, or a contiguous copy when its last dimension is strided.
 at::Tensor operand(const at::Tensor& t) { return last_dim_contiguous(t) ? t : t.contiguous(); }
 
+// The incoming gradient: its layout is whatever the graph downstream made (a slice, a cat), which
+// the caller does not choose. flash2 reads rows with 16-byte copies, so a dout whose rows do not
+// start on 16-byte boundaries is copied (contiguous) rather than refused or sent to a slower rung.
+at::Tensor gradient_operand(const at::Tensor& t) {
+  bool aligned = last_dim_contiguous(t) && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  for (int64_t i = 0; aligned && i + 1 < t.dim(); ++i)
+    if (t.size(i) > 1 && (t.stride(i) * t.element_size()) % 16 != 0) aligned = false;
+  return aligned ? t : t.contiguous();
+}
+
 // A fresh output laid out as t (torch.empty_like), contiguous where t's layout would leave the last
 // dimension strided. python/optimized_ops/attention/_fakes.py follows the same rule.
 at::Tensor output_like(const at::Tensor& t) {
@@ -220,7 +230,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd(
   op.optional(alibi, "alibi_slopes");
   op.optional(mask, "attn_mask");
   const AttentionVariant variant = op.variant(variant_name);
-  const at::Tensor dout = operand(dout_in), q = operand(q_in), k = operand(k_in), v = operand(v_in);
+  const at::Tensor dout = gradient_operand(dout_in), q = operand(q_in), k = operand(k_in), v = operand(v_in);
   const at::Tensor out = operand(out_in);
   at::Tensor dq = output_like(q), dk = output_like(k), dv = output_like(v);
   Launch launch(q.device());
@@ -290,7 +300,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_varlen_bwd(
   op.tensor(lse, "lse");
   op.optional(alibi, "alibi_slopes");
   const AttentionVariant variant = op.variant(variant_name);
-  const at::Tensor dout = operand(dout_in), q = operand(q_in), k = operand(k_in), v = operand(v_in);
+  const at::Tensor dout = gradient_operand(dout_in), q = operand(q_in), k = operand(k_in), v = operand(v_in);
   const at::Tensor out = operand(out_in);
   at::Tensor dq = output_like(q), dk = output_like(k), dv = output_like(v);
   Launch launch(q.device());

@@ -231,7 +231,7 @@ def test_sdpa_masks_broadcast(shape, kind, rng):
     k, v = (rand((2, 4, 9, 16), dtype, "cpu", rng) for _ in range(2))
     if kind == "bool":
         mask = torch.rand(shape, generator=rng) > 0.3
-        mask[..., 0] = True  # every row sees a key (torch's math path gives NaN otherwise)
+        mask[..., 0] = True  # every row sees a key (fully masked rows are tested on their own)
     else:
         mask = (torch.rand(shape, generator=rng, dtype=torch.float64) * 4 - 2).to(
             torch.float32 if kind == "additive_f32" else dtype)
@@ -728,3 +728,62 @@ def test_cuda_tensors_with_a_cpu_only_build():
     q = torch.ones(1, 2, 2, 8, device="cuda")
     with pytest.raises(NotImplementedError, match="this build has no CUDA backend"):
         optimized_ops.flash_attention(q, q, q)
+
+
+# ---- review follow-ups: gradients that cannot flow, determinism, mask shapes --------------------
+
+def test_slopes_and_mask_that_require_grad_are_refused(rng):
+    q, k, v = (rand((1, 8, 2, 16), torch.float32, "cpu", rng).requires_grad_() for _ in range(3))
+    slopes = torch.rand(2, generator=rng).requires_grad_()
+    with pytest.raises(NotImplementedError, match="alibi_slopes"):
+        optimized_ops.flash_attention(q, k, v, alibi_slopes=slopes, variant="cpu")
+    mask = torch.zeros(1, 2, 8, 8, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="attn_mask"):
+        ops.attention_fwd(q, k, v, attn_mask=mask, variant="cpu")
+    # Without grad they are plain inputs.
+    out = optimized_ops.flash_attention(q, k, v, alibi_slopes=slopes.detach(), variant="cpu")
+    out.sum().backward()
+    assert q.grad is not None
+
+
+def test_sdpa_follows_torch_deterministic_algorithms(rng, monkeypatch):
+    seen = []
+    real = ops.attention_fwd.default
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["deterministic"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(optimized_ops.attention._ops.attention_fwd, "default", spy, raising=False)
+    q = rand((1, 2, 5, 8), torch.float32, "cpu", rng)
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        optimized_ops.scaled_dot_product_attention(q, q, q)
+        torch.use_deterministic_algorithms(False)
+        optimized_ops.scaled_dot_product_attention(q, q, q)
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert seen == [True, False]
+
+
+def test_deterministic_reaches_the_backward_op(rng, monkeypatch):
+    seen = []
+    real = ops.attention_bwd.default
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["deterministic"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(optimized_ops.attention._autograd._ops.attention_bwd, "default", spy, raising=False)
+    q, k, v = (rand((1, 6, 2, 8), torch.float32, "cpu", rng).requires_grad_() for _ in range(3))
+    for det in (True, False):
+        optimized_ops.flash_attention(q, k, v, deterministic=det, variant="cpu").sum().backward()
+    assert seen == [True, False]
+
+
+def test_sdpa_mask_larger_than_the_scores_is_a_value_error(rng):
+    q = rand((1, 4, 6, 16), torch.float32, "cpu", rng)
+    k = v = rand((1, 4, 9, 16), torch.float32, "cpu", rng)
+    with pytest.raises(ValueError, match="attn_mask"):
+        optimized_ops.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(2, 4, 6, 9))

@@ -271,7 +271,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     attn_mask : torch.Tensor, optional
         Broadcastable to ``(B, H_q, L, S)``: bool (True: attend) or additive (query's dtype or
         float32). Read where it lies, as a broadcast view (no O(L·S) copy for rank <= 4). A row that
-        attends to no key gives 0 (torch's math path gives NaN). A mask that requires grad is refused
+        attends to no key gives 0 (and lse -inf). A mask that requires grad is refused
         (no gradient flows to the mask).
     dropout_p : float
         Must be 0: dropout is not implemented (NotImplementedError).
@@ -343,9 +343,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                                                                "mask that requires grad (detach it)"))
         heads, length_q, length_k = q4.shape[1], q4.shape[2], k4.shape[2]
         full = (*lead, heads, length_q, length_k) if rank >= 3 else (length_q, length_k)
-        try:
-            torch.broadcast_shapes(attn_mask.shape, full)
-            ok = attn_mask.dim() <= len(full)
+        try:  # broadcastable *to* full: never larger than it in any dimension
+            ok = attn_mask.dim() <= len(full) and torch.broadcast_shapes(attn_mask.shape, full) == torch.Size(full)
         except RuntimeError:
             ok = False
         if not ok:
@@ -355,6 +354,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         mask4 = mask4 if rank >= 4 else (mask4[None] if rank == 3 else mask4[None, None])
     out, _ = _ops.attention_fwd.default(q4.transpose(1, 2), k4.transpose(1, 2), v4.transpose(1, 2),
                                         softmax_scale=scale, causal=is_causal, top_left=True, attn_mask=mask4,
+                                        deterministic=torch.are_deterministic_algorithms_enabled(),
                                         variant=variant)
     out = out.transpose(1, 2)  # (B, H_q, L, E)
     if rank == 2:

@@ -44,7 +44,18 @@ def _needs(ctx, n: int) -> tuple:
 
 # ---- fixed length ---------------------------------------------------------------------------------
 
+def _no_grad_for(keyword_only_inputs, op, names):
+    """alibi_slopes and attn_mask are keyword-only: the autograd mechanism gives them no gradient, so
+    one that requires grad is refused rather than silently left without one."""
+    for name in names:
+        t = keyword_only_inputs.get(name)
+        if t is not None and t.requires_grad:
+            raise NotImplementedError(f"optimized::{op}: {name}: gradients of {name} are not implemented; given a "
+                                      f"tensor that requires grad (detach it)")
+
+
 def _fwd_setup(ctx, inputs, keyword_only_inputs, output):
+    _no_grad_for(keyword_only_inputs, "attention_fwd", ("alibi_slopes", "attn_mask"))
     q, k, v = inputs
     out, lse = output
     ctx.options = {name: keyword_only_inputs[name] for name in _OPTIONS}
@@ -69,6 +80,7 @@ register_autograd("optimized::attention_fwd", _fwd_backward, setup_context=_fwd_
 # ---- variable length ------------------------------------------------------------------------------
 
 def _varlen_setup(ctx, inputs, keyword_only_inputs, output):
+    _no_grad_for(keyword_only_inputs, "attention_varlen_fwd", ("alibi_slopes",))
     q, k, v, cu_q, cu_k, ctx.max_seqlen_q, ctx.max_seqlen_k = inputs
     out, lse = output
     ctx.options = {name: keyword_only_inputs[name] for name in _OPTIONS}
