@@ -974,7 +974,9 @@ def test_bad_inputs_name_the_argument(device):
         (NotImplementedError, r"optimized::softmax_fwd: x: expected dtype fp32, fp16, bf16 \(or fp64 on the cpu "
                               r"variant\); given int64", lambda: optimized_ops.softmax(x.long(), -1)),
         (NotImplementedError, r"optimized::softmax_fwd: x: expected a dtype of the library \(float32, .*\); given "
-                              r"bool", lambda: optimized_ops.softmax(x.bool(), -1)),
+                              r"int8", lambda: optimized_ops.softmax(x.to(torch.int8), -1)),
+        (NotImplementedError, r"optimized::softmax_fwd: x: expected dtype fp32, fp16, bf16 \(or fp64 on the cpu "
+                              r"variant\); given bool", lambda: optimized_ops.softmax(x.bool(), -1)),
         (ValueError, r"optimized::softmax_bwd: dy: expected shape \[3, 8\] \(same as y\); given \[3, 7\]",
          lambda: ops.softmax_bwd(x, x[:, :7], -1, 1.0)),
         (ValueError, r"optimized::layer_norm_fwd: x: expected a shape ending in \[4\] \(normalized_shape\); "
