@@ -19,7 +19,7 @@
  * Sections, one per family: GEMM (optimized_matmul), the scaled fp8 GEMM (optimized_scaled_matmul),
  * the fused memory-bound ops (softmax, norms, bias + GELU, SiLU-and-mul; forward and backward), the
  * streaming loader (opaque handles: a shard writer and a loader), attention (forward and backward,
- * fixed length and varlen), and one variant query for every family (optimized_variant_name / optimized_variant_check), read from the C++ variant tables.
+ * fixed length and varlen), the paged KV cache (append with RoPE, decode attention), and one variant query for every family (optimized_variant_name / optimized_variant_check), read from the C++ variant tables.
  *
  * Example (C = A @ B, fp32 on the CPU, contiguous row-major):
  *
@@ -165,12 +165,12 @@ OPTIMIZED_C_EXPORT optimized_status optimized_scaled_matmul(const optimized_tens
                                                             const char* variant, void* cuda_stream);
 
 /* ---- every family: one variant query ------------------------------------------------------
- * The families with named variants: "gemm", "fused", "loader", "scaled_gemm", "attention". Each query
- * reads the family's C++ variant table (all_gemm_variants(), all_fused_variants(), all_loader_variants(),
- * all_scaled_gemm_variants(), all_attention_variants()), so a variant added in C++ is listed here without a C edit. A family
+ * The families with named variants: "gemm", "fused", "loader", "scaled_gemm", "attention",
+ * "kv_cache". Each query reads the family's C++ variant table (all_gemm_variants(), all_fused_variants(),
+ * all_loader_variants(), all_scaled_gemm_variants(), all_attention_variants(), all_kv_cache_variants()), so a variant added in C++ is listed here without a C edit. A family
  * name that is not one of these: INVALID_ARGUMENT, with a message naming the families. */
 
-/* Name of family `index` (0-based: "gemm", "fused", "loader", "scaled_gemm", "attention"), or NULL past
+/* Name of family `index` (0-based: "gemm", "fused", "loader", "scaled_gemm", "attention", "kv_cache"), or NULL past
  * the end. */
 OPTIMIZED_C_EXPORT const char* optimized_family_name(int32_t index);
 
@@ -190,7 +190,8 @@ OPTIMIZED_C_EXPORT const char* optimized_variant_name(const char* family, int32_
  * optimized_gemm_variant_check(). For "scaled_gemm" `dtype` is the inputs' (a's and b's): every
  * variant takes OPTIMIZED_DTYPE_F8E4M3 and OPTIMIZED_DTYPE_F8E5M2, and refuses the others
  * (UNSUPPORTED). For "attention" `dtype` is q's (the table's dtypes: fp32 and fp64 refused by flash2,
- * fp64 by every CUDA variant). */
+ * fp64 by every CUDA variant). For "kv_cache" `dtype` is q's (cpu: fp32, fp16, bf16, fp64; "auto" on
+ * CUDA: UNSUPPORTED, no CUDA rung yet). */
 OPTIMIZED_C_EXPORT optimized_status optimized_variant_check(const char* family, const char* variant,
                                                             int32_t dtype, int32_t device_type);
 
@@ -516,6 +517,77 @@ OPTIMIZED_C_EXPORT optimized_status optimized_attention_varlen_backward(
 OPTIMIZED_C_EXPORT optimized_status optimized_attention_resolve_variant(int32_t dtype, int64_t head_dim,
                                                                         int32_t device_type, int32_t device_index,
                                                                         const char** variant);
+
+/* ---- KV cache (include/optimized/kv_cache.h) ----------------------------------------------
+ * The paged KV cache of autoregressive decoding: K and V pages (num_pages, page_size, H_kv, D),
+ * page_size 1 to 256, last dimension contiguous; a page table (B, max_pages_per_seq) int32 maps page
+ * p of sequence b to a cache page (token t lives in page page_table[b][t / page_size], slot
+ * t % page_size); seq_lens (B) int32. Pages fp16, bf16, fp32 (fp64 on cpu), or fp8 e4m3 with fp32
+ * (H_kv) k_scale / v_scale (value = fp8 * scale). The ladder: "cpu" (optimized_variant_name
+ * ("kv_cache", i)), "auto" (or NULL): cpu on the CPU; CUDA tensors: UNSUPPORTED until the CUDA rungs
+ * come.
+ *
+ * Append: k, v (B, S_new, H_kv, D) written at positions (B, S_new) int32 (< 0: padding, skipped);
+ * with rope, k is rotated before it is stored and q (B, S_new, H_q, D), when not NULL, is rotated in
+ * place. Decode: q (B, q_len, H_q, D), q_len 1 to 8, the last q_len tokens of each sequence (already
+ * appended), causal inside them; out like q; lse (B, H_q, q_len) fp32 or NULL. A sequence of length
+ * 0 (or a query that sees no key) gives out 0 and lse -inf. With validate (the default) the page
+ * table, positions and seq_lens are read back and checked (INVALID_ARGUMENT naming the entry);
+ * without, nothing is read back and out-of-range pages are never read (masked). Errors name the
+ * argument (k_pages, page_table, positions, seq_lens, q, out, rope.rotary_dim, window_left, ...). */
+
+typedef enum optimized_rope_layout {
+  OPTIMIZED_ROPE_NONE = 0,
+  OPTIMIZED_ROPE_NEOX = 1,        /* pairs (x[i], x[i + rotary_dim / 2]): GPT-NeoX, Llama in HF */
+  OPTIMIZED_ROPE_INTERLEAVED = 2  /* pairs (x[2i], x[2i + 1]): GPT-J, Llama's original */
+} optimized_rope_layout;
+
+/* The cache as views. k_scale, v_scale: NULL unless the pages are fp8 e4m3. */
+typedef struct optimized_kv_cache {
+  const optimized_tensor* k_pages;
+  const optimized_tensor* v_pages;
+  const optimized_tensor* k_scale;
+  const optimized_tensor* v_scale;
+} optimized_kv_cache;
+
+typedef struct optimized_kv_append_options {
+  int32_t rope;          /* an optimized_rope_layout */
+  double rope_theta;     /* angle of pair i: position * rope_theta^(-2i / rotary_dim) */
+  int64_t rotary_dim;    /* 0: head_dim; else even, <= head_dim; dimensions past it pass through */
+  int32_t validate;      /* 1: read page_table / positions back and check them; 0: trust them */
+} optimized_kv_append_options;
+
+typedef struct optimized_decode_options {
+  double softmax_scale;  /* NaN: 1 / sqrt(D) */
+  int64_t window_left;   /* keys more than window_left before a query's position are masked; -1: none */
+  double softcap;        /* > 0: s = softcap * tanh(s / softcap); 0: off */
+  const optimized_tensor* alibi_slopes; /* fp32 (H_q) or (B, H_q); NULL: off */
+  int32_t validate;      /* 1: read page_table / seq_lens back and check them; 0: trust them */
+} optimized_decode_options;
+
+/* The defaults: no rope, theta 10000, rotary_dim 0, validate 1. */
+OPTIMIZED_C_EXPORT optimized_status optimized_kv_append_options_default(optimized_kv_append_options* options);
+/* The defaults: softmax_scale NaN, no window / softcap / ALiBi, validate 1 (a zeroed struct means
+ * softmax_scale 0 and no validation: start from these). */
+OPTIMIZED_C_EXPORT optimized_status optimized_decode_options_default(optimized_decode_options* options);
+
+/* Writes k, v into the cache's pages (and rotates q in place when not NULL and rope is on).
+ * options: NULL for the defaults. */
+OPTIMIZED_C_EXPORT optimized_status optimized_kv_cache_append(const optimized_kv_cache* cache,
+                                                              const optimized_tensor* k, const optimized_tensor* v,
+                                                              const optimized_tensor* page_table,
+                                                              const optimized_tensor* positions, optimized_tensor* q,
+                                                              const optimized_kv_append_options* options,
+                                                              const char* variant, void* cuda_stream);
+
+/* out (and lse, when not NULL) of q over the cached tokens. options: NULL for the defaults. */
+OPTIMIZED_C_EXPORT optimized_status optimized_paged_attention_decode(const optimized_tensor* q,
+                                                                     const optimized_kv_cache* cache,
+                                                                     const optimized_tensor* page_table,
+                                                                     const optimized_tensor* seq_lens,
+                                                                     optimized_tensor* out, optimized_tensor* lse,
+                                                                     const optimized_decode_options* options,
+                                                                     const char* variant, void* cuda_stream);
 
 /* The message of the most recent call on this thread; "" when it succeeded. Valid until the next
  * call into the library on this thread. Never NULL. */

@@ -16,14 +16,18 @@ Attention: ``optimized_ops.flash_attention(q, k, v, causal=True)`` (flash-attn's
 ``optimized_ops.flash_attention_varlen`` (packed sequences) and
 ``optimized_ops.scaled_dot_product_attention`` (a drop-in for torch's), forward and backward.
 
+The KV cache (inference only, no autograd): ``optimized_ops.PagedKVCache`` (K/V pages),
+``optimized_ops.append_kv`` (new tokens into their pages, RoPE fused) and
+``optimized_ops.paged_attention_decode`` (attention of the new tokens over the cache).
+
 The ops are also reachable as ``torch.ops.optimized.<op>``; without this package,
 ``torch.ops.load_library(optimized_ops.library_path())`` registers them (forward only).
 
 Every op family shows its ladder of variants, naive to best: ``optimized_ops.variants(family)``
-(``"gemm"``, the default; ``"fused"``; ``"loader"``; ``"attention"``).
+(``"gemm"``, the default; ``"fused"``; ``"loader"``; ``"attention"``; ``"kv_cache"``).
 
 The package, one folder per op family with autograd and fake kernels (``gemm/``, ``fused/``,
-``attention/``: the
+``attention/``, ``kv_cache/``: the
 functions in ``__init__.py``, the fake kernels in ``_fakes.py``, the autograd rules in
 ``_autograd.py``), the loader (``data.py``), the ``nn`` modules (``nn.py``), and what they share:
 ``_library.py`` (loading the library), ``_autograd.py`` (the autograd mechanism) and
@@ -39,6 +43,7 @@ from . import nn
 from . import data  # the streaming loader: optimized_ops.data.StreamingLoader
 from .attention import (attention_head_dims, attention_variants, flash_attention, flash_attention_varlen,
                         resolve_attention_variant, scaled_dot_product_attention)
+from .kv_cache import PagedKVCache, append_kv, kv_cache_variants, paged_attention_decode
 
 __version__ = "0.1.0"
 __all__ = ["library_path", "matmul", "variants", "variant_supports", "built_with_cuda", "__version__",
@@ -49,3 +54,4 @@ __all__ += ["data"]
 __all__ += ["scaled_mm", "scaled_gemm_variants"]
 __all__ += ["flash_attention", "flash_attention_varlen", "scaled_dot_product_attention", "attention_variants",
             "attention_head_dims", "resolve_attention_variant"]
+__all__ += ["PagedKVCache", "append_kv", "paged_attention_decode", "kv_cache_variants"]

@@ -3,8 +3,8 @@
 // thrown crosses the extern "C" boundary: each entry runs inside guarded() (catch (...)).
 //
 // One section per family: core (views, errors), GEMM, the scaled (fp8) GEMM, fused, loader, attention,
-// and the variant query of every family, which reads the C++ tables (all_gemm_variants(),
-// all_scaled_gemm_variants(), all_fused_variants(), the loader's names, all_attention_variants()) so that a variant added in
+// the KV cache, and the variant query of every family, which reads the C++ tables (all_gemm_variants(),
+// all_scaled_gemm_variants(), all_fused_variants(), the loader's names, all_attention_variants(), all_kv_cache_variants()) so that a variant added in
 // C++ is reachable from C without an edit here (tests/c_api/test_c_api_tables.cpp checks it).
 #include "optimized/c_api.h"
 
@@ -20,6 +20,7 @@
 #include "optimized/core.h"
 #include "optimized/fused.h"
 #include "optimized/gemm.h"
+#include "optimized/kv_cache.h"
 #include "optimized/loader.h"
 
 namespace {
@@ -266,6 +267,69 @@ void attention_check(const char* variant, int32_t dtype, int32_t device_type) {
     throw optimized::Error(optimized::Status::kUnsupported, "variant: " + why);
 }
 
+// ---- KV cache ----------------------------------------------------------------------------------
+
+optimized::KvCacheVariant kv_cache_variant(const char* variant) {
+  return variant ? optimized::parse_kv_cache_variant(variant) : optimized::KvCacheVariant::kAuto;
+}
+
+// The C cache as the C++ view (scales absent when NULL). k_pages and v_pages are required.
+optimized::PagedKVCacheView kv_cache_view(const optimized_kv_cache* c) {
+  if (!c) invalid("cache: expected a pointer to an optimized_kv_cache; given NULL");
+  return {to_view(c->k_pages, "k_pages"), to_view(c->v_pages, "v_pages"), optional_view(c->k_scale, "k_scale"),
+          optional_view(c->v_scale, "v_scale")};
+}
+
+optimized::RopeOptions rope_options(const optimized_kv_append_options* c, bool& validate) {
+  optimized::RopeOptions r;
+  validate = true;
+  if (!c) return r;
+  switch (c->rope) {
+    case OPTIMIZED_ROPE_NONE: r.layout = optimized::RopeLayout::kNone; break;
+    case OPTIMIZED_ROPE_NEOX: r.layout = optimized::RopeLayout::kNeox; break;
+    case OPTIMIZED_ROPE_INTERLEAVED: r.layout = optimized::RopeLayout::kInterleaved; break;
+    default:
+      invalid("options.rope: expected OPTIMIZED_ROPE_NONE (0), OPTIMIZED_ROPE_NEOX (1) or OPTIMIZED_ROPE_INTERLEAVED "
+              "(2); given " + std::to_string(c->rope));
+  }
+  r.theta = c->rope_theta;
+  r.rotary_dim = c->rotary_dim;
+  validate = flag(c->validate, "options.validate");
+  return r;
+}
+
+// The C options as the C++ ones; the view of alibi_slopes lives in `alibi`. NULL: the defaults.
+optimized::DecodeOptions decode_options(const optimized_decode_options* c, optimized::TensorView& alibi) {
+  optimized::DecodeOptions o;
+  if (!c) return o;
+  o.softmax_scale = c->softmax_scale;
+  o.window_left = c->window_left;
+  o.softcap = c->softcap;
+  alibi = optional_view(c->alibi_slopes, "alibi_slopes");
+  o.alibi_slopes = alibi;
+  o.validate = flag(c->validate, "options.validate");
+  return o;
+}
+
+// A KV-cache variant runs on one kind of device, on the dtypes (of q) of its table row. "auto" on
+// CUDA has no rung to run yet.
+void kv_cache_check(const char* variant, int32_t dtype, int32_t device_type) {
+  if (!variant) invalid("variant: expected a name (\"auto\" or a variant); given NULL");
+  const optimized::KvCacheVariant v = optimized::parse_kv_cache_variant(variant);
+  const optimized::DType d = to_dtype(dtype, "dtype");
+  const optimized::Device device = to_device(device_type, 0, "device_type");
+  const bool is_auto = v == optimized::KvCacheVariant::kAuto;
+  check_variant_device(variant, is_auto, optimized::kv_cache_variant_is_cuda(v), device);
+  bool any_cuda = false;
+  for (optimized::KvCacheVariant r : optimized::all_kv_cache_variants()) any_cuda |= optimized::kv_cache_variant_is_cuda(r);
+  if (is_auto && device.is_cuda() && !any_cuda)
+    throw optimized::Error(optimized::Status::kUnsupported,
+                           "variant: auto: the kv_cache family has no CUDA variant yet (cpu runs CPU tensors)");
+  const optimized::KvCacheVariant probe = is_auto && !device.is_cuda() ? optimized::KvCacheVariant::kCpu : v;
+  if (std::string why = optimized::kv_cache_variant_rejects_dtype(probe, d); !why.empty())
+    throw optimized::Error(optimized::Status::kUnsupported, "variant: " + why);
+}
+
 // ---- every family ------------------------------------------------------------------------------
 
 struct Family {
@@ -288,6 +352,9 @@ constexpr Family kFamilies[] = {
     {"attention", [] { return optimized::all_attention_variants().size(); },
      [](size_t i) { return optimized::attention_variant_name(optimized::all_attention_variants()[i]).data(); },
      attention_check},
+    {"kv_cache", [] { return optimized::all_kv_cache_variants().size(); },
+     [](size_t i) { return optimized::kv_cache_variant_name(optimized::all_kv_cache_variants()[i]).data(); },
+     kv_cache_check},
 };
 
 const Family& family(const char* name) {
@@ -978,6 +1045,63 @@ optimized_status optimized_attention_resolve_variant(int32_t dtype, int64_t head
     const optimized::AttentionVariant v = optimized::resolve_attention_variant(
         to_dtype(dtype, "dtype"), head_dim, to_device(device_type, device_index, "device"));
     *variant = optimized::attention_variant_name(v).data();  // a string literal
+  });
+}
+
+// ---- KV cache ----------------------------------------------------------------------------------
+
+optimized_status optimized_kv_append_options_default(optimized_kv_append_options* options) {
+  return guarded("optimized_kv_append_options_default", [&] {
+    require_out(options, "options");
+    const optimized::RopeOptions r;
+    optimized_kv_append_options out{};
+    out.rope = OPTIMIZED_ROPE_NONE;
+    out.rope_theta = r.theta;
+    out.rotary_dim = r.rotary_dim;
+    out.validate = 1;
+    *options = out;
+  });
+}
+
+optimized_status optimized_decode_options_default(optimized_decode_options* options) {
+  return guarded("optimized_decode_options_default", [&] {
+    require_out(options, "options");
+    const optimized::DecodeOptions o;
+    optimized_decode_options out{};
+    out.softmax_scale = o.softmax_scale;
+    out.window_left = o.window_left;
+    out.softcap = o.softcap;
+    out.alibi_slopes = nullptr;
+    out.validate = o.validate ? 1 : 0;
+    *options = out;
+  });
+}
+
+optimized_status optimized_kv_cache_append(const optimized_kv_cache* cache, const optimized_tensor* k,
+                                           const optimized_tensor* v, const optimized_tensor* page_table,
+                                           const optimized_tensor* positions, optimized_tensor* q,
+                                           const optimized_kv_append_options* options, const char* variant,
+                                           void* cuda_stream) {
+  return guarded("optimized_kv_cache_append", [&] {
+    bool validate = true;
+    const optimized::RopeOptions rope = rope_options(options, validate);
+    optimized::append_kv(kv_cache_view(cache), to_view(k, "k"), to_view(v, "v"), to_view(page_table, "page_table"),
+                         to_view(positions, "positions"), optional_view(q, "q"), rope, validate,
+                         kv_cache_variant(variant), context(cuda_stream));
+  });
+}
+
+optimized_status optimized_paged_attention_decode(const optimized_tensor* q, const optimized_kv_cache* cache,
+                                                  const optimized_tensor* page_table, const optimized_tensor* seq_lens,
+                                                  optimized_tensor* out, optimized_tensor* lse,
+                                                  const optimized_decode_options* options, const char* variant,
+                                                  void* cuda_stream) {
+  return guarded("optimized_paged_attention_decode", [&] {
+    optimized::TensorView alibi;
+    const optimized::DecodeOptions o = decode_options(options, alibi);
+    optimized::paged_attention_decode(to_view(q, "q"), kv_cache_view(cache), to_view(page_table, "page_table"),
+                                      to_view(seq_lens, "seq_lens"), to_view(out, "out"), optional_view(lse, "lse"), o,
+                                      kv_cache_variant(variant), context(cuda_stream));
   });
 }
 

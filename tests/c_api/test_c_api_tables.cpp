@@ -29,6 +29,7 @@
 #include "optimized/attention.h"
 #include "optimized/fused.h"
 #include "optimized/gemm.h"
+#include "optimized/kv_cache.h"
 #include "optimized/loader.h"
 
 namespace {
@@ -91,7 +92,7 @@ void expect_named_values_reachable(const std::vector<std::pair<E, std::string>>&
 TEST(CApiTables, FamiliesAreListed) {
   std::vector<std::string> families;
   for (int32_t i = 0; const char* f = optimized_family_name(i); ++i) families.emplace_back(f);
-  EXPECT_EQ(families, (std::vector<std::string>{"gemm", "fused", "loader", "scaled_gemm", "attention"}));
+  EXPECT_EQ(families, (std::vector<std::string>{"gemm", "fused", "loader", "scaled_gemm", "attention", "kv_cache"}));
   for (const std::string& f : families) {
     int32_t count = -1;
     ASSERT_EQ(optimized_variant_count(f.c_str(), &count), OPTIMIZED_STATUS_OK) << optimized_last_error();
@@ -133,6 +134,17 @@ TEST(CApiTables, AttentionListIsTheTable) {
   const auto named = named_values<AttentionVariant>(attention_variant_name, parse_attention_variant);
   EXPECT_EQ(named.size(), table.size());
   expect_named_values_reachable(named, parse_attention_variant, c_names, "attention");
+}
+
+TEST(CApiTables, KvCacheListIsTheTable) {
+  std::vector<std::string> table;
+  for (KvCacheVariant v : all_kv_cache_variants()) table.emplace_back(kv_cache_variant_name(v));
+  const std::vector<std::string> c_names = c_list("kv_cache");
+  EXPECT_EQ(c_names, table);
+  EXPECT_FALSE(table.empty());
+  const auto named = named_values<KvCacheVariant>(kv_cache_variant_name, parse_kv_cache_variant);
+  EXPECT_EQ(named.size(), table.size());
+  expect_named_values_reachable(named, parse_kv_cache_variant, c_names, "kv_cache");
 }
 
 TEST(CApiTables, ScaledGemmListIsTheTable) {

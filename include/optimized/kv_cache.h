@@ -1,0 +1,98 @@
+// The paged KV cache and decode attention: the cache an autoregressive engine keeps (K and V in
+// fixed-size pages, PagedAttention), appending new tokens into it (with rotary embedding fused),
+// and attention of a few new query tokens per sequence over everything cached (decode, and
+// speculative decoding with up to 8 query tokens).
+//
+// The cache. K and V pages of shape (num_pages, page_size, H_kv, D), page_size 1 to 256, the last
+// dimension contiguous (other strides free). The caller owns the allocation of pages to sequences,
+// as in vLLM and FlashInfer: a page table (B, max_pages_per_seq) int32 maps page p of sequence b to
+// a cache page, and seq_lens (B) int32 says how many tokens sequence b holds. Token t of sequence b
+// lives in cache page page_table[b][t / page_size], slot t % page_size.
+//
+// Dtypes: K/V pages fp16, bf16, fp32 (fp64 on the cpu variant), or fp8 e4m3 with fp32 per-kv-head
+// scales (value = fp8 * scale; quantized on append with the scale given, dequantized in attention).
+// Queries, new keys / values and outputs: fp16, bf16, fp32 (fp64 on cpu); with an fp16/bf16/fp32
+// cache they have the cache's dtype.
+//
+// Decode attention. q (B, q_len, H_q, D), q_len 1 to 8. The q_len new tokens are the last q_len of
+// each sequence (already appended): query t of sequence b sits at position seq_lens[b] - q_len + t
+// and sees the cached keys at positions <= its own (causal inside the new tokens), within the
+// sliding window when one is given. The score rules (scale, softcap, ALiBi, window) are those of
+// include/optimized/attention.h with bottom-right alignment. A sequence with seq_len 0 (or a query
+// that sees no key) gives out 0 and lse -inf. GQA / MQA as in attention.h.
+//
+// Checked and unchecked. Page tables and seq_lens live on the device with the cache. With
+// `validate` the host reads them back (a synchronization) and refuses a page index out of
+// [0, num_pages), a seq_len < 0 or beyond the pages its row provides, or one between 1 and q_len - 1
+// (a sequence of seq_len 0 holds nothing: its queries give out 0 and lse -inf);
+// without it nothing is read back (CUDA-graph safe) and the kernels still never read outside the
+// cache: an out-of-range page index reads as an empty page (its keys masked).
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "optimized/core.h"
+
+namespace optimized {
+
+enum class KvCacheVariant : uint8_t {
+  kAuto,  // the best rung for the device (CPU: kCpu)
+  kCpu,   // threads over (sequence, kv head): the readable reference rung
+};
+
+std::string_view kv_cache_variant_name(KvCacheVariant variant);   // "cpu"
+KvCacheVariant parse_kv_cache_variant(std::string_view name);      // throws Error naming the choices
+std::span<const KvCacheVariant> all_kv_cache_variants();            // every variant but kAuto
+bool kv_cache_variant_is_cuda(KvCacheVariant variant);
+std::string kv_cache_variant_rejects_dtype(KvCacheVariant variant, DType dtype);  // empty: runs it
+
+// The cache as views: k_pages, v_pages (num_pages, page_size, H_kv, D) of one dtype; fp8 e4m3
+// pages carry k_scale, v_scale fp32 (H_kv) (absent otherwise).
+struct PagedKVCacheView {
+  TensorView k_pages, v_pages;
+  TensorView k_scale, v_scale;
+};
+
+// Rotary embedding, applied to the new keys on append (and to q when given): for pair i of the
+// rotary dims, angle = position * theta^(-2i / rotary_dim).
+//   kNeox:        pairs (x[i], x[i + rotary_dim / 2])  (GPT-NeoX, Llama in HF)
+//   kInterleaved: pairs (x[2i], x[2i + 1])            (GPT-J, Llama's original)
+// Dimensions past rotary_dim pass through.
+enum class RopeLayout : uint8_t { kNone, kNeox, kInterleaved };
+struct RopeOptions {
+  RopeLayout layout = RopeLayout::kNone;
+  double theta = 10000.0;
+  int64_t rotary_dim = 0;  // 0: head_dim; else even, <= head_dim
+};
+
+// Writes new tokens into the cache. k, v (B, S_new, H_kv, D): S_new tokens per sequence, at
+// positions (B, S_new) int32 (a position < 0 marks padding: skipped); token (b, s) goes to
+// position positions[b][s] of sequence b through page_table. With rope, k is rotated before it is
+// stored and q (B, S_new, H_q, D), when given, is rotated in place (q_out = rope(q)). fp8 caches
+// store round(x / scale) saturated to e4m3's range.
+void append_kv(const PagedKVCacheView& cache, const TensorView& k, const TensorView& v,
+               const TensorView& page_table, const TensorView& positions, const TensorView& q = {},
+               const RopeOptions& rope = {}, bool validate = true, KvCacheVariant variant = KvCacheVariant::kAuto,
+               const ExecutionContext& ctx = {});
+
+struct DecodeOptions {
+  double softmax_scale = std::numeric_limits<double>::quiet_NaN();  // NaN: 1 / sqrt(D)
+  int64_t window_left = -1;   // keys more than window_left before a query's position are masked; -1: none
+  double softcap = 0.0;       // > 0: s = softcap * tanh(s / softcap)
+  TensorView alibi_slopes;    // fp32 (H_q) or (B, H_q); absent: off
+  bool validate = true;       // read page_table / seq_lens back and check them (see above)
+};
+
+// out (B, q_len, H_q, D) = attention of q over the cached tokens of each sequence; lse fp32
+// (B, H_q, q_len) or absent.
+void paged_attention_decode(const TensorView& q, const PagedKVCacheView& cache, const TensorView& page_table,
+                            const TensorView& seq_lens, const TensorView& out, const TensorView& lse = {},
+                            const DecodeOptions& options = {}, KvCacheVariant variant = KvCacheVariant::kAuto,
+                            const ExecutionContext& ctx = {});
+
+}  // namespace optimized

@@ -1,0 +1,486 @@
+// Public entry of the KV-cache family (include/optimized/kv_cache.h): validates the operands of
+// append_kv and paged_attention_decode (messages name the argument, what was expected and what was
+// given), checks the page tables with `validate` (host read-back), fills KvAppendParams /
+// KvDecodeParams, resolves the variant and dispatches through the variant table
+// (kv_cache_variants.h). Only the cpu rung exists: CUDA tensors are refused after every check.
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "kv_cache/kv_cache_params.h"
+#include "kv_cache/kv_cache_variants.h"
+#include "optimized/kv_cache.h"
+
+#if OPTIMIZED_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "core/cuda_device_guard.h"
+#include "core/cuda_launch.h"
+#endif
+
+namespace optimized {
+
+namespace {
+
+[[noreturn]] void invalid(const std::string& message) { throw Error(Status::kInvalidArgument, message); }
+[[noreturn]] void unsupported(const std::string& message) { throw Error(Status::kUnsupported, message); }
+
+bool present(const TensorView& t) { return t.rank != 0; }
+
+std::string number(double v) {
+  char text[64];
+  const std::to_chars_result r = std::to_chars(text, text + sizeof text, v);
+  return std::string(text, r.ptr);
+}
+
+std::string shape_string(const TensorView& t) {
+  std::string s = "(";
+  for (int i = 0; i < t.rank; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+  return s + ")";
+}
+
+std::string dims_string(std::initializer_list<int64_t> dims) {
+  std::string s = "(";
+  bool first = true;
+  for (int64_t d : dims) s += (first ? "" : ", ") + std::to_string(d), first = false;
+  return s + ")";
+}
+
+std::string dname(DType d) { return std::string(dtype_name(d)); }
+
+bool float_data(DType d) { return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16 || d == DType::kF64; }
+
+// An output's elements must be distinct memory (see attention.cpp).
+void check_distinct(const TensorView& t, const char* name) {
+  for (int i = 0; i < t.rank; ++i)
+    if (t.shape[i] == 0) return;
+  std::vector<std::pair<int64_t, int64_t>> dims;
+  for (int i = 0; i < t.rank; ++i)
+    if (t.shape[i] > 1) dims.push_back({t.strides[i] < 0 ? -t.strides[i] : t.strides[i], t.shape[i]});
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride < span)
+      invalid(std::string(name) + ": expected an output whose elements do not overlap one another; given " +
+              t.describe());
+    span = stride * (size - 1) + span;
+  }
+}
+
+// Collects the operands of one call: one device for all, outputs distinct from every other operand.
+class Operands {
+ public:
+  // Checks what every operand shares: present with rank `rank` (`layout` describes it), sizes,
+  // extent, non-null data, the call's device (the first operand fixes it), alignment.
+  void view(const TensorView& t, const char* name, int rank, const char* layout, bool output) {
+    if (t.rank != rank)
+      invalid(std::string(name) + ": expected rank " + std::to_string(rank) + " " + layout + "; given rank " +
+              std::to_string(t.rank) + (t.rank == 0 ? " (absent)" : " " + shape_string(t)));
+    const ViewExtent extent = view_extent(t, name);
+    if (!t.data && extent.numel > 0) invalid(std::string(name) + ": expected a non-null data pointer; given null");
+    if (first_.empty()) {
+      first_ = name;
+      device_ = t.device;
+      if (device_.is_cuda() && device_.index < 0)
+        invalid(std::string(name) + ": expected a CUDA ordinal >= 0; given " + device_name(device_));
+    } else if (!(t.device == device_)) {
+      invalid(std::string(name) + ": expected device " + device_name(device_) + " (" + first_ + "'s); given " +
+              device_name(t.device));
+    }
+    if (reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) != 0)
+      invalid(std::string(name) + ": expected data aligned to the element size (" + std::to_string(dtype_size(t.dtype)) +
+              " bytes)");
+    if (output) check_distinct(t, name);
+    (output ? outputs_ : inputs_).push_back({&t, name});
+  }
+
+  void unit_last(const TensorView& t, const char* name, const char* what) {
+    if (t.shape[t.rank - 1] > 1 && t.strides[t.rank - 1] != 1)
+      invalid(std::string(name) + ": expected unit stride in the last dimension (" + what + "); given " + t.describe());
+  }
+
+  // Outputs may not overlap any other operand. k_pages and v_pages may share one allocation
+  // (interleaved, as vLLM's (num_pages, 2, ...) cache) and are not checked against each other.
+  void check_overlaps() const {
+    for (size_t i = 0; i < outputs_.size(); ++i) {
+      const auto& [out, out_name] = outputs_[i];
+      const ViewExtent o = view_extent(*out, out_name);
+      if (o.bytes == 0) continue;
+      auto clash = [&](const TensorView& other, const char* other_name) {
+        if (pages_pair(out_name, other_name)) return;
+        const ViewExtent b = view_extent(other, other_name);
+        if (b.bytes > 0 && o.begin < b.end && b.begin < o.end)
+          invalid(std::string(out_name) + ": expected an output that does not overlap " + other_name +
+                  "; given overlapping memory");
+      };
+      for (const auto& [in, in_name] : inputs_) clash(*in, in_name);
+      for (size_t j = 0; j < outputs_.size(); ++j)
+        if (j != i) clash(*outputs_[j].first, outputs_[j].second);
+    }
+  }
+
+  Device device() const { return device_; }
+
+ private:
+  static bool pages_pair(const char* a, const char* b) {
+    const std::string x = a, y = b;
+    return (x == "k_pages" && y == "v_pages") || (x == "v_pages" && y == "k_pages");
+  }
+  std::string first_;
+  Device device_ = Device::cpu();
+  std::vector<std::pair<const TensorView*, const char*>> inputs_, outputs_;
+};
+
+// The cache: k_pages / v_pages (num_pages, page_size, H_kv, D), one shape and dtype; fp8 scales.
+KvCachePages check_cache(const PagedKVCacheView& c, Operands& ops, bool output) {
+  const char* layout = "(num_pages, page_size, heads_kv, head_dim)";
+  ops.view(c.k_pages, "k_pages", 4, layout, output);
+  ops.view(c.v_pages, "v_pages", 4, layout, output);
+  const TensorView& k = c.k_pages;
+  const DType dt = k.dtype;
+  if (!float_data(dt) && dt != DType::kF8E4M3)
+    unsupported("k_pages: expected dtype fp16, bf16, fp32, fp64 (cpu) or fp8_e4m3; given " + dname(dt));
+  if (c.v_pages.dtype != dt)
+    invalid("v_pages: expected dtype " + dname(dt) + " (k_pages'); given " + dname(c.v_pages.dtype));
+  for (int i = 0; i < 4; ++i)
+    if (c.v_pages.shape[i] != k.shape[i])
+      invalid("v_pages: expected shape " + shape_string(k) + " (k_pages'); given " + shape_string(c.v_pages));
+  if (k.shape[1] < 1 || k.shape[1] > 256)
+    invalid("k_pages: expected a page_size (dimension 1) from 1 to 256; given " + std::to_string(k.shape[1]));
+  if (k.shape[2] < 1 || k.shape[3] < 1)
+    invalid("k_pages: expected heads_kv >= 1 and head_dim >= 1; given " + shape_string(k));
+  ops.unit_last(k, "k_pages", "head_dim");
+  ops.unit_last(c.v_pages, "v_pages", "head_dim");
+  if (k.data && k.data == c.v_pages.data && k.shape[0] > 0)
+    invalid("v_pages: expected memory distinct from k_pages; given the same data pointer");
+  KvCachePages p;
+  p.dtype = dt;
+  p.num_pages = k.shape[0], p.page_size = k.shape[1], p.heads_kv = k.shape[2], p.head_dim = k.shape[3];
+  p.k_pages = k.data, p.v_pages = c.v_pages.data;
+  p.k_page = k.strides[0], p.k_slot = k.strides[1], p.k_head = k.strides[2];
+  p.v_page = c.v_pages.strides[0], p.v_slot = c.v_pages.strides[1], p.v_head = c.v_pages.strides[2];
+  const bool fp8 = dt == DType::kF8E4M3;
+  for (const auto& [t, name] : {std::pair<const TensorView*, const char*>{&c.k_scale, "k_scale"}, {&c.v_scale, "v_scale"}}) {
+    if (!fp8) {
+      if (present(*t))
+        invalid(std::string(name) + ": expected absent (scales belong to an fp8_e4m3 cache); given " + t->describe() +
+                " with a " + dname(dt) + " cache");
+      continue;
+    }
+    if (!present(*t)) invalid(std::string(name) + ": required with an fp8_e4m3 cache (fp32 (heads_kv)); given absent");
+    ops.view(*t, name, 1, "(heads_kv)", false);
+    if (t->dtype != DType::kF32) invalid(std::string(name) + ": expected dtype fp32; given " + dname(t->dtype));
+    if (t->shape[0] != p.heads_kv)
+      invalid(std::string(name) + ": expected shape (" + std::to_string(p.heads_kv) + ") (heads_kv); given " +
+              shape_string(*t));
+    ops.unit_last(*t, name, "heads_kv");
+  }
+  if (fp8) {
+    p.k_scale = static_cast<const float*>(c.k_scale.data);
+    p.v_scale = static_cast<const float*>(c.v_scale.data);
+  }
+  return p;
+}
+
+// The dtype of q / k / v / out against the cache's: the cache's, or fp16 / bf16 / fp32 into fp8.
+void check_data_dtype(const TensorView& t, const char* name, DType cache) {
+  const DType d = t.dtype;
+  if (!float_data(d))
+    unsupported(std::string(name) + ": expected dtype fp16, bf16, fp32 (fp64 on the cpu variant); given " + dname(d));
+  if (cache == DType::kF8E4M3) {
+    if (d == DType::kF64)
+      unsupported(std::string(name) + ": expected dtype fp16, bf16 or fp32 with an fp8_e4m3 cache; given fp64");
+  } else if (d != cache) {
+    invalid(std::string(name) + ": expected dtype " + dname(cache) + " (the cache's); given " + dname(d));
+  }
+}
+
+void check_shape(const TensorView& t, const char* name, std::initializer_list<int64_t> want, const char* whose) {
+  size_t i = 0;
+  for (int64_t w : want)
+    if (t.shape[i++] != w)
+      invalid(std::string(name) + ": expected shape " + dims_string(want) + " (" + whose + "); given " + shape_string(t));
+}
+
+// page_table int32 (B, max_pages), unit stride along the pages.
+KvPageTable check_table(const TensorView& t, Operands& ops, int64_t batch) {
+  ops.view(t, "page_table", 2, "(batch, max_pages)", false);
+  if (t.dtype != DType::kI32) invalid("page_table: expected dtype int32; given " + dname(t.dtype));
+  if (t.shape[0] != batch)
+    invalid("page_table: expected " + std::to_string(batch) + " rows (batch); given " + shape_string(t));
+  ops.unit_last(t, "page_table", "pages");
+  KvPageTable p;
+  p.entries = static_cast<const int32_t*>(t.data);
+  p.batch = t.shape[0], p.max_pages = t.shape[1], p.row = t.strides[0];
+  return p;
+}
+
+// An int32 operand as host memory: itself on the CPU; on CUDA a copy read back on the context's
+// stream (empty: nothing read, the stream is capturing or no device can be used). Returns the
+// pointer to element 0 of the view.
+const int32_t* host_ints(const TensorView& t, Device device, const ExecutionContext& ctx, std::vector<int32_t>& copy,
+                         const char* name) {
+  if (!device.is_cuda()) return static_cast<const int32_t*>(t.data);
+  const ViewExtent e = view_extent(t, name);
+  if (e.numel == 0) return nullptr;
+#if OPTIMIZED_WITH_CUDA
+  if (cuda_device_count() == 0) return nullptr;
+  DeviceGuard guard(device.index);
+  const auto stream = static_cast<cudaStream_t>(ctx.cuda_stream);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing (kv_cache validate)");
+  if (capture != cudaStreamCaptureStatusNone) return nullptr;
+  const int64_t count = e.highest - e.lowest + 1;
+  copy.resize(static_cast<size_t>(count));
+  check_cuda(cudaMemcpyAsync(copy.data(), static_cast<const int32_t*>(t.data) + e.lowest,
+                             static_cast<size_t>(count) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream),
+             "cudaMemcpyAsync (kv_cache validate)");
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize (kv_cache validate)");
+  return copy.data() - e.lowest;
+#else
+  (void)ctx, (void)copy;
+  return nullptr;
+#endif
+}
+
+void check_rope(const RopeOptions& r, int64_t head_dim, KvAppendParams& p) {
+  if (r.layout != RopeLayout::kNone && r.layout != RopeLayout::kNeox && r.layout != RopeLayout::kInterleaved)
+    invalid("rope.layout: expected kNone, kNeox or kInterleaved; given " + std::to_string(static_cast<int>(r.layout)));
+  p.rope = r.layout;
+  if (r.layout == RopeLayout::kNone) return;
+  if (!std::isfinite(r.theta) || !(r.theta > 0)) invalid("rope.theta: expected a finite value > 0; given " + number(r.theta));
+  const int64_t rd = r.rotary_dim == 0 ? head_dim : r.rotary_dim;
+  if (rd < 2 || rd % 2 != 0 || rd > head_dim)
+    invalid("rope.rotary_dim: expected 0 (head_dim) or an even value from 2 to head_dim " + std::to_string(head_dim) +
+            "; given " + std::to_string(r.rotary_dim) + (r.rotary_dim == 0 ? " (head_dim is odd or < 2)" : ""));
+  p.rope_theta = r.theta;
+  p.rotary_dim = rd;
+}
+
+// Resolves the variant and refuses what it cannot run; returns the row to run (CPU) or throws.
+const KvCacheVariantInfo& resolve(KvCacheVariant variant, DType dtype, Device device, const char* data_name) {
+  if (variant == KvCacheVariant::kAuto) {
+    if (device.is_cuda())
+      unsupported("variant: kv_cache has no CUDA variant in this build yet: the CUDA rungs contiguous_naive, paged, "
+                  "paged_split are not written (the variant table holds: cpu); given tensors on " +
+                  device_name(device));
+    variant = KvCacheVariant::kCpu;
+  }
+  const KvCacheVariantInfo& row = kv_cache_variant_info(variant);
+  if (std::string why = variant_rejects_device(row, device); !why.empty()) invalid(why);
+  if (std::string why = kv_cache_variant_rejects_dtype(variant, dtype); !why.empty())
+    unsupported(std::string(data_name) + ": " + why);
+  return row;
+}
+
+void check_variant_value(KvCacheVariant v) {
+  if (v != KvCacheVariant::kAuto && !find_variant(kKvCacheVariants, v))
+    invalid("variant: expected one of " + variant_choices(kKvCacheVariants) + "; given value " +
+            std::to_string(static_cast<int>(v)));
+}
+
+}  // namespace
+
+// ---- append ---------------------------------------------------------------------------------
+
+void append_kv(const PagedKVCacheView& cache, const TensorView& k, const TensorView& v, const TensorView& page_table,
+               const TensorView& positions, const TensorView& q, const RopeOptions& rope, bool validate,
+               KvCacheVariant variant, const ExecutionContext& ctx) {
+  check_variant_value(variant);
+  Operands ops;
+  const char* data_layout = "(batch, new_tokens, heads, head_dim)";
+  ops.view(k, "k", 4, data_layout, false);
+  KvAppendParams p;
+  p.cache = check_cache(cache, ops, true);
+  const KvCachePages& c = p.cache;
+  check_data_dtype(k, "k", c.dtype);
+  const int64_t B = k.shape[0], S = k.shape[1];
+  if (k.shape[2] != c.heads_kv || k.shape[3] != c.head_dim)
+    invalid("k: expected shape (" + std::to_string(B) + ", " + std::to_string(S) + ", " + std::to_string(c.heads_kv) +
+            ", " + std::to_string(c.head_dim) + ") (heads_kv and head_dim of the cache); given " + shape_string(k));
+  ops.unit_last(k, "k", "head_dim");
+  ops.view(v, "v", 4, data_layout, false);
+  if (v.dtype != k.dtype) invalid("v: expected dtype " + dname(k.dtype) + " (k's); given " + dname(v.dtype));
+  check_shape(v, "v", {B, S, c.heads_kv, c.head_dim}, "k's");
+  ops.unit_last(v, "v", "head_dim");
+  p.table = check_table(page_table, ops, B);
+  ops.view(positions, "positions", 2, "(batch, new_tokens)", false);
+  if (positions.dtype != DType::kI32) invalid("positions: expected dtype int32; given " + dname(positions.dtype));
+  check_shape(positions, "positions", {B, S}, "k's batch and new_tokens");
+  ops.unit_last(positions, "positions", "new_tokens");
+  if (present(q)) {
+    ops.view(q, "q", 4, data_layout, true);
+    if (q.dtype != k.dtype) invalid("q: expected dtype " + dname(k.dtype) + " (k's); given " + dname(q.dtype));
+    if (q.shape[0] != B || q.shape[1] != S || q.shape[3] != c.head_dim || q.shape[2] < 1 || q.shape[2] % c.heads_kv != 0)
+      invalid("q: expected shape (" + std::to_string(B) + ", " + std::to_string(S) + ", H_q, " +
+              std::to_string(c.head_dim) + ") with H_q a multiple of heads_kv " + std::to_string(c.heads_kv) +
+              "; given " + shape_string(q));
+    ops.unit_last(q, "q", "head_dim");
+    p.q = q.data, p.q_b = q.strides[0], p.q_s = q.strides[1], p.q_h = q.strides[2], p.heads_q = q.shape[2];
+  }
+  check_rope(rope, c.head_dim, p);
+  ops.check_overlaps();
+  p.dtype = k.dtype;
+  p.new_tokens = S;
+  p.k = k.data, p.v = v.data;
+  p.k_b = k.strides[0], p.k_s = k.strides[1], p.k_h = k.strides[2];
+  p.v_b = v.strides[0], p.v_s = v.strides[1], p.v_h = v.strides[2];
+  p.positions = static_cast<const int32_t*>(positions.data);
+  p.pos_b = positions.strides[0];
+  const Device device = ops.device();
+  if (device.is_cuda() && p.dtype == DType::kF64)
+    unsupported("k: fp64 runs on the cpu variant only; given fp64 on " + device_name(device));
+
+  if (validate && B * S > 0) {
+    std::vector<int32_t> table_copy, pos_copy;
+    const int32_t* table = host_ints(page_table, device, ctx, table_copy, "page_table");
+    const int32_t* pos = host_ints(positions, device, ctx, pos_copy, "positions");
+    if (pos) {
+      std::unordered_map<int64_t, int64_t> slots;  // page * page_size + slot -> token b * S + s
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t s = 0; s < S; ++s) {
+          const int64_t at = pos[b * p.pos_b + s];
+          if (at < 0) continue;
+          const int64_t page_index = at / c.page_size;
+          const std::string token = "token (" + std::to_string(b) + ", " + std::to_string(s) + ")";
+          if (page_index >= p.table.max_pages)
+            invalid("positions: " + token + " at position " + std::to_string(at) + " needs page index " +
+                    std::to_string(page_index) + " of its sequence; page_table has " +
+                    std::to_string(p.table.max_pages) + " pages per sequence");
+          if (!table) continue;
+          const int64_t page = table[b * p.table.row + page_index];
+          if (page < 0 || page >= c.num_pages)
+            invalid("page_table: expected page indices in [0, " + std::to_string(c.num_pages) + ") (num_pages); " +
+                    "page_table[" + std::to_string(b) + "][" + std::to_string(page_index) + "] = " +
+                    std::to_string(page) + " (used by " + token + ")");
+          const int64_t key = page * c.page_size + at % c.page_size;
+          const auto [it, fresh] = slots.emplace(key, b * S + s);
+          if (!fresh)
+            invalid("positions: expected every appended token to write its own cache slot; tokens (" +
+                    std::to_string(it->second / S) + ", " + std::to_string(it->second % S) + ") and (" +
+                    std::to_string(b) + ", " + std::to_string(s) + ") both write page " + std::to_string(page) +
+                    ", slot " + std::to_string(at % c.page_size));
+        }
+    }
+  }
+  const KvCacheVariantInfo& row = resolve(variant, p.dtype, device, "k");
+  if (B * S == 0) return;
+  row.cpu.append(p, ctx.cpu_threads);
+}
+
+// ---- decode ---------------------------------------------------------------------------------
+
+void paged_attention_decode(const TensorView& q, const PagedKVCacheView& cache, const TensorView& page_table,
+                            const TensorView& seq_lens, const TensorView& out, const TensorView& lse,
+                            const DecodeOptions& o, KvCacheVariant variant, const ExecutionContext& ctx) {
+  check_variant_value(variant);
+  Operands ops;
+  const char* data_layout = "(batch, q_len, heads_q, head_dim)";
+  ops.view(q, "q", 4, data_layout, false);
+  KvDecodeParams p;
+  p.cache = check_cache(cache, ops, false);
+  const KvCachePages& c = p.cache;
+  check_data_dtype(q, "q", c.dtype);
+  const int64_t B = q.shape[0], Q = q.shape[1], Hq = q.shape[2];
+  if (Q < 1 || Q > 8) invalid("q: expected q_len (dimension 1) from 1 to 8; given " + shape_string(q));
+  if (q.shape[3] != c.head_dim)
+    invalid("q: expected head_dim " + std::to_string(c.head_dim) + " (the cache's); given " + shape_string(q));
+  if (Hq < 1 || Hq % c.heads_kv != 0)
+    invalid("q: expected heads_q a multiple of the cache's heads_kv " + std::to_string(c.heads_kv) +
+            " (GQA / MQA); given " + shape_string(q));
+  ops.unit_last(q, "q", "head_dim");
+  p.table = check_table(page_table, ops, B);
+  ops.view(seq_lens, "seq_lens", 1, "(batch)", false);
+  if (seq_lens.dtype != DType::kI32) invalid("seq_lens: expected dtype int32; given " + dname(seq_lens.dtype));
+  check_shape(seq_lens, "seq_lens", {B}, "q's batch");
+  if (B > 1 && seq_lens.strides[0] != 1) invalid("seq_lens: expected a contiguous vector; given " + seq_lens.describe());
+  ops.view(out, "out", 4, data_layout, true);
+  if (out.dtype != q.dtype) invalid("out: expected dtype " + dname(q.dtype) + " (q's); given " + dname(out.dtype));
+  check_shape(out, "out", {B, Q, Hq, c.head_dim}, "q's");
+  ops.unit_last(out, "out", "head_dim");
+  if (present(lse)) {
+    ops.view(lse, "lse", 3, "(batch, heads_q, q_len)", true);
+    if (lse.dtype != DType::kF32) invalid("lse: expected dtype fp32; given " + dname(lse.dtype));
+    check_shape(lse, "lse", {B, Hq, Q}, "q's batch, heads_q, q_len");
+    ops.unit_last(lse, "lse", "q_len");
+    p.lse = static_cast<float*>(lse.data), p.lse_b = lse.strides[0], p.lse_h = lse.strides[1];
+  }
+  // Options.
+  if (std::isnan(o.softmax_scale)) p.scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  else if (!std::isfinite(o.softmax_scale))
+    invalid("softmax_scale: expected a finite value (or NaN for 1/sqrt(head_dim)); given " + number(o.softmax_scale));
+  else p.scale = o.softmax_scale;
+  if (o.window_left < -1) invalid("window_left: expected -1 (unbounded) or >= 0; given " + std::to_string(o.window_left));
+  if (!(o.softcap >= 0.0) || !std::isfinite(o.softcap))
+    invalid("softcap: expected a finite value >= 0 (0: off); given " + number(o.softcap));
+  if (q.dtype != DType::kF64) {
+    if (std::fabs(p.scale) > std::numeric_limits<float>::max())
+      invalid("softmax_scale: expected a value inside float's range for " + dname(q.dtype) + " inputs (fp32 math); given " +
+              number(p.scale));
+    if (o.softcap > 0 && (o.softcap > std::numeric_limits<float>::max() || o.softcap < std::numeric_limits<float>::min()))
+      invalid("softcap: expected 0 (off) or a value inside float's normal range for " + dname(q.dtype) +
+              " inputs (fp32 math); given " + number(o.softcap));
+  }
+  p.window_left = o.window_left > (int64_t{1} << 40) ? -1 : o.window_left;
+  p.softcap = o.softcap;
+  if (present(o.alibi_slopes)) {
+    const TensorView& a = o.alibi_slopes;
+    const bool one = a.rank == 1 && a.shape[0] == Hq;
+    const bool two = a.rank == 2 && a.shape[0] == B && a.shape[1] == Hq;
+    if (!one && !two)
+      invalid("alibi_slopes: expected shape (" + std::to_string(Hq) + ") or (" + std::to_string(B) + ", " +
+              std::to_string(Hq) + "); given " + shape_string(a));
+    ops.view(a, "alibi_slopes", a.rank, "", false);
+    if (a.dtype != DType::kF32) invalid("alibi_slopes: expected dtype fp32; given " + dname(a.dtype));
+    ops.unit_last(a, "alibi_slopes", "heads_q");
+    p.alibi = static_cast<const float*>(a.data);
+    p.alibi_b = two ? a.strides[0] : 0;
+  }
+  ops.check_overlaps();
+  p.dtype = q.dtype;
+  p.batch = B, p.q_len = Q, p.heads_q = Hq;
+  p.q = q.data, p.q_b = q.strides[0], p.q_t = q.strides[1], p.q_h = q.strides[2];
+  p.out = out.data, p.out_b = out.strides[0], p.out_t = out.strides[1], p.out_h = out.strides[2];
+  p.seq_lens = static_cast<const int32_t*>(seq_lens.data);
+  const Device device = ops.device();
+  if (device.is_cuda() && p.dtype == DType::kF64)
+    unsupported("q: fp64 runs on the cpu variant only; given fp64 on " + device_name(device));
+
+  if (o.validate && B > 0) {
+    std::vector<int32_t> table_copy, lens_copy;
+    const int32_t* lens = host_ints(seq_lens, device, ctx, lens_copy, "seq_lens");
+    const int32_t* table = host_ints(page_table, device, ctx, table_copy, "page_table");
+    const int64_t capacity = p.table.max_pages * c.page_size;
+    if (lens)
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t len = lens[b];
+        if (len < 0) invalid("seq_lens: expected lengths >= 0; seq_lens[" + std::to_string(b) + "] = " + std::to_string(len));
+        if (len > 0 && len < Q)
+          invalid("seq_lens: expected 0 or at least q_len " + std::to_string(Q) + " (the new tokens are cached); seq_lens[" +
+                  std::to_string(b) + "] = " + std::to_string(len));
+        if (len > capacity)
+          invalid("seq_lens: expected at most max_pages * page_size = " + std::to_string(capacity) +
+                  " (the pages page_table provides); seq_lens[" + std::to_string(b) + "] = " + std::to_string(len));
+        if (!table) continue;
+        const int64_t used = (len + c.page_size - 1) / c.page_size;
+        for (int64_t i = 0; i < used; ++i) {
+          const int64_t page = table[b * p.table.row + i];
+          if (page < 0 || page >= c.num_pages)
+            invalid("page_table: expected page indices in [0, " + std::to_string(c.num_pages) + ") (num_pages); " +
+                    "page_table[" + std::to_string(b) + "][" + std::to_string(i) + "] = " + std::to_string(page) +
+                    " (sequence " + std::to_string(b) + " holds " + std::to_string(len) + " tokens)");
+        }
+      }
+  }
+  const KvCacheVariantInfo& row = resolve(variant, p.dtype, device, "q");
+  if (B == 0 || Hq == 0) return;
+  row.cpu.decode(p, ctx.cpu_threads);
+}
+
+}  // namespace optimized

@@ -1,0 +1,221 @@
+// The torch glue of the KV-cache family (include/optimized/kv_cache.h):
+//
+//   TORCH_LIBRARY_FRAGMENT(optimized, m)    the schemas of torch.ops.optimized.kv_cache_append (writes
+//                                           new tokens into the pages, RoPE fused, q rotated in place),
+//                                           paged_attention_decode (attention of q over the cached
+//                                           tokens: (out, lse)) and kv_cache_variants (the ladder)
+//   TORCH_LIBRARY_IMPL(optimized, CPU|CUDA) kernels that pass their operands to the C++ API as views,
+//                                           allocate decode's outputs with torch and run on the current
+//                                           stream of the device, under a device guard (common.h).
+//
+// Mutation. kv_cache_append writes k_pages and v_pages (and q, when given) in place; its schema says
+// so (Tensor(a!), Tensor(b!), Tensor(c!)?) and returns nothing, so that functionalization
+// (torch.compile, torch.export) turns it into auto_functionalized and keeps the writes in order. The
+// mutated tensors go to the C++ API as they are -- never a copy, which would drop the writes -- so a
+// cache or q whose last dimension is strided is refused by the C++ API rather than copied.
+//
+// Checks (common.h says who checks what). The glue checks the torch facts it needs: defined, strided
+// tensors; q of decode of rank 4 (B, q_len, H_q, D), to allocate out and lse (B, H_q, q_len) fp32;
+// the rope name (a string the C++ API takes as an enum). Everything else -- shapes of the pages, page
+// table, positions and seq_lens, dtypes, scales, devices, the window, softcap, ALiBi, the variant,
+// the page table's entries when validate is on -- is the C++ API's, whose messages arrive prefixed
+// "optimized::<op>: ".
+//
+// No autograd: these are inference ops (python/optimized_ops/kv_cache/ says what happens to a q that
+// requires grad). Fake kernels and the Python functions are registered from Python
+// (python/optimized_ops/kv_cache/).
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <array>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common.h"
+#include "optimized/core.h"
+#include "optimized/kv_cache.h"
+
+namespace optimized::torch_glue {
+
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+
+at::Tensor or_undefined(const OptTensor& t) { return t ? *t : at::Tensor(); }
+
+// One op of the family: its messages ("optimized::<op>: <argument>: ...") and its C++ API calls.
+struct KvOp {
+  const char* name;  // "kv_cache_append"
+
+  std::string prefix(const char* arg) const { return arg_prefix(name, arg); }
+
+  void tensor(const at::Tensor& t, const char* arg) const { check_tensor(t, name, arg); }
+  void optional(const at::Tensor& t, const char* arg) const {
+    if (t.defined()) check_tensor(t, name, arg);
+  }
+
+  TensorView view(const at::Tensor& t, const char* arg) const {
+    return t.defined() ? view_of(t, name, arg) : TensorView{};
+  }
+
+  template <class F>
+  decltype(auto) api(F&& f) const {
+    return call_api(op_name(name), std::forward<F>(f));
+  }
+
+  KvCacheVariant variant(c10::string_view v) const {
+    return api([&] { return parse_kv_cache_variant(std::string_view(v.data(), v.size())); });
+  }
+};
+
+bool last_dim_contiguous(const at::Tensor& t) { return t.dim() == 0 || t.size(-1) <= 1 || t.stride(-1) == 1; }
+
+// A read-only operand: itself, or a contiguous copy when its last dimension is strided.
+at::Tensor operand(const at::Tensor& t) {
+  return !t.defined() || last_dim_contiguous(t) ? t : t.contiguous();
+}
+
+// A fresh output laid out as t (torch.empty_like), contiguous where t's layout would leave the last
+// dimension strided (attention_ops.cpp's rule; python/optimized_ops/kv_cache/_fakes.py follows it).
+at::Tensor output_like(const at::Tensor& t) {
+  if (!last_dim_contiguous(t)) return at::empty(t.sizes(), t.options());
+  at::Tensor out = at::empty_like(t);
+  return last_dim_contiguous(out) ? out : at::empty(t.sizes(), t.options());
+}
+
+RopeLayout rope_layout(const KvOp& op, c10::string_view name) {
+  const std::string_view s(name.data(), name.size());
+  if (s == "none") return RopeLayout::kNone;
+  if (s == "neox") return RopeLayout::kNeox;
+  if (s == "interleaved") return RopeLayout::kInterleaved;
+  TORCH_CHECK_VALUE(false, op.prefix("rope") + "expected one of none, neox, interleaved; given '" + std::string(s) + "'");
+}
+
+// ---- append ---------------------------------------------------------------------------------------
+
+void kv_cache_append(const at::Tensor& k_pages, const at::Tensor& v_pages, const at::Tensor& k_in,
+                     const at::Tensor& v_in, const at::Tensor& page_table_in, const at::Tensor& positions_in,
+                     const OptTensor& k_scale_opt, const OptTensor& v_scale_opt, const OptTensor& q_opt,
+                     c10::string_view rope, double rope_theta, int64_t rotary_dim, bool validate,
+                     c10::string_view variant_name) {
+  const KvOp op{"kv_cache_append"};
+  const at::Tensor k_scale = or_undefined(k_scale_opt), v_scale = or_undefined(v_scale_opt), q = or_undefined(q_opt);
+  op.tensor(k_pages, "k_pages");
+  op.tensor(v_pages, "v_pages");
+  op.tensor(k_in, "k");
+  op.tensor(v_in, "v");
+  op.tensor(page_table_in, "page_table");
+  op.tensor(positions_in, "positions");
+  op.optional(k_scale, "k_scale");
+  op.optional(v_scale, "v_scale");
+  op.optional(q, "q");
+  RopeOptions ro;
+  ro.layout = rope_layout(op, rope);
+  ro.theta = rope_theta;
+  ro.rotary_dim = rotary_dim;
+  const KvCacheVariant variant = op.variant(variant_name);
+  const at::Tensor k = operand(k_in), v = operand(v_in), page_table = operand(page_table_in),
+                   positions = operand(positions_in);
+  Launch launch(k_pages.device());
+  op.api([&] {
+    const auto [kpv, vpv, ksv, vsv, kv, vv, ptv, posv, qv] =
+        std::array{op.view(k_pages, "k_pages"), op.view(v_pages, "v_pages"), op.view(k_scale, "k_scale"),
+                   op.view(v_scale, "v_scale"),  op.view(k, "k"),             op.view(v, "v"),
+                   op.view(page_table, "page_table"), op.view(positions, "positions"), op.view(q, "q")};
+    const PagedKVCacheView cache{kpv, vpv, ksv, vsv};
+    append_kv(cache, kv, vv, ptv, posv, qv, ro, validate, variant, launch.ctx);
+  });
+}
+
+// ---- decode ---------------------------------------------------------------------------------------
+
+std::tuple<at::Tensor, at::Tensor> paged_attention_decode_op(
+    const at::Tensor& q_in, const at::Tensor& k_pages_in, const at::Tensor& v_pages_in, const at::Tensor& page_table_in,
+    const at::Tensor& seq_lens_in, const OptTensor& k_scale_opt, const OptTensor& v_scale_opt,
+    std::optional<double> softmax_scale, int64_t window_left, double softcap, const OptTensor& alibi_opt, bool validate,
+    c10::string_view variant_name) {
+  const KvOp op{"paged_attention_decode"};
+  const at::Tensor k_scale = or_undefined(k_scale_opt), v_scale = or_undefined(v_scale_opt),
+                   alibi = or_undefined(alibi_opt);
+  op.tensor(q_in, "q");
+  op.tensor(k_pages_in, "k_pages");
+  op.tensor(v_pages_in, "v_pages");
+  op.tensor(page_table_in, "page_table");
+  op.tensor(seq_lens_in, "seq_lens");
+  op.optional(k_scale, "k_scale");
+  op.optional(v_scale, "v_scale");
+  op.optional(alibi, "alibi_slopes");
+  TORCH_CHECK_VALUE(q_in.dim() == 4, op.prefix("q") + "expected 4 dimensions (B, q_len, H_q, D); given " +
+                                         str(q_in.dim()) + " (shape " + str(q_in.sizes()) + ")");
+  const KvCacheVariant variant = op.variant(variant_name);
+  const at::Tensor q = operand(q_in), k_pages = operand(k_pages_in), v_pages = operand(v_pages_in),
+                   page_table = operand(page_table_in), seq_lens = operand(seq_lens_in);
+  at::Tensor out = output_like(q);
+  at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
+  Launch launch(q.device());
+  op.api([&] {
+    const auto [qv, kpv, vpv, ptv, slv, ksv, vsv, av, ov, lv] =
+        std::array{op.view(q, "q"),          op.view(k_pages, "k_pages"), op.view(v_pages, "v_pages"),
+                   op.view(page_table, "page_table"), op.view(seq_lens, "seq_lens"), op.view(k_scale, "k_scale"),
+                   op.view(v_scale, "v_scale"), op.view(alibi, "alibi_slopes"), op.view(out, "out"),
+                   op.view(lse, "lse")};
+    DecodeOptions o;
+    o.softmax_scale = softmax_scale ? *softmax_scale : std::numeric_limits<double>::quiet_NaN();
+    o.window_left = window_left;
+    o.softcap = softcap;
+    o.alibi_slopes = av;
+    o.validate = validate;
+    const PagedKVCacheView cache{kpv, vpv, ksv, vsv};
+    paged_attention_decode(qv, cache, ptv, slv, ov, lv, o, variant, launch.ctx);
+  });
+  return {out, lse};
+}
+
+// ---- queries ----------------------------------------------------------------------------------------
+
+std::vector<std::string> kv_cache_variants() {
+  return variant_names(all_kv_cache_variants(), kv_cache_variant_name);
+}
+
+}  // namespace
+
+}  // namespace optimized::torch_glue
+
+TORCH_LIBRARY_FRAGMENT(optimized, m) {
+  const std::vector<at::Tag> tags{at::Tag::pt2_compliant_tag};
+  // The cache (include/optimized/kv_cache.h): k_pages, v_pages (num_pages, page_size, H_kv, D), fp8
+  // e4m3 pages with fp32 (H_kv) k_scale / v_scale; page_table int32 (B, max_pages_per_seq).
+  // append: k, v (B, S_new, H_kv, D) at positions int32 (B, S_new) (< 0: padding); rope 'none', 'neox'
+  // or 'interleaved' (rotary_dim 0: D), k rotated before it is stored, q (B, S_new, H_q, D) rotated in
+  // place when given. validate: read the page table back and check it.
+  m.def(
+      "kv_cache_append(Tensor(a!) k_pages, Tensor(b!) v_pages, Tensor k, Tensor v, Tensor page_table, "
+      "Tensor positions, *, Tensor? k_scale=None, Tensor? v_scale=None, Tensor(c!)? q=None, str rope='none', "
+      "float rope_theta=10000., int rotary_dim=0, bool validate=True, str variant='auto') -> ()",
+      tags);
+  // decode: q (B, q_len, H_q, D) (the last q_len tokens of each sequence, already appended), seq_lens
+  // int32 (B); out like q, lse (B, H_q, q_len) fp32. softmax_scale None: 1/sqrt(D); window_left -1:
+  // none; softcap 0: off; alibi_slopes fp32 (H_q) or (B, H_q).
+  m.def(
+      "paged_attention_decode(Tensor q, Tensor k_pages, Tensor v_pages, Tensor page_table, Tensor seq_lens, *, "
+      "Tensor? k_scale=None, Tensor? v_scale=None, float? softmax_scale=None, int window_left=-1, "
+      "float softcap=0., Tensor? alibi_slopes=None, bool validate=True, str variant='auto') "
+      "-> (Tensor out, Tensor lse)",
+      tags);
+  m.def("kv_cache_variants() -> str[]", &optimized::torch_glue::kv_cache_variants);
+}
+
+namespace {
+void register_kv_cache_kernels(torch::Library& m) {
+  using namespace optimized::torch_glue;
+  m.impl("kv_cache_append", &kv_cache_append);
+  m.impl("paged_attention_decode", &paged_attention_decode_op);
+}
+}  // namespace
+
+TORCH_LIBRARY_IMPL(optimized, CPU, m) { register_kv_cache_kernels(m); }
+
+TORCH_LIBRARY_IMPL(optimized, CUDA, m) { register_kv_cache_kernels(m); }
