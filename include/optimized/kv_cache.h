@@ -27,6 +27,9 @@
 // (a sequence of seq_len 0 holds nothing: its queries give out 0 and lse -inf);
 // without it nothing is read back (CUDA-graph safe) and the kernels still never read outside the
 // cache: an out-of-range page index reads as an empty page (its keys masked).
+//
+// Variants: cpu, and on CUDA (compute capability 8.0+, head_dim up to 512) contiguous_naive, paged,
+// paged_split (auto); append_kv on CUDA runs one kernel whichever CUDA variant is named.
 #pragma once
 
 #include <cstdint>
@@ -41,11 +44,14 @@
 namespace optimized {
 
 enum class KvCacheVariant : uint8_t {
-  kAuto,  // the best rung for the device (CPU: kCpu)
+  kAuto,  // the best rung for the device (CPU: kCpu; CUDA: kPagedSplit, whose plan may choose splits = 1)
   kCpu,   // threads over (sequence, kv head): the readable reference rung
+  kContiguousNaive,  // CUDA: one block per (sequence, query head, query), two passes, scalar loads
+  kPaged,            // CUDA: one block per (sequence, kv head), GQA packed, online softmax, 16-byte loads
+  kPagedSplit,       // CUDA: paged over key chunks (flash-decoding) + an LSE merge (CUDA's auto)
 };
 
-std::string_view kv_cache_variant_name(KvCacheVariant variant);   // "cpu"
+std::string_view kv_cache_variant_name(KvCacheVariant variant);   // "cpu", "paged_split", ...
 KvCacheVariant parse_kv_cache_variant(std::string_view name);      // throws Error naming the choices
 std::span<const KvCacheVariant> all_kv_cache_variants();            // every variant but kAuto
 bool kv_cache_variant_is_cuda(KvCacheVariant variant);
@@ -94,5 +100,35 @@ void paged_attention_decode(const TensorView& q, const PagedKVCacheView& cache, 
                             const TensorView& seq_lens, const TensorView& out, const TensorView& lse = {},
                             const DecodeOptions& options = {}, KvCacheVariant variant = KvCacheVariant::kAuto,
                             const ExecutionContext& ctx = {});
+
+// Plan / run. A decode step whose launch is fixed once on the host, so that it can be captured in
+// a CUDA graph and replayed as the sequences grow: plan_paged_decode resolves the variant, chooses
+// the split of paged_split and sizes the workspace for a shape (host only: it reads device facts
+// such as the SM count, nothing else on the device). The split rule (src/kv_cache/kv_cache_config.h):
+// splits = 1 when B * heads_kv blocks fill the SMs or max_seq_len <= 256; otherwise about two
+// blocks per SM, min(ceil(2 * SMs / (B * heads_kv)), ceil(max_seq_len / 256)), at most 128. Each
+// sequence's keys are cut into `splits` chunks on the device from its current length, so a plan
+// stays correct for any length (max_seq_len only tunes the split).
+struct DecodePlan {
+  KvCacheVariant variant = KvCacheVariant::kAuto;  // resolved (never kAuto in a plan that was made)
+  Device device = Device::cpu();
+  int64_t batch = 0, heads_q = 0, heads_kv = 0, head_dim = 0, q_len = 1, page_size = 0, max_seq_len = 0;
+  DType dtype = DType::kF16, cache_dtype = DType::kF16;  // of q / out, of the pages
+  int64_t splits = 1;          // key chunks per sequence (paged_split; 1 elsewhere)
+  size_t workspace_bytes = 0;  // ExecutionContext::workspace the run needs (256-byte aligned)
+};
+
+DecodePlan plan_paged_decode(int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t head_dim, int64_t q_len,
+                             int64_t page_size, int64_t max_seq_len, DType dtype, DType cache_dtype, Device device,
+                             KvCacheVariant variant = KvCacheVariant::kAuto);
+
+// The run: as the call above, checking that the call fits the plan (Error naming the argument:
+// shape, dtypes, page size, device) and using ctx.workspace (at least plan.workspace_bytes, 256-byte
+// aligned; Error when the plan needs one and none is given) without allocating; it never
+// synchronizes. options.validate may stay true outside graph capture (it reads the page table
+// back, a synchronization); under capture the read-back is skipped.
+void paged_attention_decode(const TensorView& q, const PagedKVCacheView& cache, const TensorView& page_table,
+                            const TensorView& seq_lens, const TensorView& out, const TensorView& lse,
+                            const DecodeOptions& options, const DecodePlan& plan, const ExecutionContext& ctx = {});
 
 }  // namespace optimized

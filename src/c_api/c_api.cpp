@@ -311,8 +311,8 @@ optimized::DecodeOptions decode_options(const optimized_decode_options* c, optim
   return o;
 }
 
-// A KV-cache variant runs on one kind of device, on the dtypes (of q) of its table row. "auto" on
-// CUDA has no rung to run yet.
+// A KV-cache variant runs on one kind of device, on the dtypes (of q) of its table row. "auto"
+// resolves to cpu on the CPU and to paged_split on CUDA (as kv_cache.cpp does).
 void kv_cache_check(const char* variant, int32_t dtype, int32_t device_type) {
   if (!variant) invalid("variant: expected a name (\"auto\" or a variant); given NULL");
   const optimized::KvCacheVariant v = optimized::parse_kv_cache_variant(variant);
@@ -325,7 +325,8 @@ void kv_cache_check(const char* variant, int32_t dtype, int32_t device_type) {
   if (is_auto && device.is_cuda() && !any_cuda)
     throw optimized::Error(optimized::Status::kUnsupported,
                            "variant: auto: the kv_cache family has no CUDA variant yet (cpu runs CPU tensors)");
-  const optimized::KvCacheVariant probe = is_auto && !device.is_cuda() ? optimized::KvCacheVariant::kCpu : v;
+  const optimized::KvCacheVariant probe =
+      !is_auto ? v : (device.is_cuda() ? optimized::KvCacheVariant::kPagedSplit : optimized::KvCacheVariant::kCpu);
   if (std::string why = optimized::kv_cache_variant_rejects_dtype(probe, d); !why.empty())
     throw optimized::Error(optimized::Status::kUnsupported, "variant: " + why);
 }

@@ -2,7 +2,10 @@
 // append_kv and paged_attention_decode (messages name the argument, what was expected and what was
 // given), checks the page tables with `validate` (host read-back), fills KvAppendParams /
 // KvDecodeParams, resolves the variant and dispatches through the variant table
-// (kv_cache_variants.h). Only the cpu rung exists: CUDA tensors are refused after every check.
+// (kv_cache_variants.h): the cpu rung on the host, the CUDA rungs through launch_on_cuda (append_kv
+// on CUDA runs the one append launcher). plan_paged_decode / the plan overload of
+// paged_attention_decode: the split and workspace chosen once, a step that neither allocates nor
+// synchronizes (with validate off, or under capture where the read-back is skipped).
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -22,6 +25,9 @@
 
 #include "core/cuda_device_guard.h"
 #include "core/cuda_launch.h"
+#include "core/device_facts.h"
+#include "kv_cache/kv_cache_config.h"
+#include "kv_cache/launchers.h"
 #endif
 
 namespace optimized {
@@ -266,17 +272,36 @@ void check_rope(const RopeOptions& r, int64_t head_dim, KvAppendParams& p) {
 // Resolves the variant and refuses what it cannot run; returns the row to run (CPU) or throws.
 const KvCacheVariantInfo& resolve(KvCacheVariant variant, DType dtype, Device device, const char* data_name) {
   if (variant == KvCacheVariant::kAuto) {
-    if (device.is_cuda())
-      unsupported("variant: kv_cache has no CUDA variant in this build yet: the CUDA rungs contiguous_naive, paged, "
-                  "paged_split are not written (the variant table holds: cpu); given tensors on " +
+    if (device.is_cuda()) {
+#if !OPTIMIZED_WITH_CUDA
+      unsupported("variant: this build has no CUDA (configure with CUDA to run the kv_cache CUDA rungs); given tensors on " +
                   device_name(device));
-    variant = KvCacheVariant::kCpu;
+#endif
+      variant = KvCacheVariant::kPagedSplit;
+    } else {
+      variant = KvCacheVariant::kCpu;
+    }
   }
   const KvCacheVariantInfo& row = kv_cache_variant_info(variant);
   if (std::string why = variant_rejects_device(row, device); !why.empty()) invalid(why);
+#if !OPTIMIZED_WITH_CUDA
+  if (row.backend == Backend::kCuda)
+    unsupported("variant: " + std::string(row.name) + " needs a CUDA build; this build has none");
+#endif
   if (std::string why = kv_cache_variant_rejects_dtype(variant, dtype); !why.empty())
     unsupported(std::string(data_name) + ": " + why);
   return row;
+}
+
+// The CUDA rungs hold fp32 rows of head_dim in shared memory: up to kv_cache_config::kMaxHeadDim.
+void check_cuda_head_dim(Device device, int64_t head_dim) {
+#if OPTIMIZED_WITH_CUDA
+  if (device.is_cuda() && head_dim > kv_cache_config::kMaxHeadDim)
+    unsupported("k_pages: the CUDA variants take head_dim up to " + std::to_string(kv_cache_config::kMaxHeadDim) +
+                "; given " + std::to_string(head_dim));
+#else
+  (void)device, (void)head_dim;
+#endif
 }
 
 void check_variant_value(KvCacheVariant v) {
@@ -371,14 +396,62 @@ void append_kv(const PagedKVCacheView& cache, const TensorView& k, const TensorV
   }
   const KvCacheVariantInfo& row = resolve(variant, p.dtype, device, "k");
   if (B * S == 0) return;
-  row.cpu.append(p, ctx.cpu_threads);
+  if (row.backend == Backend::kCpu) return row.cpu.append(p, ctx.cpu_threads);
+#if OPTIMIZED_WITH_CUDA
+  check_cuda_head_dim(device, c.head_dim);
+  // One append kernel serves every CUDA variant: a row of the variant's facts with its launcher.
+  struct AppendRow {
+    std::string_view name;
+    int min_compute_capability;
+    ArchRule arch;
+    LauncherFn<KvAppendParams> launch;
+    std::nullptr_t workspace;
+  };
+  const AppendRow append_row{row.name, row.min_compute_capability, row.arch, &cuda::kv_cache_append, nullptr};
+  launch_on_cuda(append_row, p, device.index, ctx, "append_kv (" + std::string(row.name) + ")");
+#endif
 }
 
 // ---- decode ---------------------------------------------------------------------------------
 
-void paged_attention_decode(const TensorView& q, const PagedKVCacheView& cache, const TensorView& page_table,
-                            const TensorView& seq_lens, const TensorView& out, const TensorView& lse,
-                            const DecodeOptions& o, KvCacheVariant variant, const ExecutionContext& ctx) {
+namespace {
+
+// A planned call must have the plan's shape, dtypes, page size, device and variant.
+void check_fits_plan(const DecodePlan& plan, const KvCacheVariantInfo& row, const KvDecodeParams& p,
+                     const KvCachePages& c, Device device) {
+  auto fit = [](bool ok, const std::string& name, const std::string& what, int64_t want, int64_t given) {
+    if (!ok)
+      invalid(name + ": expected " + what + " " + std::to_string(want) + " (the plan's); given " + std::to_string(given));
+  };
+  fit(p.batch == plan.batch, "q", "batch", plan.batch, p.batch);
+  fit(p.heads_q == plan.heads_q, "q", "heads_q", plan.heads_q, p.heads_q);
+  fit(p.q_len == plan.q_len, "q", "q_len", plan.q_len, p.q_len);
+  fit(c.heads_kv == plan.heads_kv, "k_pages", "heads_kv", plan.heads_kv, c.heads_kv);
+  fit(c.head_dim == plan.head_dim, "k_pages", "head_dim", plan.head_dim, c.head_dim);
+  fit(c.page_size == plan.page_size, "k_pages", "page_size", plan.page_size, c.page_size);
+  if (p.dtype != plan.dtype) invalid("q: expected dtype " + dname(plan.dtype) + " (the plan's); given " + dname(p.dtype));
+  if (c.dtype != plan.cache_dtype)
+    invalid("k_pages: expected dtype " + dname(plan.cache_dtype) + " (the plan's); given " + dname(c.dtype));
+  if (!(device == plan.device))
+    invalid("q: expected device " + device_name(plan.device) + " (the plan's); given " + device_name(device));
+  if (row.variant != plan.variant)
+    invalid("plan: its variant " + std::string(kv_cache_variant_name(plan.variant)) + " does not resolve to itself");
+  if (plan.splits < 1) invalid("plan: expected splits >= 1; given " + std::to_string(plan.splits));
+}
+
+// The workspace and split of a CUDA decode (the plan's rule, kv_cache_config.h).
+#if OPTIMIZED_WITH_CUDA
+int64_t device_splits(const KvCacheVariantInfo& row, int device, int64_t batch, int64_t heads_kv, int64_t max_seq_len) {
+  if (row.variant != KvCacheVariant::kPagedSplit) return 1;
+  const DeviceFacts* facts = nullptr;
+  check_cuda(device_facts(device, &facts), "cudaDeviceGetAttribute (device facts)");
+  return kv_cache_config::decode_splits(batch, heads_kv, max_seq_len, facts->sm_count);
+}
+#endif
+
+void decode_impl(const TensorView& q, const PagedKVCacheView& cache, const TensorView& page_table,
+                 const TensorView& seq_lens, const TensorView& out, const TensorView& lse, const DecodeOptions& o,
+                 KvCacheVariant variant, const ExecutionContext& ctx, const DecodePlan* plan) {
   check_variant_value(variant);
   Operands ops;
   const char* data_layout = "(batch, q_len, heads_q, head_dim)";
@@ -479,8 +552,81 @@ void paged_attention_decode(const TensorView& q, const PagedKVCacheView& cache, 
       }
   }
   const KvCacheVariantInfo& row = resolve(variant, p.dtype, device, "q");
+  if (plan) check_fits_plan(*plan, row, p, c, device);
   if (B == 0 || Hq == 0) return;
-  row.cpu.decode(p, ctx.cpu_threads);
+  if (row.backend == Backend::kCpu) return row.cpu.decode(p, ctx.cpu_threads);
+#if OPTIMIZED_WITH_CUDA
+  check_cuda_head_dim(device, c.head_dim);
+  const std::string what = "paged_attention_decode (" + std::string(row.name) + ")";
+  if (plan) {
+    p.splits = plan->splits;
+    if (plan->workspace_bytes > 0 && ctx.workspace.data == nullptr)
+      invalid("workspace: expected ExecutionContext::workspace of at least plan.workspace_bytes = " +
+              std::to_string(plan->workspace_bytes) + " bytes with a plan (a planned step does not allocate); given none");
+  } else {
+    p.splits = device_splits(row, device.index, B, c.heads_kv, p.table.max_pages * c.page_size);
+  }
+  launch_on_cuda(row, p, device.index, ctx, what);
+#endif
+}
+
+}  // namespace
+
+void paged_attention_decode(const TensorView& q, const PagedKVCacheView& cache, const TensorView& page_table,
+                            const TensorView& seq_lens, const TensorView& out, const TensorView& lse,
+                            const DecodeOptions& options, KvCacheVariant variant, const ExecutionContext& ctx) {
+  decode_impl(q, cache, page_table, seq_lens, out, lse, options, variant, ctx, nullptr);
+}
+
+void paged_attention_decode(const TensorView& q, const PagedKVCacheView& cache, const TensorView& page_table,
+                            const TensorView& seq_lens, const TensorView& out, const TensorView& lse,
+                            const DecodeOptions& options, const DecodePlan& plan, const ExecutionContext& ctx) {
+  decode_impl(q, cache, page_table, seq_lens, out, lse, options, plan.variant, ctx, &plan);
+}
+
+DecodePlan plan_paged_decode(int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t head_dim, int64_t q_len,
+                             int64_t page_size, int64_t max_seq_len, DType dtype, DType cache_dtype, Device device,
+                             KvCacheVariant variant) {
+  check_variant_value(variant);
+  auto need = [](bool ok, const std::string& name, const std::string& expected, int64_t given) {
+    if (!ok) invalid(name + ": expected " + expected + "; given " + std::to_string(given));
+  };
+  need(batch >= 0, "batch", ">= 0", batch);
+  need(heads_kv >= 1, "heads_kv", ">= 1", heads_kv);
+  need(heads_q >= 1 && heads_q % heads_kv == 0, "heads_q", "a multiple of heads_kv " + std::to_string(heads_kv), heads_q);
+  need(head_dim >= 1, "head_dim", ">= 1", head_dim);
+  need(q_len >= 1 && q_len <= 8, "q_len", "1 to 8", q_len);
+  need(page_size >= 1 && page_size <= 256, "page_size", "1 to 256", page_size);
+  need(max_seq_len >= 0, "max_seq_len", ">= 0", max_seq_len);
+  if (!float_data(dtype)) unsupported("dtype: expected fp16, bf16, fp32 (fp64 on the cpu variant); given " + dname(dtype));
+  if (cache_dtype != dtype && cache_dtype != DType::kF8E4M3)
+    invalid("cache_dtype: expected " + dname(dtype) + " (dtype) or fp8_e4m3; given " + dname(cache_dtype));
+  if (cache_dtype == DType::kF8E4M3 && dtype == DType::kF64)
+    unsupported("dtype: expected fp16, bf16 or fp32 with an fp8_e4m3 cache; given fp64");
+  if (device.is_cuda() && device.index < 0) invalid("device: expected a CUDA ordinal >= 0; given " + device_name(device));
+  if (device.is_cuda() && dtype == DType::kF64)
+    unsupported("dtype: fp64 runs on the cpu variant only; given fp64 on " + device_name(device));
+  const KvCacheVariantInfo& row = resolve(variant, dtype, device, "dtype");
+  DecodePlan plan;
+  plan.variant = row.variant;
+  plan.device = device;
+  plan.batch = batch, plan.heads_q = heads_q, plan.heads_kv = heads_kv, plan.head_dim = head_dim, plan.q_len = q_len;
+  plan.page_size = page_size, plan.max_seq_len = max_seq_len;
+  plan.dtype = dtype, plan.cache_dtype = cache_dtype;
+  plan.splits = 1;
+  plan.workspace_bytes = 0;
+#if OPTIMIZED_WITH_CUDA
+  if (row.backend == Backend::kCuda) {
+    check_cuda_head_dim(device, head_dim);
+    DeviceGuard guard(device.index);
+    plan.splits = device_splits(row, device.index, batch, heads_kv, max_seq_len);
+    KvDecodeParams p;
+    p.dtype = dtype, p.batch = batch, p.q_len = q_len, p.heads_q = heads_q, p.splits = plan.splits;
+    p.cache.dtype = cache_dtype, p.cache.heads_kv = heads_kv, p.cache.head_dim = head_dim, p.cache.page_size = page_size;
+    plan.workspace_bytes = launcher_workspace_bytes(row, p, "plan_paged_decode (" + std::string(row.name) + ")");
+  }
+#endif
+  return plan;
 }
 
 }  // namespace optimized

@@ -64,6 +64,7 @@ struct KvDecodeParams {
   double softcap = 0.0;
   const float* alibi = nullptr;  // (B, H_q) or (H_q): alibi[b * alibi_b + h]
   int64_t alibi_b = 0;
+  int64_t splits = 1;         // paged_split: key chunks per sequence (the plan's; >= 1); other rungs ignore it
 
   OPTIMIZED_HOST_DEVICE int64_t group() const { return heads_q / cache.heads_kv; }
 };

@@ -2362,9 +2362,13 @@ static void kv_cache_tests(void) {
   check(optimized_variant_check("kv_cache", "cpu", OPTIMIZED_DTYPE_F64, OPTIMIZED_DEVICE_CPU) == OPTIMIZED_STATUS_OK &&
             optimized_variant_check("kv_cache", "auto", OPTIMIZED_DTYPE_BF16, OPTIMIZED_DEVICE_CPU) == OPTIMIZED_STATUS_OK,
         "kv_cache: variant check accepts cpu", optimized_last_error());
-  expect_error("kv_cache check: auto on CUDA",
-               optimized_variant_check("kv_cache", "auto", OPTIMIZED_DTYPE_BF16, OPTIMIZED_DEVICE_CUDA), U,
-               "no CUDA variant");
+  check(optimized_variant_check("kv_cache", "auto", OPTIMIZED_DTYPE_BF16, OPTIMIZED_DEVICE_CUDA) == OPTIMIZED_STATUS_OK &&
+            optimized_variant_check("kv_cache", "paged_split", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CUDA) ==
+                OPTIMIZED_STATUS_OK,
+        "kv_cache: variant check accepts auto / paged_split on CUDA", optimized_last_error());
+  expect_error("kv_cache check: auto on CUDA with fp64",
+               optimized_variant_check("kv_cache", "auto", OPTIMIZED_DTYPE_F64, OPTIMIZED_DEVICE_CUDA), U,
+               "paged_split");
   expect_error("kv_cache check: cpu on CUDA",
                optimized_variant_check("kv_cache", "cpu", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CUDA), I,
                "variant: cpu runs on the CPU");

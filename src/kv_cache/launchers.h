@@ -1,0 +1,33 @@
+// The KV-cache family's CUDA launchers (CUDA builds only), under the launcher contract
+// (src/core/cuda_launch.h): never throw, never allocate, never synchronize; return the first CUDA
+// error. Params have passed the API's checks (kv_cache.cpp): dtypes fp16 / bf16 / fp32 (cache of q's
+// dtype or fp8 e4m3 with scales), head_dim <= kv_cache_config::kMaxHeadDim, batch >= 1.
+//
+//   kv_cache_append            (cuda/append.cu): append_kv for every CUDA variant
+//   kv_cache_contiguous_naive  (cuda/contiguous_naive.cu): one block per (sequence, query head, query)
+//   kv_cache_paged             (cuda/paged.cu): one block per (sequence, kv head[, row group]), GQA packed
+//   kv_cache_paged_split       (cuda/paged_split.cu): paged over p.splits key chunks + an LSE merge
+//
+// Only paged_split needs a workspace (the partial results, when p.splits > 1): its query says how
+// much for the same params (only the shape fields and p.splits are read); a launch refuses a
+// smaller one with cudaErrorInvalidValue.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "kv_cache/kv_cache_params.h"
+#include "optimized/core.h"
+
+namespace optimized::cuda {
+
+cudaError_t kv_cache_append(const KvAppendParams& p, const Workspace& workspace, cudaStream_t stream);
+
+cudaError_t kv_cache_contiguous_naive(const KvDecodeParams& p, const Workspace& workspace, cudaStream_t stream);
+cudaError_t kv_cache_paged(const KvDecodeParams& p, const Workspace& workspace, cudaStream_t stream);
+cudaError_t kv_cache_paged_split(const KvDecodeParams& p, const Workspace& workspace, cudaStream_t stream);
+
+cudaError_t kv_cache_paged_split_workspace(const KvDecodeParams& p, size_t* bytes);
+
+}  // namespace optimized::cuda
