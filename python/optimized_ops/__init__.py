@@ -43,7 +43,8 @@ from . import nn
 from . import data  # the streaming loader: optimized_ops.data.StreamingLoader
 from .attention import (attention_head_dims, attention_variants, flash_attention, flash_attention_varlen,
                         resolve_attention_variant, scaled_dot_product_attention)
-from .kv_cache import PagedKVCache, append_kv, kv_cache_variants, paged_attention_decode
+from .kv_cache import (DecodePlan, PagedKVCache, append_kv, kv_cache_variants, paged_attention_decode,
+                       plan_paged_decode)
 
 __version__ = "0.1.0"
 __all__ = ["library_path", "matmul", "variants", "variant_supports", "built_with_cuda", "__version__",
@@ -54,4 +55,5 @@ __all__ += ["data"]
 __all__ += ["scaled_mm", "scaled_gemm_variants"]
 __all__ += ["flash_attention", "flash_attention_varlen", "scaled_dot_product_attention", "attention_variants",
             "attention_head_dims", "resolve_attention_variant"]
-__all__ += ["PagedKVCache", "append_kv", "paged_attention_decode", "kv_cache_variants"]
+__all__ += ["PagedKVCache", "append_kv", "paged_attention_decode", "kv_cache_variants", "DecodePlan",
+            "plan_paged_decode"]

@@ -39,7 +39,8 @@ def variants(family: str = "gemm") -> list[str]:
         ``["cpu", "unfused", "fused_streaming", "fused_registers"]``, ``variants("scaled_gemm")``
         ``["cpu", "naive", "wgmma_fp8"]``, ``variants("loader")``
         ``["synchronous", "pipelined"]`` (``StreamingLoader(variant=...)``), ``variants("attention")``
-        ``["cpu", "naive", "flash", "flash2"]``, ``variants("kv_cache")`` ``["cpu"]``. Every variant is listed,
+        ``["cpu", "naive", "flash", "flash2"]``, ``variants("kv_cache")``
+        ``["cpu", "contiguous_naive", "paged", "paged_split"]``. Every variant is listed,
         whatever this build and machine can run.
 
     Raises

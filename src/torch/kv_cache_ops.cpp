@@ -136,7 +136,7 @@ std::tuple<at::Tensor, at::Tensor> paged_attention_decode_op(
     const at::Tensor& q_in, const at::Tensor& k_pages_in, const at::Tensor& v_pages_in, const at::Tensor& page_table_in,
     const at::Tensor& seq_lens_in, const OptTensor& k_scale_opt, const OptTensor& v_scale_opt,
     std::optional<double> softmax_scale, int64_t window_left, double softcap, const OptTensor& alibi_opt, bool validate,
-    c10::string_view variant_name) {
+    c10::string_view variant_name, int64_t max_seq_len) {
   const KvOp op{"paged_attention_decode"};
   const at::Tensor k_scale = or_undefined(k_scale_opt), v_scale = or_undefined(v_scale_opt),
                    alibi = or_undefined(alibi_opt);
@@ -156,6 +156,25 @@ std::tuple<at::Tensor, at::Tensor> paged_attention_decode_op(
   at::Tensor out = output_like(q);
   at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
   Launch launch(q.device());
+  // CUDA: the call runs as a planned step (plan_paged_decode for this shape; max_seq_len -1: the page
+  // table's capacity, the unplanned call's split rule), its workspace from torch's caching allocator
+  // on the current stream, so that the C++ API allocates nothing (CUDA-graph safe). A shape the plan
+  // refuses runs unplanned: the C++ API's entry, the one owner of the checks, refuses it in its words.
+  std::optional<DecodePlan> plan;
+  if (q.device().is_cuda() && k_pages.dim() == 4 && page_table.dim() == 2) {
+    try {
+      const at::ScalarType cache_type = k_pages.scalar_type();
+      const DType dt = to_dtype(q.scalar_type(), op.prefix("q")), ct = to_dtype(cache_type, op.prefix("k_pages"));
+      plan = plan_paged_decode(q.size(0), q.size(2), k_pages.size(2), q.size(3), q.size(1), k_pages.size(1),
+                               max_seq_len >= 0 ? max_seq_len : page_table.size(1) * k_pages.size(1), dt, ct,
+                               Device::cuda(q.device().index()), variant);
+      launch.provide_workspace(plan->workspace_bytes);
+    } catch (const Error&) {
+      plan.reset();
+    } catch (const c10::Error&) {
+      plan.reset();
+    }
+  }
   op.api([&] {
     const auto [qv, kpv, vpv, ptv, slv, ksv, vsv, av, ov, lv] =
         std::array{op.view(q, "q"),          op.view(k_pages, "k_pages"), op.view(v_pages, "v_pages"),
@@ -169,9 +188,29 @@ std::tuple<at::Tensor, at::Tensor> paged_attention_decode_op(
     o.alibi_slopes = av;
     o.validate = validate;
     const PagedKVCacheView cache{kpv, vpv, ksv, vsv};
-    paged_attention_decode(qv, cache, ptv, slv, ov, lv, o, variant, launch.ctx);
+    if (plan) paged_attention_decode(qv, cache, ptv, slv, ov, lv, o, *plan, launch.ctx);
+    else paged_attention_decode(qv, cache, ptv, slv, ov, lv, o, variant, launch.ctx);
   });
   return {out, lse};
+}
+
+// ---- plan -------------------------------------------------------------------------------------------
+
+// plan_paged_decode for Python's DecodePlan: (the resolved variant's name, splits, workspace_bytes).
+// Host only (the device's SM count); the glue's decode replans from the same facts (deterministic).
+std::tuple<std::string, int64_t, int64_t> kv_cache_plan_decode(int64_t batch, int64_t heads_q, int64_t heads_kv,
+                                                               int64_t head_dim, int64_t q_len, int64_t page_size,
+                                                               int64_t max_seq_len, at::ScalarType dtype,
+                                                               at::ScalarType cache_dtype, c10::Device device,
+                                                               c10::string_view variant_name) {
+  const KvOp op{"kv_cache_plan_decode"};
+  const KvCacheVariant variant = op.variant(variant_name);
+  const DType dt = to_dtype(dtype, op.prefix("dtype")), ct = to_dtype(cache_dtype, op.prefix("cache_dtype"));
+  const Device dev = device.is_cuda() ? Device::cuda(device.has_index() ? device.index() : 0) : Device::cpu();
+  const DecodePlan plan = op.api([&] {
+    return plan_paged_decode(batch, heads_q, heads_kv, head_dim, q_len, page_size, max_seq_len, dt, ct, dev, variant);
+  });
+  return {std::string(kv_cache_variant_name(plan.variant)), plan.splits, static_cast<int64_t>(plan.workspace_bytes)};
 }
 
 // ---- queries ----------------------------------------------------------------------------------------
@@ -202,9 +241,17 @@ TORCH_LIBRARY_FRAGMENT(optimized, m) {
   m.def(
       "paged_attention_decode(Tensor q, Tensor k_pages, Tensor v_pages, Tensor page_table, Tensor seq_lens, *, "
       "Tensor? k_scale=None, Tensor? v_scale=None, float? softmax_scale=None, int window_left=-1, "
-      "float softcap=0., Tensor? alibi_slopes=None, bool validate=True, str variant='auto') "
-      "-> (Tensor out, Tensor lse)",
+      "float softcap=0., Tensor? alibi_slopes=None, bool validate=True, str variant='auto', "
+      "int max_seq_len=-1) -> (Tensor out, Tensor lse)",
       tags);
+  // plan (include/optimized/kv_cache.h, plan_paged_decode): the resolved variant, the split and the
+  // workspace bytes of a decode step of this shape; max_seq_len tunes the split (the plan stays
+  // correct for any length). decode's max_seq_len (-1: the page table's capacity) picks the same plan.
+  m.def(
+      "kv_cache_plan_decode(int batch, int heads_q, int heads_kv, int head_dim, int q_len, int page_size, "
+      "int max_seq_len, ScalarType dtype, ScalarType cache_dtype, Device device, str variant='auto') "
+      "-> (str variant, int splits, int workspace_bytes)",
+      &optimized::torch_glue::kv_cache_plan_decode);
   m.def("kv_cache_variants() -> str[]", &optimized::torch_glue::kv_cache_variants);
 }
 

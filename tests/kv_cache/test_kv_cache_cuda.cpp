@@ -2,11 +2,13 @@
 // public API against the float64 reference (src/testing/kv_cache_reference.h): page sizes 1, 7, 16,
 // 64, 256; sequence lengths 0, 1, 17, 4097 and 1 with 32768 (*Big*); GQA 1 / 4 / 8 and MQA; q_len
 // 1..8; softcap / window / ALiBi; fp8 cache; append with RoPE; unchecked mode with bad pages;
-// plan / run with an explicit workspace of exactly plan.workspace_bytes. Every test skips without
+// plan / run with an explicit workspace of exactly plan.workspace_bytes; a CUDA-graph capture of
+// append + planned decode (validate off, explicit workspace, own stream) replayed over 100 growing
+// steps, bitwise equal to eager calls and close to the float64 reference. Every test skips without
 // a CUDA device, with the reason. Written without a GPU: not yet run.
-// TODO (next session, on the GPU): the CUDA-graph capture of append + decode replayed over growing
-// steps against eager.
 #include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
 
 #include <cstring>
 
@@ -31,6 +33,28 @@ Buffer to_device(const Buffer& h) {
   d.copy_from_host(h.data());
   return d;
 }
+
+
+// The device copy of a HostCache (pages, scales, page table) and its views.
+struct DeviceCache {
+  const HostCache& h;
+  Buffer k, v, ks, vs, table;
+  explicit DeviceCache(const HostCache& host) : h(host), k(to_device(host.k)), v(to_device(host.v)), table(to_device(host.table)) {
+    if (host.dtype == DType::kF8E4M3) ks = to_device(host.k_scale), vs = to_device(host.v_scale);
+  }
+  PagedKVCacheView view() const {
+    PagedKVCacheView c;
+    c.k_pages = k.view({h.num_pages, h.page_size, h.heads_kv, h.head_dim});
+    c.v_pages = v.view({h.num_pages, h.page_size, h.heads_kv, h.head_dim});
+    if (h.dtype == DType::kF8E4M3) c.k_scale = ks.view({h.heads_kv}), c.v_scale = vs.view({h.heads_kv});
+    return c;
+  }
+  TensorView table_view() const { return table.view({h.batch, h.max_pages}); }
+  void to_host(HostCache& host) const {  // the pages back into the host cache
+    k.copy_to_host(host.k.data());
+    v.copy_to_host(host.v.data());
+  }
+};
 
 void run_decode(const DecodeCase& cs, KvCacheVariant variant) {
   auto rng = test_rng();
@@ -146,6 +170,212 @@ TEST_P(CudaKvCache, PlanRunExactWorkspace) {
   DecodeCase cs;
   cs.lens = {3000}, cs.hq = 8, cs.hkv = 2, cs.d = 128, cs.planned = true;
   run_decode(cs, GetParam());
+}
+
+// Append with RoPE (neox / interleaved, rotary_dim < head_dim, fp8 cache, q rotated in place) on a
+// CUDA variant against the float64 append reference; unwritten slots keep their bytes.
+void run_append_cuda(KvCacheVariant variant, DType dt, DType cache_dt, RopeLayout layout, int64_t rotary_dim,
+                     int64_t S) {
+  auto rng = test_rng();
+  const int64_t B = 3, H = 2, Hq = 4, D = 64, P = 7;
+  HostCache cache(cache_dt, P, H, D, {64, 64, 64}, rng);
+  Buffer k(dt, B * S * H * D, Device::cpu()), v(dt, k.count(), Device::cpu()), q(dt, B * S * Hq * D, Device::cpu());
+  fill_random(k, rng, -2, 2), fill_random(v, rng, -2, 2), fill_random(q, rng, -2, 2);
+  Buffer pos(DType::kI32, B * S, Device::cpu());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s) static_cast<int32_t*>(pos.data())[b * S + s] = static_cast<int32_t>(b * 5 + s * 3);
+  static_cast<int32_t*>(pos.data())[S - 1] = -1;  // padding
+  KvAppendParams p;
+  p.cache = cache.pages(), p.table = cache.table_params(), p.dtype = dt, p.new_tokens = S;
+  p.k = k.data(), p.v = v.data(), p.k_b = S * H * D, p.k_s = H * D, p.k_h = D, p.v_b = p.k_b, p.v_s = p.k_s, p.v_h = D;
+  p.positions = static_cast<const int32_t*>(pos.data()), p.pos_b = S;
+  p.q = q.data(), p.q_b = S * Hq * D, p.q_s = Hq * D, p.q_h = D, p.heads_q = Hq;
+  p.rope = layout, p.rope_theta = 10000.0, p.rotary_dim = rotary_dim == 0 ? D : rotary_dim;
+  const KvAppendReference ref = kv_append_reference_f64(p);
+  std::vector<uint8_t> before(cache.k.bytes());
+  std::memcpy(before.data(), cache.k.data(), before.size());
+  DeviceCache dc(cache);
+  Buffer dk = to_device(k), dv = to_device(v), dq = to_device(q), dpos = to_device(pos);
+  RopeOptions ro;
+  ro.layout = layout, ro.rotary_dim = rotary_dim;
+  append_kv(dc.view(), dk.view({B, S, H, D}), dv.view({B, S, H, D}), dc.table_view(), dpos.view({B, S}),
+            dq.view({B, S, Hq, D}), ro, true, variant);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  dc.to_host(cache);
+  dq.copy_to_host(q.data());  // the rotated q, for the check
+  const CheckResult r = check_kv_append(p, ref);
+  EXPECT_TRUE(r.passed) << r.first_failure;
+  EXPECT_GT(r.checked, 0);
+  const int64_t slot_bytes = H * D * static_cast<int64_t>(dtype_size(cache_dt));
+  for (int64_t i = 0; i < cache.num_pages * P; ++i)
+    if (!ref.written[static_cast<size_t>(i)]) {
+      ASSERT_EQ(0, std::memcmp(before.data() + i * slot_bytes, static_cast<uint8_t*>(cache.k.data()) + i * slot_bytes,
+                               static_cast<size_t>(slot_bytes)))
+          << "slot " << i << " changed";
+    }
+}
+
+TEST_P(CudaKvCache, AppendRope) {
+  for (RopeLayout l : {RopeLayout::kNone, RopeLayout::kNeox, RopeLayout::kInterleaved})
+    for (int64_t rd : {0, 32}) {
+      SCOPED_TRACE(static_cast<int>(l) * 100 + rd);
+      run_append_cuda(GetParam(), DType::kF32, DType::kF32, l, rd, 5);
+      run_append_cuda(GetParam(), DType::kBF16, DType::kBF16, l, rd, 1);
+      run_append_cuda(GetParam(), DType::kF16, DType::kF16, l, rd, 3);
+      run_append_cuda(GetParam(), DType::kF16, DType::kF8E4M3, l, rd, 4);
+      run_append_cuda(GetParam(), DType::kBF16, DType::kF8E4M3, l, rd, 2);
+    }
+}
+
+// Unchecked mode: out-of-range page indices (2^30, -5) and a seq_len past the table read as masked
+// keys (never out of bounds, no CUDA error); validate refuses them.
+TEST_P(CudaKvCache, UncheckedBadPagesMasked) {
+  for (int32_t len : {40, 100}) {
+    SCOPED_TRACE(len);
+    auto rng = test_rng();
+    HostCache cache(DType::kF32, 8, 2, 16, {40}, rng);  // 5 pages of 8: 40 tokens
+    cache.entries()[2] = 1 << 30;  // tokens 16..23
+    cache.entries()[3] = -5;       // tokens 24..31
+    Buffer q(DType::kF32, 2 * 4 * 16, Device::cpu()), out(DType::kF32, q.count(), Device::cpu()),
+        lens(DType::kI32, 1, Device::cpu()), lse(DType::kF32, 4 * 2, Device::cpu());
+    fill_random(q, rng);
+    static_cast<int32_t*>(lens.data())[0] = len;
+    DeviceCache dc(cache);
+    Buffer dq = to_device(q), dl = to_device(lens), dout(DType::kF32, q.count(), Device::cuda(0)),
+           dlse(DType::kF32, lse.count(), Device::cuda(0));
+    dout.fill_bytes(0xFF), dlse.fill_bytes(0xFF);
+    DecodeOptions o;
+    EXPECT_THROW(paged_attention_decode(dq.view({1, 2, 4, 16}), dc.view(), dc.table_view(), dl.view({1}),
+                                        dout.view({1, 2, 4, 16}), dlse.view({1, 4, 2}), o, GetParam()),
+                 Error);
+    o.validate = false;
+    paged_attention_decode(dq.view({1, 2, 4, 16}), dc.view(), dc.table_view(), dl.view({1}), dout.view({1, 2, 4, 16}),
+                           dlse.view({1, 4, 2}), o, GetParam());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    dout.copy_to_host(out.data());
+    dlse.copy_to_host(lse.data());
+    KvDecodeParams p;
+    p.cache = cache.pages(), p.table = cache.table_params(), p.dtype = DType::kF32, p.batch = 1, p.q_len = 2, p.heads_q = 4;
+    p.q = q.data(), p.q_b = 2 * 4 * 16, p.q_t = 64, p.q_h = 16;
+    p.out = out.data(), p.out_b = p.q_b, p.out_t = 64, p.out_h = 16;
+    p.lse = static_cast<float*>(lse.data()), p.lse_b = 8, p.lse_h = 2;
+    p.seq_lens = static_cast<const int32_t*>(lens.data());
+    p.scale = 0.25;
+    const CheckResult r = check_kv_decode(p);
+    EXPECT_TRUE(r.passed) << r.first_failure;
+  }
+}
+
+#define ASSERT_CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+// A CUDA graph of one decode step -- append the new token of each sequence (RoPE neox on k and q),
+// then the planned decode with an explicit workspace, validate off -- captured once on an own
+// stream and replayed over 100 growing steps; positions, seq_lens and the new k / v / q are
+// uploaded with cudaMemcpyAsync on the stream between replays (outside the graph). Each replay's
+// out and lse equal (bitwise) an eager run of the same calls on a twin cache; at a few steps the
+// out is checked against the float64 reference.
+TEST_P(CudaKvCache, GraphReplayGrowingSteps) {
+  const KvCacheVariant variant = GetParam();
+  auto rng = test_rng();
+  const int64_t B = 2, Hq = 8, Hkv = 2, D = 64, P = 16, steps = 100;
+  const std::vector<int64_t> start = {50, 300};
+  HostCache cache(DType::kF16, P, Hkv, D, {start[0] + steps, start[1] + steps}, rng);
+  DeviceCache graph_cache(cache), eager_cache(cache);
+  const DecodePlan plan = plan_paged_decode(B, Hq, Hkv, D, 1, P, start[1] + steps, DType::kF16, DType::kF16,
+                                            Device::cuda(0), variant);
+  ASSERT_NE(plan.variant, KvCacheVariant::kAuto);
+  const int64_t ws_words = static_cast<int64_t>(plan.workspace_bytes / 4 + 64);
+  Buffer ws_graph(DType::kI32, ws_words, Device::cuda(0)), ws_eager(DType::kI32, ws_words, Device::cuda(0));
+  // Host inputs of a step and their device twins (one set per side).
+  Buffer hk(DType::kF16, B * Hkv * D, Device::cpu()), hv(DType::kF16, hk.count(), Device::cpu()),
+      hq(DType::kF16, B * Hq * D, Device::cpu()), hpos(DType::kI32, B, Device::cpu()), hlens(DType::kI32, B, Device::cpu());
+  struct Side {
+    Buffer k, v, q, pos, lens, out, lse;
+  };
+  auto make_side = [&] {
+    return Side{Buffer(DType::kF16, hk.count(), Device::cuda(0)), Buffer(DType::kF16, hk.count(), Device::cuda(0)),
+                Buffer(DType::kF16, hq.count(), Device::cuda(0)), Buffer(DType::kI32, B, Device::cuda(0)),
+                Buffer(DType::kI32, B, Device::cuda(0)),          Buffer(DType::kF16, hq.count(), Device::cuda(0)),
+                Buffer(DType::kF32, B * Hq, Device::cuda(0))};
+  };
+  Side g = make_side(), e = make_side();
+  OwnStream own;
+  const auto stream = static_cast<cudaStream_t>(own.get());
+  RopeOptions ro;
+  ro.layout = RopeLayout::kNeox;
+  DecodeOptions o;
+  o.validate = false;
+  auto step_calls = [&](const DeviceCache& dc, Side& s, Buffer& ws) {
+    ExecutionContext ctx;
+    ctx.cuda_stream = stream;
+    append_kv(dc.view(), s.k.view({B, 1, Hkv, D}), s.v.view({B, 1, Hkv, D}), dc.table_view(), s.pos.view({B, 1}),
+              s.q.view({B, 1, Hq, D}), ro, false, variant, ctx);
+    ctx.workspace = {ws.data(), plan.workspace_bytes};
+    paged_attention_decode(s.q.view({B, 1, Hq, D}), dc.view(), dc.table_view(), s.lens.view({B}),
+                           s.out.view({B, 1, Hq, D}), s.lse.view({B, Hq, 1}), o, plan, ctx);
+  };
+  auto upload = [&](Side& s) {
+    ASSERT_CUDA_OK(cudaMemcpyAsync(s.k.data(), hk.data(), hk.bytes(), cudaMemcpyHostToDevice, stream));
+    ASSERT_CUDA_OK(cudaMemcpyAsync(s.v.data(), hv.data(), hv.bytes(), cudaMemcpyHostToDevice, stream));
+    ASSERT_CUDA_OK(cudaMemcpyAsync(s.q.data(), hq.data(), hq.bytes(), cudaMemcpyHostToDevice, stream));
+    ASSERT_CUDA_OK(cudaMemcpyAsync(s.pos.data(), hpos.data(), hpos.bytes(), cudaMemcpyHostToDevice, stream));
+    ASSERT_CUDA_OK(cudaMemcpyAsync(s.lens.data(), hlens.data(), hlens.bytes(), cudaMemcpyHostToDevice, stream));
+  };
+  // Capture (nothing runs); the inputs are uploaded before each replay.
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    step_calls(graph_cache, g, ws_graph);
+  } catch (const Error& err) {
+    cudaStreamEndCapture(stream, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    FAIL() << "capture threw: " << err.what();
+  }
+  ASSERT_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  ASSERT_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  std::vector<uint16_t> out_g(static_cast<size_t>(hq.count())), out_e(out_g.size());
+  std::vector<float> lse_g(static_cast<size_t>(B * Hq)), lse_e(lse_g.size());
+  for (int64_t step = 0; step < steps; ++step) {
+    SCOPED_TRACE(step);
+    fill_random(hk, rng), fill_random(hv, rng), fill_random(hq, rng, -1.5, 1.5);
+    for (int64_t b = 0; b < B; ++b) {
+      static_cast<int32_t*>(hpos.data())[b] = static_cast<int32_t>(start[b] + step);
+      static_cast<int32_t*>(hlens.data())[b] = static_cast<int32_t>(start[b] + step + 1);
+    }
+    upload(g);
+    ASSERT_CUDA_OK(cudaGraphLaunch(exec, stream));
+    upload(e);
+    step_calls(eager_cache, e, ws_eager);
+    ASSERT_CUDA_OK(cudaMemcpyAsync(out_g.data(), g.out.data(), g.out.bytes(), cudaMemcpyDeviceToHost, stream));
+    ASSERT_CUDA_OK(cudaMemcpyAsync(out_e.data(), e.out.data(), e.out.bytes(), cudaMemcpyDeviceToHost, stream));
+    ASSERT_CUDA_OK(cudaMemcpyAsync(lse_g.data(), g.lse.data(), g.lse.bytes(), cudaMemcpyDeviceToHost, stream));
+    ASSERT_CUDA_OK(cudaMemcpyAsync(lse_e.data(), e.lse.data(), e.lse.bytes(), cudaMemcpyDeviceToHost, stream));
+    ASSERT_CUDA_OK(cudaStreamSynchronize(stream));
+    ASSERT_EQ(0, std::memcmp(out_g.data(), out_e.data(), out_g.size() * sizeof(uint16_t))) << "out: graph != eager";
+    ASSERT_EQ(0, std::memcmp(lse_g.data(), lse_e.data(), lse_g.size() * sizeof(float))) << "lse: graph != eager";
+    if (step == 0 || step == 37 || step == steps - 1) {  // the float64 reference on the eager cache
+      HostCache& host = cache;
+      eager_cache.to_host(host);
+      Buffer q_rot(DType::kF16, hq.count(), Device::cpu()), out(DType::kF16, hq.count(), Device::cpu());
+      e.q.copy_to_host(q_rot.data());
+      std::memcpy(out.data(), out_g.data(), out.bytes());
+      Buffer lse(DType::kF32, B * Hq, Device::cpu());
+      std::memcpy(lse.data(), lse_g.data(), lse.bytes());
+      KvDecodeParams p;
+      p.cache = host.pages(), p.table = host.table_params();
+      p.dtype = DType::kF16, p.batch = B, p.q_len = 1, p.heads_q = Hq;
+      p.q = q_rot.data(), p.q_b = Hq * D, p.q_t = Hq * D, p.q_h = D;
+      p.out = out.data(), p.out_b = p.q_b, p.out_t = p.q_t, p.out_h = D;
+      p.lse = static_cast<float*>(lse.data()), p.lse_b = Hq, p.lse_h = 1;
+      p.seq_lens = static_cast<const int32_t*>(hlens.data());
+      p.scale = 1.0 / std::sqrt(double(D));
+      const CheckResult r = check_kv_decode(p);
+      EXPECT_TRUE(r.passed) << r.first_failure;
+    }
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
 }
 
 INSTANTIATE_TEST_SUITE_P(Rungs, CudaKvCache,

@@ -4,8 +4,9 @@ references: decode over pages gathered into contiguous K/V per sequence (page si
 sequence lengths 0, 1, 17; GQA / MQA; q_len 1 and 4 with the causal rule inside the new tokens;
 softcap, window, ALiBi; fp8 cache), append then decode against flash_attention over the contiguous
 sequence, RoPE (neox, interleaved, partial) against a float64 rotation, padding positions, the error
-paths, opcheck and torch.compile. CPU tests run the "cpu" variant; the CUDA tests check the refusal
-(no CUDA rung yet) and skip with the reason without a device.
+paths, opcheck and torch.compile. CPU tests run the "cpu" variant; the CUDA tests (each CUDA variant against the float64
+reference, append with RoPE, a torch.cuda graph of append + planned decode over growing steps) skip
+with the reason without a device; written without a GPU, not yet run.
 
 Tolerance: FlashAttention's rule (design.md): error(ours vs float64) <= 2 x error(torch math in the
 same dtype vs float64) + rounding noise."""
@@ -405,9 +406,10 @@ def test_no_autograd(rng):
 
 
 def test_variants():
-    assert optimized_ops.variants("kv_cache") == ["cpu"]
-    assert optimized_ops.kv_cache_variants() == ["cpu"]
-    assert list(ops.kv_cache_variants()) == ["cpu"]
+    ladder = ["cpu", "contiguous_naive", "paged", "paged_split"]
+    assert optimized_ops.variants("kv_cache") == ladder
+    assert optimized_ops.kv_cache_variants() == ladder
+    assert list(ops.kv_cache_variants()) == ladder
 
 
 # ---- torch.library: opcheck, compile --------------------------------------------------------------------------
@@ -479,13 +481,153 @@ def test_torch_compile_python_api(rng):
 
 # ---- CUDA --------------------------------------------------------------------------------------------------------
 
+CUDA_VARIANTS = ["contiguous_naive", "paged", "paged_split", "auto"]
+
+
+def _to_cuda(cache):
+    cc = optimized_ops.PagedKVCache(cache.num_pages, cache.page_size, cache.num_kv_heads, cache.head_dim,
+                                    dtype=cache.dtype, device="cuda")
+    cc.k_pages.copy_(cache.k_pages)
+    cc.v_pages.copy_(cache.v_pages)
+    return cc
+
+
 @requires_cuda
-def test_cuda_has_no_rung_yet():
-    cache = optimized_ops.PagedKVCache(4, 4, 2, 8, dtype=torch.bfloat16, device="cuda")
-    table = torch.tensor([[0, 1]], dtype=torch.int32, device="cuda")
-    k = torch.randn(1, 1, 2, 8, dtype=torch.bfloat16, device="cuda")
-    q = torch.randn(1, 1, 4, 8, dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(NotImplementedError, match="optimized::kv_cache_append"):
-        optimized_ops.append_kv(cache, k, k, table, torch.tensor([[0]], dtype=torch.int32, device="cuda"))
-    with pytest.raises(NotImplementedError, match="optimized::paged_attention_decode"):
-        optimized_ops.paged_attention_decode(q, cache, table, torch.tensor([1], dtype=torch.int32, device="cuda"))
+@pytest.mark.parametrize("variant", CUDA_VARIANTS)
+@pytest.mark.parametrize("page_size", [1, 16, 256])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("q_len,h_q,h_kv", [(1, 8, 2), (4, 4, 1), (3, 4, 4)])
+def test_cuda_decode_against_reference(rng, variant, page_size, dtype, q_len, h_q, h_kv):
+    seq_lens = [0, 17, 300]
+    batch, d = len(seq_lens), 64
+    cache, table, kvs = filled_cache(rng, batch=batch, seq_lens=seq_lens, h_kv=h_kv, d=d, page_size=page_size,
+                                     dtype=dtype)
+    q = rand((batch, q_len, h_q, d), dtype, "cpu", rng)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    slopes = torch.rand(h_q, generator=rng) * 0.3
+    for options in [dict(), dict(softcap=5.0, window_left=20, alibi_slopes=slopes)]:
+        window = options.pop("window_left", -1) if "window_left" in options else -1
+        alibi = options.get("alibi_slopes")
+        kw = dict(options, alibi_slopes=alibi.cuda() if alibi is not None else None)
+        out, lse = optimized_ops.paged_attention_decode(q.cuda(), _to_cuda(cache), table.cuda(), lens.cuda(),
+                                                        window_size=(window, -1), return_lse=True, variant=variant,
+                                                        **kw)
+        assert out.is_cuda and out.dtype == dtype and out.shape == q.shape
+        ref_kw = dict(softcap=options.get("softcap", 0.0), window_left=window, alibi=alibi)
+        out64, lse64 = decode_reference(q, kvs, lens, **ref_kw)
+        out_s, lse_s = decode_reference(q, kvs, lens, dtype=dtype, **ref_kw)
+        check_rule("out", out.cpu(), out64, out_s, max(seq_lens))
+        check_rule("lse", lse.cpu(), lse64, lse_s.double(), max(seq_lens))
+
+
+@requires_cuda
+@pytest.mark.parametrize("variant", CUDA_VARIANTS)
+@pytest.mark.parametrize("layout", ["neox", "interleaved"])
+def test_cuda_append_rope(rng, variant, layout):
+    batch, s_new, h_q, h_kv, d, page_size, theta, rd = 2, 5, 4, 2, 64, 4, 500.0, 32
+    dtype = torch.bfloat16
+    cache = optimized_ops.PagedKVCache(8, page_size, h_kv, d, dtype=dtype, device="cuda")
+    table = make_table(rng, batch, 4, 8)
+    k = rand((batch, s_new, h_kv, d), dtype, "cpu", rng)
+    v = rand((batch, s_new, h_kv, d), dtype, "cpu", rng)
+    q = rand((batch, s_new, h_q, d), dtype, "cpu", rng)
+    pos = torch.tensor([[3, 4, 5, 6, 7], [0, 9, 10, 11, 15]], dtype=torch.int32)
+    qc = q.cuda()
+    optimized_ops.append_kv(cache, k.cuda(), v.cuda(), table.cuda(), pos.cuda(), q=qc, rope=layout, rope_theta=theta,
+                            rotary_dim=rd, variant=variant)
+    tol = dict(rtol=0, atol=8 * unit_roundoff(dtype) + 1e-6)
+    torch.testing.assert_close(qc.cpu().double(), rope_reference(q, pos, layout, theta, rd), **tol)
+    want_k = rope_reference(k, pos, layout, theta, rd)
+    kp, vp = cache.k_pages.cpu(), cache.v_pages.cpu()
+    for b in range(batch):
+        for s in range(s_new):
+            p = int(pos[b, s])
+            page, slot = int(table[b, p // page_size]), p % page_size
+            torch.testing.assert_close(kp[page, slot].double(), want_k[b, s], **tol)
+            torch.testing.assert_close(vp[page, slot], v[b, s], rtol=0, atol=0)
+
+
+@requires_cuda
+@pytest.mark.parametrize("variant", CUDA_VARIANTS)
+def test_cuda_graph_append_and_decode_growing(rng, variant):
+    """append + planned decode (validate=False) captured once in a torch.cuda.CUDAGraph, replayed over
+    growing steps with positions / seq_lens updated in place between replays: each replay equals an
+    eager run on a twin cache bitwise, and the float64 reference at a few steps."""
+    batch, h_q, h_kv, d, page_size, steps, dtype = 2, 8, 2, 64, 16, 40, torch.float16
+    start = [50, 300]
+    pages_per_seq = -(-(max(start) + steps) // page_size)
+    num_pages = batch * pages_per_seq + 3
+    table = make_table(rng, batch, pages_per_seq, num_pages).cuda()
+    caches = [optimized_ops.PagedKVCache(num_pages, page_size, h_kv, d, dtype=dtype, device="cuda") for _ in range(2)]
+    init_k = rand((num_pages, page_size, h_kv, d), dtype, "cpu", rng)
+    init_v = rand((num_pages, page_size, h_kv, d), dtype, "cpu", rng)
+    for c in caches:
+        c.k_pages.copy_(init_k)
+        c.v_pages.copy_(init_v)
+    plan = optimized_ops.plan_paged_decode(batch, h_q, h_kv, d, page_size=page_size, max_seq_len=max(start) + steps,
+                                           dtype=dtype, device="cuda", variant=variant)
+    assert plan.variant != "auto"
+
+    def inputs():
+        return dict(k=torch.zeros(batch, 1, h_kv, d, dtype=dtype, device="cuda"),
+                    v=torch.zeros(batch, 1, h_kv, d, dtype=dtype, device="cuda"),
+                    q=torch.zeros(batch, 1, h_q, d, dtype=dtype, device="cuda"),
+                    pos=torch.zeros(batch, 1, dtype=torch.int32, device="cuda"),
+                    lens=torch.ones(batch, dtype=torch.int32, device="cuda"))
+
+    def step(cache, x):
+        optimized_ops.append_kv(cache, x["k"], x["v"], table, x["pos"], q=x["q"], rope="neox", validate=False,
+                                variant=plan.variant)
+        return optimized_ops.paged_attention_decode(x["q"], cache, table, x["lens"], return_lse=True,
+                                                    validate=False, plan=plan)
+
+    g_in, e_in = inputs(), inputs()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream (torch's rule before capture); writes nothing
+        g_in["pos"].fill_(-1)      # padding: the warm-up append is skipped
+        step(caches[0], g_in)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_out, g_lse = step(caches[0], g_in)
+    for i in range(steps):
+        k, v = rand((batch, 1, h_kv, d), dtype, "cpu", rng), rand((batch, 1, h_kv, d), dtype, "cpu", rng)
+        q = rand((batch, 1, h_q, d), dtype, "cpu", rng)
+        pos = torch.tensor([[s + i] for s in start], dtype=torch.int32)
+        lens = pos[:, 0] + 1
+        for x in (g_in, e_in):
+            x["k"].copy_(k), x["v"].copy_(v), x["q"].copy_(q), x["pos"].copy_(pos), x["lens"].copy_(lens)
+        graph.replay()
+        e_out, e_lse = step(caches[1], e_in)
+        assert torch.equal(g_out, e_out), f"step {i}: out: graph != eager"
+        assert torch.equal(g_lse, e_lse), f"step {i}: lse: graph != eager"
+        if i in (0, steps // 2, steps - 1):
+            kp, vp = caches[1].k_pages.cpu(), caches[1].v_pages.cpu()
+            kvs = []
+            for b in range(batch):
+                n = int(lens[b])
+                idx = [(int(table[b, t // page_size]), t % page_size) for t in range(n)]
+                kvs.append((torch.stack([kp[p, s] for p, s in idx]), torch.stack([vp[p, s] for p, s in idx])))
+            q_rot = e_in["q"].cpu()
+            out64, lse64 = decode_reference(q_rot, kvs, lens)
+            out_s, _ = decode_reference(q_rot, kvs, lens, dtype=dtype)
+            check_rule("out", g_out.cpu(), out64, out_s, max(int(n) for n in lens))
+
+
+@requires_cuda
+def test_cuda_plan_refuses_another_shape(rng):
+    plan = optimized_ops.plan_paged_decode(2, 4, 2, 64, page_size=16, max_seq_len=100, dtype=torch.float16)
+    assert plan.workspace_bytes >= 0 and plan.splits >= 1
+    cache = optimized_ops.PagedKVCache(8, 16, 2, 64, dtype=torch.float16, device="cuda")
+    q = torch.zeros(3, 1, 4, 64, dtype=torch.float16, device="cuda")
+    table = torch.zeros(3, 2, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="plan: expected batch 2"):
+        optimized_ops.paged_attention_decode(q, cache, table, torch.ones(3, dtype=torch.int32, device="cuda"),
+                                             plan=plan)
+
+
+def test_plan_on_cpu():
+    plan = optimized_ops.plan_paged_decode(2, 4, 2, 16, page_size=4, max_seq_len=10, dtype=torch.float32,
+                                           device="cpu")
+    assert (plan.variant, plan.splits, plan.workspace_bytes) == ("cpu", 1, 0)

@@ -12,10 +12,18 @@ cache page, and token ``t`` of sequence ``b`` lives in page ``page_table[b, t //
 =============  ======  ======================================================================
 variant        device  what runs
 =============  ======  ======================================================================
-``"auto"``     any     ``cpu`` on the CPU (no CUDA rung yet: CUDA tensors raise
-                       NotImplementedError)
+``"auto"``     any     ``cpu`` on the CPU, ``paged_split`` on CUDA
 ``"cpu"``      CPU     threads over (sequence, kv head): the readable reference rung
+``"contiguous_naive"`` CUDA  one block per (sequence, query head, query), two passes
+``"paged"``    CUDA    one block per (sequence, kv head), GQA packed, online softmax
+``"paged_split"`` CUDA paged over key chunks (flash-decoding) + an LSE merge
 =============  ======  ======================================================================
+
+The CUDA rungs are compiled and their tests written, but have not yet run on a GPU.
+
+CUDA graphs: ``plan = plan_paged_decode(...)`` once, then ``paged_attention_decode(..., plan=plan,
+validate=False)`` and ``append_kv(..., validate=False)`` capture in ``torch.cuda.graphs`` (no host
+sync; decode's workspace comes from torch's caching allocator on the current stream).
 
 No autograd. These are inference ops: the cache is state written in place, and decode has no
 backward. ``paged_attention_decode`` refuses a ``q`` that requires grad while grad mode is on
@@ -33,6 +41,7 @@ The package:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Optional, Union
 
@@ -45,7 +54,8 @@ from . import _fakes  # noqa: F401 - registers the fake kernels
 _lib = load()  # registers torch.ops.optimized.* before the registrations below
 _ops = torch.ops.optimized
 
-__all__ = ["PagedKVCache", "append_kv", "paged_attention_decode", "kv_cache_variants"]
+__all__ = ["PagedKVCache", "append_kv", "paged_attention_decode", "kv_cache_variants", "DecodePlan",
+           "plan_paged_decode"]
 
 _FP8 = torch.float8_e4m3fn
 
@@ -183,6 +193,61 @@ class PagedKVCache:
                 f"device={self.device})")
 
 
+@dataclasses.dataclass(frozen=True)
+class DecodePlan:
+    """A decode step fixed once on the host (``include/optimized/kv_cache.h``, ``plan_paged_decode``):
+    the shape, the resolved variant, the split of ``paged_split`` and the workspace it needs. Made by
+    ``plan_paged_decode``; passed to ``paged_attention_decode(..., plan=plan)``, which refuses a call of
+    another shape and runs with the plan's variant and split (a plan stays correct for any length:
+    ``max_seq_len`` only tunes the split)."""
+
+    batch: int
+    num_heads_q: int
+    num_kv_heads: int
+    head_dim: int
+    q_len: int
+    page_size: int
+    max_seq_len: int
+    dtype: torch.dtype
+    cache_dtype: torch.dtype
+    device: torch.device
+    variant: str
+    splits: int
+    workspace_bytes: int
+
+
+def plan_paged_decode(batch: int, num_heads_q: int, num_kv_heads: int, head_dim: int, *, page_size: int,
+                      max_seq_len: int, dtype: torch.dtype, cache_dtype: Optional[torch.dtype] = None,
+                      q_len: int = 1, device: Union[str, torch.device] = "cuda",
+                      variant: str = "auto") -> DecodePlan:
+    """Plans a decode step (host only: reads the device's SM count). ``cache_dtype`` defaults to
+    ``dtype``. Raises ValueError / NotImplementedError naming the argument, as the C++ API."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    cache_dtype = dtype if cache_dtype is None else cache_dtype
+    name, splits, ws = _ops.kv_cache_plan_decode.default(int(batch), int(num_heads_q), int(num_kv_heads),
+                                                         int(head_dim), int(q_len), int(page_size),
+                                                         int(max_seq_len), dtype, cache_dtype, device, variant)
+    return DecodePlan(int(batch), int(num_heads_q), int(num_kv_heads), int(head_dim), int(q_len), int(page_size),
+                      int(max_seq_len), dtype, cache_dtype, device, name, int(splits), int(ws))
+
+
+def _check_plan(plan, q4: torch.Tensor, cache) -> None:
+    if not isinstance(plan, DecodePlan):
+        raise TypeError("optimized_ops.paged_attention_decode: plan: expected an optimized_ops.DecodePlan "
+                        f"(plan_paged_decode); given {type(plan).__name__}")
+    given = (q4.shape[0], q4.shape[2], cache.num_kv_heads, q4.shape[3], q4.shape[1], cache.page_size, q4.dtype,
+             cache.dtype, q4.device)
+    want = (plan.batch, plan.num_heads_q, plan.num_kv_heads, plan.head_dim, plan.q_len, plan.page_size, plan.dtype,
+            plan.cache_dtype, plan.device)
+    names = ("batch", "heads_q", "heads_kv", "head_dim", "q_len", "page_size", "dtype", "cache_dtype", "device")
+    for name, g, w in zip(names, given, want):
+        if g != w:
+            raise ValueError(f"optimized_ops.paged_attention_decode: plan: expected {name} {w} (the plan's); "
+                             f"given {g}")
+
+
 def _int32(t: torch.Tensor) -> torch.Tensor:
     """Index tensors: int64 (torch's default) converted to the int32 the library takes."""
     return t.to(torch.int32) if isinstance(t, torch.Tensor) and t.dtype == torch.int64 else t
@@ -226,7 +291,7 @@ def append_kv(cache: PagedKVCache, k: torch.Tensor, v: torch.Tensor, page_table:
         Read the page table and positions back and refuse a page index out of range (a host sync; off:
         CUDA-graph safe, out-of-range pages are skipped).
     variant : str
-        ``"auto"`` or ``"cpu"``.
+        ``"auto"``, ``"cpu"`` or a CUDA variant (one append kernel serves every CUDA variant).
 
     Returns
     -------
@@ -239,7 +304,7 @@ def append_kv(cache: PagedKVCache, k: torch.Tensor, v: torch.Tensor, page_table:
         Shapes, dtypes or devices that do not match, a bad page table or position (``validate``), an
         unknown rope layout or variant. The message names the op and the argument.
     NotImplementedError
-        CUDA tensors (no CUDA rung yet), dtypes the variant does not take.
+        Dtypes or devices the variant does not take.
     """
     _check_cache("append_kv", cache)
     if rope not in (None, "none", "neox", "interleaved"):
@@ -262,8 +327,8 @@ def append_kv(cache: PagedKVCache, k: torch.Tensor, v: torch.Tensor, page_table:
 def paged_attention_decode(q: torch.Tensor, cache: PagedKVCache, page_table: torch.Tensor, seq_lens: torch.Tensor,
                            *, softmax_scale: Optional[float] = None, softcap: float = 0.0,
                            window_size: Sequence[int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
-                           return_lse: bool = False, validate: bool = True,
-                           variant: str = "auto") -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+                           return_lse: bool = False, validate: bool = True, variant: str = "auto",
+                           plan: Optional[DecodePlan] = None) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     r"""Attention of a few new query tokens per sequence over everything cached (decode; speculative
     decoding with up to 8 query tokens).
 
@@ -300,7 +365,10 @@ def paged_attention_decode(q: torch.Tensor, cache: PagedKVCache, page_table: tor
         Read page_table and seq_lens back and check them (a host sync; off: CUDA-graph safe, and an
         out-of-range page reads as an empty page).
     variant : str
-        ``"auto"`` or ``"cpu"``.
+        ``"auto"``, ``"cpu"``, ``"contiguous_naive"``, ``"paged"`` or ``"paged_split"``.
+    plan : DecodePlan, optional
+        From ``plan_paged_decode``: the call must have its shape; runs the plan's variant and split
+        (``variant`` is then ignored). With ``validate=False``, capturable in a CUDA graph.
 
     Returns
     -------
@@ -314,7 +382,7 @@ def paged_attention_decode(q: torch.Tensor, cache: PagedKVCache, page_table: tor
         Shapes, dtypes or devices that do not match, a bad page table or seq_len (``validate``), a
         window with a right side, an unknown variant.
     NotImplementedError
-        CUDA tensors (no CUDA rung yet), dtypes the variant does not take.
+        Dtypes or devices the variant does not take.
     RuntimeError
         q requires grad under grad mode (no autograd: these are inference ops).
     """
@@ -333,10 +401,15 @@ def paged_attention_decode(q: torch.Tensor, cache: PagedKVCache, page_table: tor
                            "pass q.detach()")
     single = q.dim() == 3
     q4 = q.unsqueeze(1) if single else q
+    max_seq_len = -1
+    if plan is not None:
+        _check_plan(plan, q4, cache)
+        variant, max_seq_len = plan.variant, plan.max_seq_len
     out, lse = _ops.paged_attention_decode.default(
         q4, cache.k_pages, cache.v_pages, _int32(page_table), _int32(seq_lens), k_scale=cache.k_scale,
         v_scale=cache.v_scale, softmax_scale=softmax_scale, window_left=int(left), softcap=float(softcap),
-        alibi_slopes=alibi_slopes, validate=validate, variant=variant)
+        alibi_slopes=alibi_slopes, validate=validate, variant=variant,
+        max_seq_len=max_seq_len)
     if single:
         out, lse = out.squeeze(1), lse.squeeze(-1)
     return (out, lse) if return_lse else out

@@ -36,7 +36,7 @@ def _kv_cache_append_fake(k_pages, v_pages, k, v, page_table, positions, *, k_sc
 @torch.library.register_fake("optimized::paged_attention_decode")
 def _paged_attention_decode_fake(q, k_pages, v_pages, page_table, seq_lens, *, k_scale=None, v_scale=None,
                                  softmax_scale=None, window_left=-1, softcap=0.0, alibi_slopes=None, validate=True,
-                                 variant="auto"):
+                                 variant="auto", max_seq_len=-1):
     one_device("paged_attention_decode", q=q, k_pages=k_pages, v_pages=v_pages, page_table=page_table,
                seq_lens=seq_lens, k_scale=k_scale, v_scale=v_scale, alibi_slopes=alibi_slopes)
     torch._check_value(q.dim() == 4, lambda: (
