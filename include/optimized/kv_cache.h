@@ -29,7 +29,9 @@
 // cache: an out-of-range page index reads as an empty page (its keys masked).
 //
 // Variants: cpu, and on CUDA (compute capability 8.0+, head_dim up to 512) contiguous_naive, paged,
-// paged_split (auto); append_kv on CUDA runs one kernel whichever CUDA variant is named.
+// paged_split (auto); append_kv on CUDA runs one kernel whichever CUDA variant is named. paged and
+// paged_split stage fp32 K/V tiles in shared memory: on GPUs with 99 KiB of it per block (compute
+// capability 8.6, 8.9) they take head_dim up to 381 (the launch fails beyond; H100 and A100 run 512).
 #pragma once
 
 #include <cstdint>

@@ -559,10 +559,19 @@ void decode_impl(const TensorView& q, const PagedKVCacheView& cache, const Tenso
   check_cuda_head_dim(device, c.head_dim);
   const std::string what = "paged_attention_decode (" + std::string(row.name) + ")";
   if (plan) {
+    if (plan->splits > kv_cache_config::kMaxSplits)
+      invalid("plan: expected splits <= " + std::to_string(kv_cache_config::kMaxSplits) + "; given " +
+              std::to_string(plan->splits));
     p.splits = plan->splits;
-    if (plan->workspace_bytes > 0 && ctx.workspace.data == nullptr)
-      invalid("workspace: expected ExecutionContext::workspace of at least plan.workspace_bytes = " +
-              std::to_string(plan->workspace_bytes) + " bytes with a plan (a planned step does not allocate); given none");
+    // What the launch needs for the plan's split, asked of the launcher itself (a plan built or
+    // edited by hand is not trusted): a planned step never allocates.
+    DeviceGuard guard(device.index);
+    const size_t need = launcher_workspace_bytes(row, p, what);
+    if (need > 0 && (ctx.workspace.data == nullptr || ctx.workspace.bytes < need))
+      invalid("workspace: expected ExecutionContext::workspace of at least " + std::to_string(need) +
+              " bytes with a plan of " + std::to_string(plan->splits) +
+              " splits (a planned step does not allocate; plan.workspace_bytes says how much); given " +
+              (ctx.workspace.data ? std::to_string(ctx.workspace.bytes) + " bytes" : std::string("none")));
   } else {
     p.splits = device_splits(row, device.index, B, c.heads_kv, p.table.max_pages * c.page_size);
   }

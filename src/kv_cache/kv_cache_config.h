@@ -9,7 +9,7 @@
 // and split, so a chunk of fewer keys than that would spend more on the merge than it saves),
 // and never more than kMaxSplits. Example, the H100 (132 SMs), GQA 32 / 8: B = 1, L = 32k:
 // 8 blocks -> splits = min(ceil(264 / 8), 32768 / 256) = 33; B = 16: 128 blocks -> splits = 3
-// (L >= 768); B = 64: 512 blocks -> 1. Not yet measured on the GPU: the constants are a first
+// (L > 512); B = 64: 512 blocks -> 1. Not yet measured on the GPU: the constants are a first
 // guess to be tuned against the benchmark (issue 14's shapes).
 #pragma once
 

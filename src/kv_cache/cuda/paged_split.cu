@@ -66,7 +66,9 @@ __global__ void __launch_bounds__(kMergeThreads)
       if (!empty)
         for (int64_t s = 0; s < splits; ++s) {
           const float w = expf(lse[s] - M);
-          if (w != 0.0f || lse[s] != lse[s]) acc = fmaf(w, part.o[(row * splits + s) * D + d], acc);
+          // Every split adds, even one whose weight underflows to 0: 0 * NaN stays NaN, as the
+          // one-split path and the cpu rung give. An empty split wrote o = 0 and lse = -inf.
+          acc = fmaf(w, part.o[(row * splits + s) * D + d], acc);
         }
       out[d] = from_float<T>(empty ? 0.0f : acc / sum);
     }
