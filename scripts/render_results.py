@@ -27,6 +27,9 @@ without .json (e.g. fused, python-fused); any other key filters the rows by that
         the ladder: each rung and peer as "TFLOP/s (ratio to cuDNN)", one line per shape
   <!-- generated: attention-memory file=python-attention-memory machine=h100 -->
         the peak-memory table: MiB above the inputs per implementation, one line per (N, direction)
+  <!-- generated: kv-cache file=python-kv_cache machine=h100 case=decode -->
+        the KV-cache tables (bench/benchmark_kv_cache.py), one per case (decode, page_size, fp8, append,
+        graph; filter case= for one): GB/s of K/V read, ratios to SDPA, to the copy ceiling, targets (issue 14)
 """
 import argparse
 import json
@@ -372,11 +375,105 @@ def attention_memory_table(results):
     return text
 
 
+# ---- the kv_cache family (bench/benchmark_kv_cache.py) --------------------------------------
+
+def _x(v):
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _kv_cell(r):
+    if r is None:
+        return ""
+    if r["status"] != "ok":
+        return "skip" if r["status"] == "skipped" else "FAILED"
+    return fmt(r.get("gbps"))
+
+
+def kv_cache_tables(results):
+    """One table per case; decode: GB/s of K/V read per rung and SDPA, the headline rung (auto) vs SDPA and vs
+    copy, the issue 14 target."""
+    out, failures = [], []
+    for r in results:
+        if r["status"] == "failed":
+            failures.append(f"- {r.get('case')} {r['shape_label']} page {r.get('page_size')} {r['variant']}: "
+                            f"{r.get('reason', '')}")
+    by_case = {}
+    for r in results:
+        by_case.setdefault(r.get("case", "decode"), []).append(r)
+    dec = by_case.get("decode", [])
+    if dec:
+        variants = list(dict.fromkeys(r["variant"] for r in dec))
+        variants = [v for v in variants if v != "sdpa"] + (["sdpa"] if "sdpa" in variants else [])
+        out += ["Decode, K/V GB/s (bytes read = 2*B*L*H_kv*D*E):", "",
+                "| dtype | B x L | page | " + " | ".join(variants) + " | auto vs sdpa | auto vs copy | target |",
+                "|---|---|---:|" + "---:|" * len(variants) + "---:|---:|---|"]
+        lines = {}
+        for r in dec:
+            lines.setdefault((r["dtype"], r["shape_label"], r.get("page_size")), {})[r["variant"]] = r
+        for (dname, label, page), by_v in lines.items():
+            h = by_v.get("auto") or by_v.get("cpu")
+            ok = h is not None and h["status"] == "ok"
+            target = ""
+            if ok and h["backend"] == "cuda" and h.get("vs_baseline") is not None:
+                b = h["shape"]["batch"]
+                want = 1.3 if (b == 1 and h["shape"]["seqlen"] >= 32768) else 1.0
+                met = h["vs_baseline"] >= want and (b < 16 or (h.get("vs_copy") or 0) >= 0.9)
+                target = ("met" if met else "**missed**") + f" (>= {want}x sdpa" + (", >= 0.9x copy)" if b >= 16 else ")")
+            out.append(f"| {dname} | {label} | {page} | " + " | ".join(_kv_cell(by_v.get(v)) for v in variants) +
+                       f" | {_x(h.get('vs_baseline')) if ok else '-'} | {_x(h.get('vs_copy')) if ok else '-'} "
+                       f"| {target} |")
+        out.append("")
+    extra = {"page_size": ("Page sizes (target: within 15% of page 16)", "vs_page16", "vs page 16",
+                           lambda r: "" if r.get("vs_page16") is None else
+                           ("met" if r["vs_page16"] >= 0.85 else "**missed**")),
+             "fp8": ("fp8 e4m3 cache (target: auto >= 1.8x the bf16 tokens/s)", "vs_bf16", "vs bf16",
+                     lambda r: "" if r.get("vs_bf16") is None or r["variant"] != "auto" or r["backend"] != "cuda"
+                     else ("met" if r["vs_bf16"] >= 1.8 else "**missed**")),
+             "append": ("Append, one token per sequence (and a prefill chunk), RoPE neox (target >= 0.85x copy)",
+                        "vs_copy_same_size", "vs same-size copy",
+                        lambda r: "" if r.get("vs_copy") is None or r["backend"] != "cuda"
+                        else ("met" if r["vs_copy"] >= 0.85 else "**missed**"))}
+    for case, (title, key, name, target) in extra.items():
+        rows = by_case.get(case, [])
+        if not rows:
+            continue
+        out += [title + ":", "",
+                f"| variant | dtype | cache | B x L | page | median us | GB/s | tokens/s | vs copy | {name} | target |",
+                "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+        for r in rows:
+            if r["status"] != "ok":
+                out.append(f"| {r['variant']} | {r['dtype']} | {r.get('cache_dtype')} | {r['shape_label']} "
+                           f"| {r.get('page_size')} | {r['status']}: {r.get('reason', '')} | | | | | |")
+                continue
+            out.append(f"| {r['variant']} | {r['dtype']} | {r.get('cache_dtype')} | {r['shape_label']} "
+                       f"| {r.get('page_size')} | {fmt(r['time_ms']['median'] * 1e3)} | {fmt(r.get('gbps'))} "
+                       f"| {fmt(r.get('tokens_per_s'))} | {_x(r.get('vs_copy'))} | {_x(r.get(key))} | {target(r)} |")
+        out.append("")
+    rows = by_case.get("graph", [])
+    if rows:
+        out += ["One decode step (CUDA graph replay vs eager; us):", "",
+                "| impl | B x L | events us (cold L2) | wall us/step | plan us | vs sdpa (events) | vs sdpa (wall) |",
+                "|---|---|---:|---:|---:|---:|---:|"]
+        for r in rows:
+            if r["status"] != "ok":
+                out.append(f"| {r['variant']} | {r['shape_label']} | {r['status']}: {r.get('reason', '')} | | | | |")
+                continue
+            out.append(f"| {r['variant']} | {r['shape_label']} | {fmt(r['time_ms']['median'] * 1e3)} "
+                       f"| {fmt(r.get('wall_us'))} | {fmt(r.get('plan_us'))} | {_x(r.get('vs_baseline'))} "
+                       f"| {_x(r.get('vs_baseline_wall'))} |")
+        out.append("")
+    text = "\n".join(out).rstrip()
+    if failures:
+        text += "\n\nFailed:\n" + "\n".join(failures)
+    return text
+
+
 def run_markdown(data, heading_level=2):
     h = "#" * heading_level
     m = data["machine"]
     fams = {family_of(r) for r in data["results"]}
-    titles = {"fused": "Fused ops", "attention": "Attention", "attention-memory": "Attention peak memory"}
+    titles = {"fused": "Fused ops", "attention": "Attention", "attention-memory": "Attention peak memory",
+              "kv_cache": "KV cache"}
     only = next(iter(fams)) if len(fams) == 1 else None
     what = (titles[only] + (", Python runner" if is_python_run(data) else "") + ": ") if only in titles else ""
     out = [f"{h} {what}{m.get('gpu') or 'CPU only'} ({m.get('cpu')}, {m.get('cpu_threads')} threads, "
@@ -400,6 +497,8 @@ def run_markdown(data, heading_level=2):
         elif family == "attention-memory":
             out += [f"{h}# attention peak memory on {backend} (MiB above the inputs)", "",
                     attention_memory_table(rows), ""]
+        elif family == "kv_cache":
+            out += [f"{h}# kv_cache on {backend}", "", kv_cache_tables(rows), ""]
         else:
             out += [f"{h}# {family} on {backend}", "", results_table(rows), ""]
     if any(family_of(r) == "fused" for r in data["results"]):
@@ -409,6 +508,10 @@ def run_markdown(data, heading_level=2):
         other = [n for n in data.get("notes", []) if not n.startswith("min_bytes ")]
         if other:
             out += [f"{h}# Notes", ""] + [f"- {n}" for n in other] + [""]
+    if any(family_of(r) == "kv_cache" for r in data["results"]):
+        notes = [n for n in data.get("notes", []) if n.startswith("kv_cache")]
+        if notes:
+            out += [f"{h}# KV-cache notes", ""] + [f"- {n}" for n in notes] + [""]
     if any(family_of(r).startswith("attention") for r in data["results"]):
         notes = [n for n in data.get("notes", []) if n.startswith("attention")]
         if notes:
@@ -422,7 +525,7 @@ def cmd_table(args):
 
 def is_python_run(data):
     return any(name in data.get("command", "") for name in ("benchmark_all.py", "benchmark_fused.py",
-                                                            "benchmark_attention.py"))
+                                                            "benchmark_attention.py", "benchmark_kv_cache.py"))
 
 
 def cmd_place(args):
@@ -451,7 +554,7 @@ def cmd_place(args):
             print(f"placed {dest / png.name}")
 
 
-BLOCK = re.compile(r"(<!-- generated: (?P<kind>ladder|fused-table|grid|attention-table|attention-ladder|attention-memory)"
+BLOCK = re.compile(r"(<!-- generated: (?P<kind>ladder|fused-table|grid|attention-table|attention-ladder|attention-memory|kv-cache)"
                    r" (?P<spec>[^>]*?) -->\n)(?P<body>.*?)"
                    r"(<!-- end generated -->)", re.S)
 SPEC_KEYS = {"machine", "file", "metric"}  # every other key of a spec filters the rows
@@ -466,7 +569,7 @@ def row_field(r, key):
         return str(fmt(r.get("threads")))
     if key == "family":
         return family_of(r)
-    if key in ("head_dim", "seqlen", "batch", "heads"):
+    if key in ("head_dim", "seqlen", "batch", "heads", "heads_q", "heads_kv"):
         return str(r.get("shape", {}).get(key))
     return str(r.get(key))
 
@@ -550,7 +653,16 @@ def attention_block(kind):
 BLOCK_KINDS = {"ladder": ladder_block, "fused-table": fused_table_block, "grid": grid_block,
                "attention-table": attention_block("attention-table"),
                "attention-ladder": attention_block("attention-ladder"),
-               "attention-memory": attention_block("attention-memory")}
+               "attention-memory": attention_block("attention-memory"),
+               "kv-cache": lambda root, spec: kv_cache_block(root, spec)}
+
+
+def kv_cache_block(root, spec):
+    want = dict(kv.split("=", 1) for kv in spec.split())
+    rows = [r for r in select_rows(root, want) if family_of(r) == "kv_cache"]
+    if not rows:
+        return f"(no results for {spec} under {root})\n"
+    return f"Measured: `{spec}` (from `{root.as_posix()}/{want['machine']}/`)\n\n" + kv_cache_tables(rows) + "\n"
 
 
 def refresh_generated_blocks(root, notes_dir):
