@@ -14,6 +14,7 @@
 
 #include "attention/attention_params.h"
 #include "attention/attention_variants.h"
+#include "core/arg_checks.h"
 #include "optimized/attention.h"
 
 #if OPTIMIZED_WITH_CUDA
@@ -25,52 +26,16 @@ namespace optimized {
 
 namespace {
 
-[[noreturn]] void invalid(const std::string& message) { throw Error(Status::kInvalidArgument, message); }
-[[noreturn]] void unsupported(const std::string& message) { throw Error(Status::kUnsupported, message); }
-
-bool present(const TensorView& t) { return t.rank != 0; }
-
-std::string number(double v) {  // shortest text that reads back (no iostreams: see fused.cpp)
-  char text[64];
-  const std::to_chars_result r = std::to_chars(text, text + sizeof text, v);
-  return std::string(text, r.ptr);
-}
-
-std::string shape_string(const TensorView& t) {
-  std::string s = "(";
-  for (int i = 0; i < t.rank; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
-  return s + ")";
-}
+using arg::invalid;
+using arg::number;
+using arg::present;
+using arg::shape_string;
+using arg::unsupported;
 
 std::string head_dims_text() {
   std::string s;
   for (int d : attention_head_dims()) s += (s.empty() ? "" : ", ") + std::to_string(d);
   return s;
-}
-
-void check_aligned(const TensorView& t, const char* name) {
-  if (reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) != 0)
-    invalid(std::string(name) + ": expected data aligned to the element size (" + std::to_string(dtype_size(t.dtype)) +
-            " bytes)");
-}
-
-// An output's elements must be distinct memory: sorted by stride, each dimension of size > 1 steps
-// past everything the smaller ones span (a zero stride, or head rows interleaved with query rows,
-// would have two threads write one address).
-void check_distinct(const TensorView& t, const char* name) {
-  for (int i = 0; i < t.rank; ++i)
-    if (t.shape[i] == 0) return;  // no element at all
-  std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, size)
-  for (int i = 0; i < t.rank; ++i)
-    if (t.shape[i] > 1) dims.push_back({t.strides[i] < 0 ? -t.strides[i] : t.strides[i], t.shape[i]});
-  std::sort(dims.begin(), dims.end());
-  int64_t span = 1;  // elements covered by the smaller dimensions
-  for (const auto& [stride, size] : dims) {
-    if (stride < span)
-      invalid(std::string(name) + ": expected an output whose elements do not overlap one another; given " +
-              t.describe());
-    span = stride * (size - 1) + span;
-  }
 }
 
 // The sizes of one call, fixed by q and k.
@@ -109,7 +74,7 @@ class Operands {
     if (!(t.device == device_))
       invalid(std::string(name) + ": expected device " + device_name(device_) + " (q's); given " +
               device_name(t.device));
-    check_aligned(t, name);
+    arg::check_element_aligned(t, name);
     // Shapes: (B, S, H, D) or (total, H, D).
     const int64_t* s = t.shape;
     const int64_t rows = varlen_ ? s[0] : s[1], heads = varlen_ ? s[1] : s[2], dim = varlen_ ? s[2] : s[3];
@@ -152,7 +117,7 @@ class Operands {
     }
     if (t.strides[t.rank - 1] != 1 && dim > 1)
       invalid(std::string(name) + ": expected unit stride in the last dimension (head_dim); given " + t.describe());
-    if (output) check_distinct(t, name);
+    if (output) arg::check_distinct_elements(t, name);
     (output ? outputs_ : inputs_).push_back({&t, name});
     AttentionStrides st;
     if (varlen_) st.row = t.strides[0], st.head = t.strides[1];
@@ -173,7 +138,7 @@ class Operands {
       invalid("lse: expected dtype " + std::string(dtype_name(want)) + "; given " + std::string(dtype_name(t.dtype)));
     if (!(t.device == device_))
       invalid("lse: expected device " + device_name(device_) + " (q's); given " + device_name(t.device));
-    check_aligned(t, "lse");
+    arg::check_element_aligned(t, "lse");
     const bool ok = varlen_ ? (t.rank == 2 && t.shape[0] == d_.heads_q && t.shape[1] == d_.total_q)
                             : (t.rank == 3 && t.shape[0] == d_.batch && t.shape[1] == d_.heads_q &&
                                t.shape[2] == d_.seqlen_q);
@@ -186,7 +151,7 @@ class Operands {
     const int64_t rows = t.shape[t.rank - 1];
     if (rows > 1 && t.strides[t.rank - 1] != 1)
       invalid("lse: expected unit stride along the query rows; given " + t.describe());
-    if (output) check_distinct(t, "lse");
+    if (output) arg::check_distinct_elements(t, "lse");
     p.lse = t.data;
     if (varlen_) p.lse_head = t.strides[0];
     else p.lse_batch = t.strides[0], p.lse_head = t.strides[1];
@@ -205,7 +170,7 @@ class Operands {
       invalid(std::string(name) + ": expected shape (batch + 1) with batch >= 0; given " + shape_string(t));
     if (t.shape[0] > 1 && t.strides[0] != 1) invalid(std::string(name) + ": expected a contiguous vector; given " + t.describe());
     if (!t.data) invalid(std::string(name) + ": expected a non-null data pointer; given null");
-    check_aligned(t, name);
+    arg::check_element_aligned(t, name);
     const int64_t batch = t.shape[0] - 1;
     if (d_.batch < 0) d_.batch = batch;
     else if (batch != d_.batch)
@@ -323,7 +288,7 @@ void apply_options(const AttentionOptions& o, Operands& ops, AttentionParams& p)
     if (d.heads_q > 1 && a.strides[a.rank - 1] != 1)
       invalid("alibi_slopes: expected unit stride along the heads; given " + a.describe());
     if (!a.data) invalid("alibi_slopes: expected a non-null data pointer; given null");
-    check_aligned(a, "alibi_slopes");
+    arg::check_element_aligned(a, "alibi_slopes");
     p.alibi = static_cast<const float*>(a.data);
     p.alibi_batch = two ? a.strides[0] : 0;
     ops.add_input(a, "alibi_slopes");
@@ -353,7 +318,7 @@ void apply_options(const AttentionOptions& o, Operands& ops, AttentionParams& p)
       p.mask_s[i] = m.shape[i] == 1 ? 0 : m.strides[i];
     }
     if (!m.data && mask_extent.numel > 0) invalid("mask: expected a non-null data pointer; given null");
-    check_aligned(m, "mask");
+    arg::check_element_aligned(m, "mask");
     p.mask = m.data;
     p.mask_dtype = m.dtype;
     ops.add_input(m, "mask");
@@ -488,33 +453,24 @@ void check_max_seqlen(int64_t v, const char* name) {
   if (v < 0) invalid(std::string(name) + ": expected >= 0; given " + std::to_string(v));
 }
 
-}  // namespace
+// ---- the four calls -------------------------------------------------------------------------
 
-// ---- fixed length ---------------------------------------------------------------------------
-
-void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                       const TensorView& lse, const AttentionOptions& options, AttentionVariant variant,
-                       const ExecutionContext& ctx) {
-  AttentionParams p;
-  Operands ops(false);
+// The forward's tensors into p (q first: it fixes dtype and device).
+void forward_operands(Operands& ops, AttentionParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& out) {
   p.q_s = ops.data(q, "q", true, false);
   p.k_s = ops.data(k, "k", false, false);
   p.v_s = ops.data(v, "v", false, false);
   p.out_s = ops.data(out, "out", true, true);
   p.q = q.data, p.k = k.data, p.v = v.data, p.out = out.data;
-  ops.lse(lse, true, false, p);
-  apply_options(options, ops, p);
-  run(p, ops, options, variant, ctx);
 }
 
-void attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
-                        const TensorView& out, const TensorView& lse, const TensorView& dq, const TensorView& dk,
-                        const TensorView& dv, const AttentionOptions& options, AttentionVariant variant,
-                        const ExecutionContext& ctx) {
-  AttentionParams p;
+// The backward's tensors into p.
+void backward_operands(Operands& ops, AttentionParams& p, const AttentionOptions& options, const TensorView& dout,
+                       const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                       const TensorView& dq, const TensorView& dk, const TensorView& dv) {
   p.backward = true;
   p.deterministic = options.deterministic;
-  Operands ops(false);
   p.q_s = ops.data(q, "q", true, false);
   p.k_s = ops.data(k, "k", false, false);
   p.v_s = ops.data(v, "v", false, false);
@@ -525,12 +481,47 @@ void attention_backward(const TensorView& dout, const TensorView& q, const Tenso
   p.dv_s = ops.data(dv, "dv", false, true);
   p.q = q.data, p.k = k.data, p.v = v.data, p.out = out.data, p.dout = dout.data;
   p.dq = dq.data, p.dk = dk.data, p.dv = dv.data;
-  ops.lse(lse, false, true, p);
+}
+
+// Varlen's offsets and bounds into p.
+void varlen_operands(Operands& ops, AttentionParams& p, const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
+                     int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  p.cu_seqlens_q = ops.cu_seqlens(cu_seqlens_q, "cu_seqlens_q");
+  p.cu_seqlens_k = ops.cu_seqlens(cu_seqlens_k, "cu_seqlens_k");
+  check_max_seqlen(max_seqlen_q, "max_seqlen_q");
+  check_max_seqlen(max_seqlen_k, "max_seqlen_k");
+  ops.dims().varlen = true;
+  p.seqlen_q = max_seqlen_q, p.seqlen_k = max_seqlen_k;
+}
+
+// lse (written by the forward when given; read, and required, by the backward), the options, the run.
+void finish(Operands& ops, AttentionParams& p, const TensorView& lse, const AttentionOptions& options,
+            AttentionVariant variant, const ExecutionContext& ctx) {
+  ops.lse(lse, !p.backward, p.backward, p);
   apply_options(options, ops, p);
   run(p, ops, options, variant, ctx);
 }
 
-// ---- varlen ---------------------------------------------------------------------------------
+}  // namespace
+
+void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                       const TensorView& lse, const AttentionOptions& options, AttentionVariant variant,
+                       const ExecutionContext& ctx) {
+  AttentionParams p;
+  Operands ops(false);
+  forward_operands(ops, p, q, k, v, out);
+  finish(ops, p, lse, options, variant, ctx);
+}
+
+void attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, const TensorView& lse, const TensorView& dq, const TensorView& dk,
+                        const TensorView& dv, const AttentionOptions& options, AttentionVariant variant,
+                        const ExecutionContext& ctx) {
+  AttentionParams p;
+  Operands ops(false);
+  backward_operands(ops, p, options, dout, q, k, v, out, dq, dk, dv);
+  finish(ops, p, lse, options, variant, ctx);
+}
 
 void attention_varlen_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                               const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, int64_t max_seqlen_q,
@@ -538,20 +529,9 @@ void attention_varlen_forward(const TensorView& q, const TensorView& k, const Te
                               const AttentionOptions& options, AttentionVariant variant, const ExecutionContext& ctx) {
   AttentionParams p;
   Operands ops(true);
-  p.q_s = ops.data(q, "q", true, false);
-  p.k_s = ops.data(k, "k", false, false);
-  p.v_s = ops.data(v, "v", false, false);
-  p.out_s = ops.data(out, "out", true, true);
-  p.q = q.data, p.k = k.data, p.v = v.data, p.out = out.data;
-  p.cu_seqlens_q = ops.cu_seqlens(cu_seqlens_q, "cu_seqlens_q");
-  p.cu_seqlens_k = ops.cu_seqlens(cu_seqlens_k, "cu_seqlens_k");
-  check_max_seqlen(max_seqlen_q, "max_seqlen_q");
-  check_max_seqlen(max_seqlen_k, "max_seqlen_k");
-  ops.dims().varlen = true;
-  p.seqlen_q = max_seqlen_q, p.seqlen_k = max_seqlen_k;
-  ops.lse(lse, true, false, p);
-  apply_options(options, ops, p);
-  run(p, ops, options, variant, ctx);
+  forward_operands(ops, p, q, k, v, out);
+  varlen_operands(ops, p, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+  finish(ops, p, lse, options, variant, ctx);
 }
 
 void attention_varlen_backward(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
@@ -561,28 +541,10 @@ void attention_varlen_backward(const TensorView& dout, const TensorView& q, cons
                                const AttentionOptions& options, AttentionVariant variant,
                                const ExecutionContext& ctx) {
   AttentionParams p;
-  p.backward = true;
-  p.deterministic = options.deterministic;
   Operands ops(true);
-  p.q_s = ops.data(q, "q", true, false);
-  p.k_s = ops.data(k, "k", false, false);
-  p.v_s = ops.data(v, "v", false, false);
-  p.out_s = ops.data(out, "out", true, false);
-  p.dout_s = ops.data(dout, "dout", true, false);
-  p.dq_s = ops.data(dq, "dq", true, true);
-  p.dk_s = ops.data(dk, "dk", false, true);
-  p.dv_s = ops.data(dv, "dv", false, true);
-  p.q = q.data, p.k = k.data, p.v = v.data, p.out = out.data, p.dout = dout.data;
-  p.dq = dq.data, p.dk = dk.data, p.dv = dv.data;
-  p.cu_seqlens_q = ops.cu_seqlens(cu_seqlens_q, "cu_seqlens_q");
-  p.cu_seqlens_k = ops.cu_seqlens(cu_seqlens_k, "cu_seqlens_k");
-  check_max_seqlen(max_seqlen_q, "max_seqlen_q");
-  check_max_seqlen(max_seqlen_k, "max_seqlen_k");
-  ops.dims().varlen = true;
-  p.seqlen_q = max_seqlen_q, p.seqlen_k = max_seqlen_k;
-  ops.lse(lse, false, true, p);
-  apply_options(options, ops, p);
-  run(p, ops, options, variant, ctx);
+  backward_operands(ops, p, options, dout, q, k, v, out, dq, dk, dv);
+  varlen_operands(ops, p, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+  finish(ops, p, lse, options, variant, ctx);
 }
 
 // ---- queries --------------------------------------------------------------------------------

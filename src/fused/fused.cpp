@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/arg_checks.h"
 #include "core/dtypes_built.h"
 #include "fused/fused_params.h"
 #include "fused/fused_variants.h"
@@ -23,26 +24,10 @@ namespace optimized {
 
 namespace {
 
-[[noreturn]] void invalid(const std::string& message) { throw Error(Status::kInvalidArgument, message); }
-
-bool present(const TensorView& t) { return t.rank != 0; }
-
-// A scalar for a message, in as many digits as it takes ("1e-50", "-0.5", "nan").
-// A double as the shortest text that reads back to it ("-1", "1e-05", "nan", "inf"). Not through
-// an ostream: formatting a double with iostreams crashed inside num_put when the library ran in the
-// H100's Python process (GCC 13 build, torch 2.11; C++ test processes were fine), and to_chars needs
-// no locale.
-std::string number(double v) {
-  char text[64];
-  const std::to_chars_result r = std::to_chars(text, text + sizeof text, v);
-  return std::string(text, r.ptr);
-}
-
-std::string shape_string(const TensorView& t) {
-  std::string s = "(";
-  for (int i = 0; i < t.rank; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
-  return s + ")";
-}
+using arg::invalid;
+using arg::number;
+using arg::present;
+using arg::shape_string;
 
 // Byte range [first, last) a view touches (empty for a view with no element); checked (view_extent)
 // when the operand was collected.
@@ -153,9 +138,7 @@ class Operands {
     if (!(t.device == device_))
       invalid(std::string(name) + ": expected device " + device_name(device_) +
               " (same as the first operand); given " + device_name(t.device));
-    if (reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) != 0)
-      invalid(std::string(name) + ": expected data aligned to the element size (" +
-              std::to_string(dtype_size(t.dtype)) + " bytes)");
+    arg::check_element_aligned(t, name);
   }
 
   void check_rows(const TensorView& t, const char* name, int64_t* ld, int64_t width_factor) {

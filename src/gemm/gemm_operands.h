@@ -5,22 +5,15 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <sstream>
 #include <string>
 
+#include "core/arg_checks.h"
 #include "optimized/core.h"
 
 namespace optimized::gemm_detail {
 
-[[noreturn]] inline void invalid(const std::string& message) { throw Error(Status::kInvalidArgument, message); }
-
-inline std::string shape_string(const TensorView& t) {
-  std::ostringstream s;
-  s << "(";
-  for (int i = 0; i < t.rank; ++i) s << (i ? ", " : "") << t.shape[i];
-  s << ")";
-  return s.str();
-}
+using arg::invalid;
+using arg::shape_string;
 
 // One operand seen as (batch, rows, cols) stored row-major (col_major false: rows ld apart) or
 // column-major (col_major true: columns ld apart), with a batch stride.

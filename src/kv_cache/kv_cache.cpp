@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/arg_checks.h"
 #include "kv_cache/kv_cache_params.h"
 #include "kv_cache/kv_cache_variants.h"
 #include "optimized/kv_cache.h"
@@ -34,22 +35,11 @@ namespace optimized {
 
 namespace {
 
-[[noreturn]] void invalid(const std::string& message) { throw Error(Status::kInvalidArgument, message); }
-[[noreturn]] void unsupported(const std::string& message) { throw Error(Status::kUnsupported, message); }
-
-bool present(const TensorView& t) { return t.rank != 0; }
-
-std::string number(double v) {
-  char text[64];
-  const std::to_chars_result r = std::to_chars(text, text + sizeof text, v);
-  return std::string(text, r.ptr);
-}
-
-std::string shape_string(const TensorView& t) {
-  std::string s = "(";
-  for (int i = 0; i < t.rank; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
-  return s + ")";
-}
+using arg::invalid;
+using arg::number;
+using arg::present;
+using arg::shape_string;
+using arg::unsupported;
 
 std::string dims_string(std::initializer_list<int64_t> dims) {
   std::string s = "(";
@@ -61,23 +51,6 @@ std::string dims_string(std::initializer_list<int64_t> dims) {
 std::string dname(DType d) { return std::string(dtype_name(d)); }
 
 bool float_data(DType d) { return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16 || d == DType::kF64; }
-
-// An output's elements must be distinct memory (see attention.cpp).
-void check_distinct(const TensorView& t, const char* name) {
-  for (int i = 0; i < t.rank; ++i)
-    if (t.shape[i] == 0) return;
-  std::vector<std::pair<int64_t, int64_t>> dims;
-  for (int i = 0; i < t.rank; ++i)
-    if (t.shape[i] > 1) dims.push_back({t.strides[i] < 0 ? -t.strides[i] : t.strides[i], t.shape[i]});
-  std::sort(dims.begin(), dims.end());
-  int64_t span = 1;
-  for (const auto& [stride, size] : dims) {
-    if (stride < span)
-      invalid(std::string(name) + ": expected an output whose elements do not overlap one another; given " +
-              t.describe());
-    span = stride * (size - 1) + span;
-  }
-}
 
 // Collects the operands of one call: one device for all, outputs distinct from every other operand.
 class Operands {
@@ -99,10 +72,8 @@ class Operands {
       invalid(std::string(name) + ": expected device " + device_name(device_) + " (" + first_ + "'s); given " +
               device_name(t.device));
     }
-    if (reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) != 0)
-      invalid(std::string(name) + ": expected data aligned to the element size (" + std::to_string(dtype_size(t.dtype)) +
-              " bytes)");
-    if (output) check_distinct(t, name);
+    arg::check_element_aligned(t, name);
+    if (output) arg::check_distinct_elements(t, name);
     (output ? outputs_ : inputs_).push_back({&t, name});
   }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <numeric>
 #include <random>
@@ -15,6 +16,7 @@
 #include "kv_cache/kv_cache_params.h"
 #include "optimized/buffer.h"
 #include "optimized/kv_cache.h"
+#include "testing/kv_cache_reference.h"
 
 namespace optimized::testing {
 
@@ -86,6 +88,55 @@ struct HostCache {
   }
   KvPageTable table_params() const {
     return {static_cast<const int32_t*>(table.data()), batch, max_pages, max_pages};
+  }
+};
+
+// One append case (the CPU and CUDA tests share it): a cache of page size 7, B = 3 sequences of S
+// new tokens each at positions b * 5 + s * 3 (the last token of sequence 0 padding), H = 2 kv and
+// Hq = 4 query heads, random k / v / q; the params the API builds, the float64 reference of the
+// append and the cache's K bytes before it.
+struct AppendCase {
+  static constexpr int64_t B = 3, H = 2, Hq = 4, P = 7;
+  int64_t S, D;
+  HostCache cache;
+  Buffer k, v, q, pos;
+  RopeOptions rope;
+  KvAppendParams p;
+  KvAppendReference ref;
+  std::vector<uint8_t> before;
+
+  AppendCase(DType dt, DType cache_dt, RopeLayout layout, int64_t rotary_dim, int64_t S_, int64_t D_,
+             std::mt19937_64& rng)
+      : S(S_), D(D_), cache(cache_dt, P, H, D_, {64, 64, 64}, rng), k(dt, B * S_ * H * D_, Device::cpu()),
+        v(dt, k.count(), Device::cpu()), q(dt, B * S_ * Hq * D_, Device::cpu()), pos(DType::kI32, B * S_, Device::cpu()) {
+    fill_random(k, rng, -2, 2), fill_random(v, rng, -2, 2), fill_random(q, rng, -2, 2);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t s = 0; s < S; ++s) static_cast<int32_t*>(pos.data())[b * S + s] = static_cast<int32_t>(b * 5 + s * 3);
+    static_cast<int32_t*>(pos.data())[S - 1] = -1;  // padding
+    rope.layout = layout, rope.rotary_dim = rotary_dim;
+    p.cache = cache.pages(), p.table = cache.table_params(), p.dtype = dt, p.new_tokens = S;
+    p.k = k.data(), p.v = v.data(), p.k_b = S * H * D, p.k_s = H * D, p.k_h = D, p.v_b = p.k_b, p.v_s = p.k_s, p.v_h = D;
+    p.positions = static_cast<const int32_t*>(pos.data()), p.pos_b = S;
+    p.q = q.data(), p.q_b = S * Hq * D, p.q_s = Hq * D, p.q_h = D, p.heads_q = Hq;
+    p.rope = layout, p.rope_theta = 10000.0, p.rotary_dim = rotary_dim == 0 ? D : rotary_dim;
+    ref = kv_append_reference_f64(p);
+    before.resize(cache.k.bytes());
+    std::memcpy(before.data(), cache.k.data(), before.size());
+  }
+
+  // After the append (the cache and q back on the host): the reference's rule, and every slot the
+  // append did not write keeps its bytes.
+  void check() const {
+    const CheckResult r = check_kv_append(p, ref);
+    EXPECT_TRUE(r.passed) << r.first_failure;
+    EXPECT_GT(r.checked, 0);
+    const int64_t slot_bytes = H * D * static_cast<int64_t>(dtype_size(cache.dtype));
+    for (int64_t i = 0; i < cache.num_pages * P; ++i)
+      if (!ref.written[static_cast<size_t>(i)]) {
+        ASSERT_EQ(0, std::memcmp(before.data() + i * slot_bytes, static_cast<const uint8_t*>(cache.k.data()) + i * slot_bytes,
+                                 static_cast<size_t>(slot_bytes)))
+            << "slot " << i << " changed";
+      }
   }
 };
 

@@ -123,38 +123,11 @@ TEST(KvCacheCpu, Fp8Cache) {
 // Append with RoPE against the float64 reference.
 void run_append(DType dt, DType cache_dt, RopeLayout layout, int64_t rotary_dim, int64_t S) {
   auto rng = test_rng();
-  const int64_t B = 3, H = 2, Hq = 4, D = 16, P = 7;
-  HostCache cache(cache_dt, P, H, D, {64, 64, 64}, rng);
-  Buffer k(dt, B * S * H * D, Device::cpu()), v(dt, k.count(), Device::cpu()), q(dt, B * S * Hq * D, Device::cpu());
-  fill_random(k, rng, -2, 2), fill_random(v, rng, -2, 2), fill_random(q, rng, -2, 2);
-  Buffer pos(DType::kI32, B * S, Device::cpu());
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t s = 0; s < S; ++s) static_cast<int32_t*>(pos.data())[b * S + s] = static_cast<int32_t>(b * 5 + s * 3);
-  static_cast<int32_t*>(pos.data())[S - 1] = -1;  // padding
-  KvAppendParams p;
-  p.cache = cache.pages(), p.table = cache.table_params(), p.dtype = dt, p.new_tokens = S;
-  p.k = k.data(), p.v = v.data(), p.k_b = S * H * D, p.k_s = H * D, p.k_h = D, p.v_b = p.k_b, p.v_s = p.k_s, p.v_h = D;
-  p.positions = static_cast<const int32_t*>(pos.data()), p.pos_b = S;
-  p.q = q.data(), p.q_b = S * Hq * D, p.q_s = Hq * D, p.q_h = D, p.heads_q = Hq;
-  p.rope = layout, p.rope_theta = 10000.0, p.rotary_dim = rotary_dim == 0 ? D : rotary_dim;
-  const KvAppendReference ref = kv_append_reference_f64(p);
-  std::vector<uint8_t> before(cache.k.bytes());
-  std::memcpy(before.data(), cache.k.data(), before.size());
-  RopeOptions ro;
-  ro.layout = layout, ro.rotary_dim = rotary_dim;
-  append_kv(cache.view(), k.view({B, S, H, D}), v.view({B, S, H, D}), cache.table_view(), pos.view({B, S}),
-            q.view({B, S, Hq, D}), ro);
-  const CheckResult r = check_kv_append(p, ref);
-  EXPECT_TRUE(r.passed) << r.first_failure;
-  EXPECT_GT(r.checked, 0);
-  // Unwritten slots unchanged.
-  const int64_t slot_bytes = H * D * static_cast<int64_t>(dtype_size(cache_dt));
-  for (int64_t i = 0; i < cache.num_pages * P; ++i)
-    if (!ref.written[static_cast<size_t>(i)]) {
-      ASSERT_EQ(0, std::memcmp(before.data() + i * slot_bytes, static_cast<uint8_t*>(cache.k.data()) + i * slot_bytes,
-                               static_cast<size_t>(slot_bytes)))
-          << "slot " << i << " changed";
-    }
+  AppendCase c(dt, cache_dt, layout, rotary_dim, S, 16, rng);
+  const int64_t B = c.B, H = c.H, Hq = c.Hq, D = c.D;
+  append_kv(c.cache.view(), c.k.view({B, S, H, D}), c.v.view({B, S, H, D}), c.cache.table_view(), c.pos.view({B, S}),
+            c.q.view({B, S, Hq, D}), c.rope);
+  c.check();
 }
 
 TEST(KvCacheCpu, AppendRope) {

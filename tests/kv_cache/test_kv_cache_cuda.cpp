@@ -177,42 +177,16 @@ TEST_P(CudaKvCache, PlanRunExactWorkspace) {
 void run_append_cuda(KvCacheVariant variant, DType dt, DType cache_dt, RopeLayout layout, int64_t rotary_dim,
                      int64_t S) {
   auto rng = test_rng();
-  const int64_t B = 3, H = 2, Hq = 4, D = 64, P = 7;
-  HostCache cache(cache_dt, P, H, D, {64, 64, 64}, rng);
-  Buffer k(dt, B * S * H * D, Device::cpu()), v(dt, k.count(), Device::cpu()), q(dt, B * S * Hq * D, Device::cpu());
-  fill_random(k, rng, -2, 2), fill_random(v, rng, -2, 2), fill_random(q, rng, -2, 2);
-  Buffer pos(DType::kI32, B * S, Device::cpu());
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t s = 0; s < S; ++s) static_cast<int32_t*>(pos.data())[b * S + s] = static_cast<int32_t>(b * 5 + s * 3);
-  static_cast<int32_t*>(pos.data())[S - 1] = -1;  // padding
-  KvAppendParams p;
-  p.cache = cache.pages(), p.table = cache.table_params(), p.dtype = dt, p.new_tokens = S;
-  p.k = k.data(), p.v = v.data(), p.k_b = S * H * D, p.k_s = H * D, p.k_h = D, p.v_b = p.k_b, p.v_s = p.k_s, p.v_h = D;
-  p.positions = static_cast<const int32_t*>(pos.data()), p.pos_b = S;
-  p.q = q.data(), p.q_b = S * Hq * D, p.q_s = Hq * D, p.q_h = D, p.heads_q = Hq;
-  p.rope = layout, p.rope_theta = 10000.0, p.rotary_dim = rotary_dim == 0 ? D : rotary_dim;
-  const KvAppendReference ref = kv_append_reference_f64(p);
-  std::vector<uint8_t> before(cache.k.bytes());
-  std::memcpy(before.data(), cache.k.data(), before.size());
-  DeviceCache dc(cache);
-  Buffer dk = to_device(k), dv = to_device(v), dq = to_device(q), dpos = to_device(pos);
-  RopeOptions ro;
-  ro.layout = layout, ro.rotary_dim = rotary_dim;
+  AppendCase c(dt, cache_dt, layout, rotary_dim, S, 64, rng);
+  const int64_t B = c.B, H = c.H, Hq = c.Hq, D = c.D;
+  DeviceCache dc(c.cache);
+  Buffer dk = to_device(c.k), dv = to_device(c.v), dq = to_device(c.q), dpos = to_device(c.pos);
   append_kv(dc.view(), dk.view({B, S, H, D}), dv.view({B, S, H, D}), dc.table_view(), dpos.view({B, S}),
-            dq.view({B, S, Hq, D}), ro, true, variant);
+            dq.view({B, S, Hq, D}), c.rope, true, variant);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  dc.to_host(cache);
-  dq.copy_to_host(q.data());  // the rotated q, for the check
-  const CheckResult r = check_kv_append(p, ref);
-  EXPECT_TRUE(r.passed) << r.first_failure;
-  EXPECT_GT(r.checked, 0);
-  const int64_t slot_bytes = H * D * static_cast<int64_t>(dtype_size(cache_dt));
-  for (int64_t i = 0; i < cache.num_pages * P; ++i)
-    if (!ref.written[static_cast<size_t>(i)]) {
-      ASSERT_EQ(0, std::memcmp(before.data() + i * slot_bytes, static_cast<uint8_t*>(cache.k.data()) + i * slot_bytes,
-                               static_cast<size_t>(slot_bytes)))
-          << "slot " << i << " changed";
-    }
+  dc.to_host(c.cache);
+  dq.copy_to_host(c.q.data());  // the rotated q, for the check
+  c.check();
 }
 
 TEST_P(CudaKvCache, AppendRope) {

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/cpu_loops.h"
 #include "attention/attention_params.h"
 #include "attention/cpu/attention_cpu.h"
 #include "core/host_dtype.h"
@@ -105,22 +106,6 @@ void row_scores(const AttentionParams& p, const AttentionScore<typename D::Acc>&
   }
 }
 
-// max that propagates NaN (torch's max reduction): once NaN, stays NaN.
-template <class A>
-A nan_max(const A* v, int64_t n) {
-  A m = -INFINITY;
-  for (int64_t j = 0; j < n; ++j) {
-    if (std::isnan(v[j])) return v[j];
-    if (v[j] > m) m = v[j];
-  }
-  return m;
-}
-
-int thread_count(int threads, int64_t items) {
-  const int64_t want = threads > 0 ? threads : omp_get_max_threads();
-  return static_cast<int>(std::max<int64_t>(1, std::min(want, items)));
-}
-
 std::vector<AttentionSeq> sequences(const AttentionParams& p) {
   std::vector<AttentionSeq> seqs(static_cast<size_t>(p.batch));
   for (int64_t b = 0; b < p.batch; ++b) seqs[static_cast<size_t>(b)] = attention_seq(p, b);
@@ -149,7 +134,7 @@ void forward(const AttentionParams& p, int threads) {
   // The longest real sequences (varlen's max_seqlen is only a bound the caller gives).
   const int64_t Dh = p.head_dim, Sq = longest(seqs, &AttentionSeq::len_q), Sk = longest(seqs, &AttentionSeq::len_k);
   const int64_t items = p.batch * p.heads_q * Sq;  // (b, h, i); rows past a varlen sequence's end skip
-  const int nth = thread_count(threads, items);
+  const int nth = cpu_thread_count(threads, items);
 #pragma omp parallel num_threads(nth)
   {
     std::vector<A> q(static_cast<size_t>(Dh)), kv(static_cast<size_t>(Dh)), o(static_cast<size_t>(Dh));
@@ -164,7 +149,7 @@ void forward(const AttentionParams& p, int threads) {
       const int64_t lo = sc.key_lo(i), hi = std::max(lo, sc.key_hi(i)), n = hi - lo;
       load<D>(row_ptr<D>(p.q, p.q_s, b, seq.start_q + i, h), Dh, q.data());
       row_scores<D>(p, sc, seq, b, h, i, lo, hi, q.data(), kv.data(), s.data(), dots.data(), hidden.data());
-      const A m = nan_max(s.data(), n);
+      const A m = nan_propagating_max(s.data(), n);
       std::fill(o.begin(), o.end(), A(0));
       A lse = -INFINITY;
       if (!(m == -INFINITY)) {  // some key visible (or NaN, which flows through)
@@ -196,7 +181,7 @@ void backward(const AttentionParams& p, int threads) {
   const std::vector<AttentionSeq> seqs = sequences(p);
   const int64_t Dh = p.head_dim, Sk = longest(seqs, &AttentionSeq::len_k), group = p.group();
   const int64_t items = p.batch * p.heads_kv;  // (b, kv head): every dk / dv sum stays in one thread
-  const int nth = thread_count(threads, items);
+  const int nth = cpu_thread_count(threads, items);
 #pragma omp parallel num_threads(nth)
   {
     std::vector<A> q(static_cast<size_t>(Dh)), kv(static_cast<size_t>(Dh)), dout(static_cast<size_t>(Dh)),

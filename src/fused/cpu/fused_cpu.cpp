@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/cpu_loops.h"
 #include "core/host_dtype.h"
 #include "fused/fused_params.h"
 #include "optimized/buffer.h"
@@ -122,22 +123,6 @@ std::pair<double, double> row_moments(const A* v, int64_t n, A shift) {
   return {s1.total(), s2.total()};
 }
 
-// max over the row that propagates NaN (as torch's max reduction): once NaN, stays NaN.
-template <class A>
-A row_max(const A* v, int64_t n) {
-  A m = -INFINITY;
-  for (int64_t j = 0; j < n; ++j) {
-    if (std::isnan(v[j])) return v[j];
-    if (v[j] > m) m = v[j];
-  }
-  return m;
-}
-
-int thread_count(int threads, int64_t rows) {
-  const int64_t want = threads > 0 ? threads : omp_get_max_threads();
-  return static_cast<int>(std::max<int64_t>(1, std::min(want, rows)));
-}
-
 // Per-thread partial sums of (width) gradients over the thread's rows, in double (a sum over
 // thousands of rows), combined in thread order and stored in the dtype.
 template <class D>
@@ -172,7 +157,7 @@ void softmax_forward(const FusedParams& p, int nth) {
     for (int64_t r = 0; r < p.rows; ++r) {
       load_row<D>(p.x, p.ld_x, r, n, s.data());
       for (int64_t j = 0; j < n; ++j) s[j] *= scale;
-      const A m = row_max(s.data(), n);
+      const A m = nan_propagating_max(s.data(), n);
       // A row of only -inf: -inf - (-inf) = NaN everywhere; a +inf entry: NaN sum. Both as torch.
       const A total = static_cast<A>(row_sum<A>(n, [&](int64_t j) { return std::exp(s[j] - m); }));
       if (log) {
@@ -401,7 +386,7 @@ void silu_and_mul(const FusedParams& p, int nth) {
 
 template <class D>
 void run(const FusedParams& p, int threads) {
-  const int nth = thread_count(threads, p.rows);
+  const int nth = cpu_thread_count(threads, p.rows);
   switch (p.op) {
     case FusedOp::kSoftmax:
     case FusedOp::kLogSoftmax:

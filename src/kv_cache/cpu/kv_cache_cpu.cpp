@@ -17,6 +17,7 @@
 //   s = scale q . k_j; soft-cap; minus slope |pos_t - j|; m = max (NaN propagates);
 //   m = -inf (nothing visible): out 0, lse -inf; else p_j = exp(s_j - m), out = sum p_j v_j / sum p_j,
 //   lse = m + log(sum p_j) (fp32).
+#include "core/cpu_loops.h"
 #include "kv_cache/cpu/kv_cache_cpu.h"
 
 #include <omp.h>
@@ -33,11 +34,6 @@ namespace optimized {
 namespace {
 
 using namespace host;  // F32, F64, F16, BF16
-
-int thread_count(int threads, int64_t items) {
-  const int64_t want = threads > 0 ? threads : omp_get_max_threads();
-  return static_cast<int>(std::max<int64_t>(1, std::min(want, items)));
-}
 
 // The cache page of token position `pos` of sequence b; -1 when the table or the cache has none.
 int64_t page_of(const KvCachePages& c, const KvPageTable& t, int64_t b, int64_t pos) {
@@ -98,7 +94,7 @@ void append(const KvAppendParams& p, int threads) {
   const KvCachePages& c = p.cache;
   const int64_t Dh = c.head_dim, S = p.new_tokens, items = p.table.batch * S;
   const bool rotate = p.rope != RopeLayout::kNone;
-  const int nth = thread_count(threads, items);
+  const int nth = cpu_thread_count(threads, items);
 #pragma omp parallel num_threads(nth)
   {
     std::vector<A> x(static_cast<size_t>(Dh));
@@ -140,7 +136,7 @@ void decode(const KvDecodeParams& p, int threads) {
   const int64_t Dh = c.head_dim, G = p.group(), Q = p.q_len, rows = G * Q;
   const int64_t capacity = p.table.max_pages * c.page_size;
   const int64_t items = p.batch * c.heads_kv;
-  const int nth = thread_count(threads, items);
+  const int nth = cpu_thread_count(threads, items);
 #pragma omp parallel num_threads(nth)
   {
     std::vector<A> q(static_cast<size_t>(rows * Dh)), o(static_cast<size_t>(rows * Dh)), kv(static_cast<size_t>(Dh));
