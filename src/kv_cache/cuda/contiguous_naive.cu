@@ -43,24 +43,13 @@ __device__ __forceinline__ float key_score(const KvDecodeParams& p, const T* q, 
   return score(p, dot, slope, pos, j);
 }
 
-// Block-wide NaN-propagating maximum; every thread gets it.
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-  for (int o = 16; o > 0; o /= 2) v = MaxOp::apply(v, __shfl_xor_sync(0xffffffffu, v, o));
-  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
-  __syncthreads();
-  float r = -INFINITY;
-  for (int w = 0; w < kWarps; ++w) r = MaxOp::apply(r, scratch[w]);
-  __syncthreads();
-  return r;
-}
-
 template <typename T, typename C>
 __global__ void __launch_bounds__(kThreads) naive_kernel(const __grid_constant__ KvDecodeParams p) {
   extern __shared__ float smem[];  // o: head_dim floats
   __shared__ float sp[kThreads];
   __shared__ unsigned char svis[kThreads];
   __shared__ int64_t spage[kThreads];
-  __shared__ float scratch[kWarps];
+  __shared__ float scratch[kWarps][1];  // block_reduce (kernels/reduce.cuh)
   const KvCachePages& c = p.cache;
   const int64_t t = blockIdx.x % p.q_len, bh = blockIdx.x / p.q_len;
   const int64_t h = bh % p.heads_q, b = bh / p.heads_q, g = h / p.group();
@@ -78,7 +67,7 @@ __global__ void __launch_bounds__(kThreads) naive_kernel(const __grid_constant__
     if (page < 0) continue;  // masked
     m = MaxOp::apply(m, key_score<T, C>(p, q, b, g, page, j, ks, slope, qr.pos));
   }
-  m = block_max(m, scratch);
+  m = block_reduce<MaxOp>(m, kThreads, scratch);  // NaN-propagating, every thread gets it
 
   // Pass 2: p_j, l, o.
   for (int64_t d = threadIdx.x; d < D; d += kThreads) smem[d] = 0.0f;
@@ -111,11 +100,7 @@ __global__ void __launch_bounds__(kThreads) naive_kernel(const __grid_constant__
     }
   }
   // l over the block.
-  for (int o = 16; o > 0; o /= 2) l += __shfl_xor_sync(0xffffffffu, l, o);
-  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = l;
-  __syncthreads();
-  float total = 0.0f;
-  for (int w = 0; w < kWarps; ++w) total += scratch[w];
+  const float total = block_reduce<SumOp>(l, kThreads, scratch);
   const bool empty = m == -INFINITY;
   T* out = static_cast<T*>(p.out) + b * p.out_b + t * p.out_t + h * p.out_h;
   const float inv = 1.0f / total;

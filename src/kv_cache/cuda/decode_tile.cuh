@@ -154,13 +154,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
       const bool vis = svis[i] != 0;
       const float s = ss[i];
       float mx = vis ? s : -INFINITY;
-      for (int o = 16; o > 0; o /= 2) mx = MaxOp::apply(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      mx = warp_reduce<MaxOp>(mx);
       const float m_old = sm[r];
       const float m_new = MaxOp::apply(m_old, mx);
       const float alpha = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
       const float pj = (vis && m_new != -INFINITY) ? expf(s - m_new) : 0.0f;
-      float sum = pj;
-      for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      const float sum = warp_reduce<SumOp>(pj);
       ss[i] = pj;
       __syncwarp();
       if (lane == 0) {
