@@ -16,7 +16,7 @@ every sequence holds L tokens.
 Cases (the row field "case"):
   decode     ours:<rung> = optimized_ops.paged_attention_decode(q (B, H_q, D), cache, page_table, seq_lens,
              variant=<rung>, validate=False) for contiguous_naive (only where B*L <= --naive-max-tokens: it
-             re-reads each group's K/V per query head), paged, paged_split, auto; the peer `sdpa` =
+             re-reads each group's K/V per query head), paged, paged_split, paged_mma, auto; the peer `sdpa` =
              F.scaled_dot_product_attention(q (B, H_q, 1, D), k, v (B, H_kv, L, D) contiguous, enable_gqa=True)
              under torch's default backend choice. GB/s = K/V bytes read / time; vs_baseline = sdpa's time
              over the row's; vs_copy = GB/s over the device_copy ceiling of the run (a decode only reads: it can
@@ -64,7 +64,7 @@ import runner  # noqa: E402
 from tolerance import accumulation_unit, attention_allowed_error, reduction_allowed_error  # noqa: E402
 
 CASES = ["decode", "page_size", "fp8", "append", "graph"]
-CUDA_RUNGS = ["contiguous_naive", "paged", "paged_split", "auto"]
+CUDA_RUNGS = ["contiguous_naive", "paged", "paged_split", "paged_mma", "auto"]
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 
@@ -605,7 +605,7 @@ def ceiling_dtypes(args, device):
 
 FAMILY = runner.register(runner.Family(
     "kv_cache", rows=kv_cache_rows, add_arguments=add_arguments, prepare=prepare, ceiling_dtypes=ceiling_dtypes,
-    summary="paged decode attention (contiguous_naive, paged, paged_split) vs SDPA enable_gqa on contiguous K/V, "
+    summary="paged decode attention (contiguous_naive, paged, paged_split, paged_mma) vs SDPA enable_gqa on contiguous K/V, "
             "page sizes, fp8, append+RoPE, CUDA-graph step (bench/benchmark_kv_cache.py)"))
 
 

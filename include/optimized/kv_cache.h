@@ -29,9 +29,13 @@
 // cache: an out-of-range page index reads as an empty page (its keys masked).
 //
 // Variants: cpu, and on CUDA (compute capability 8.0+, head_dim up to 512) contiguous_naive, paged,
-// paged_split (auto); append_kv on CUDA runs one kernel whichever CUDA variant is named. paged and
+// paged_split, paged_mma; append_kv on CUDA runs one kernel whichever CUDA variant is named. paged and
 // paged_split stage fp32 K/V tiles in shared memory: on GPUs with 99 KiB of it per block (compute
 // capability 8.6, 8.9) they take head_dim up to 381 (the launch fails beyond; H100 and A100 run 512).
+// paged_mma (tensor cores) takes fp16 / bf16 q, head_dim 64, 128 or 256 and cache rows that start
+// 16-byte aligned (as PagedKVCache allocates them); auto runs it where it fits and paged_split
+// elsewhere (fp32, other head dims). paged_mma rounds the probabilities to q's type before P V
+// (fp32 accumulation), as FlashAttention does.
 #pragma once
 
 #include <cstdint>
@@ -46,11 +50,12 @@
 namespace optimized {
 
 enum class KvCacheVariant : uint8_t {
-  kAuto,  // the best rung for the device (CPU: kCpu; CUDA: kPagedSplit, whose plan may choose splits = 1)
+  kAuto,  // the best rung for the device (CPU: kCpu; CUDA: kPagedMma where it runs, else kPagedSplit)
   kCpu,   // threads over (sequence, kv head): the readable reference rung
   kContiguousNaive,  // CUDA: one block per (sequence, query head, query), two passes, scalar loads
   kPaged,            // CUDA: one block per (sequence, kv head), GQA packed, online softmax, 16-byte loads
-  kPagedSplit,       // CUDA: paged over key chunks (flash-decoding) + an LSE merge (CUDA's auto)
+  kPagedSplit,       // CUDA: paged over key chunks (flash-decoding) + an LSE merge
+  kPagedMma,         // CUDA: paged_split's split, per-warp cp.async rings and tensor cores (CUDA's auto)
 };
 
 std::string_view kv_cache_variant_name(KvCacheVariant variant);   // "cpu", "paged_split", ...
@@ -105,10 +110,12 @@ void paged_attention_decode(const TensorView& q, const PagedKVCacheView& cache, 
 
 // Plan / run. A decode step whose launch is fixed once on the host, so that it can be captured in
 // a CUDA graph and replayed as the sequences grow: plan_paged_decode resolves the variant, chooses
-// the split of paged_split and sizes the workspace for a shape (host only: it reads device facts
-// such as the SM count, nothing else on the device). The split rule (src/kv_cache/kv_cache_config.h):
-// splits = 1 when B * heads_kv blocks fill the SMs or max_seq_len <= 256; otherwise about two
-// blocks per SM, min(ceil(2 * SMs / (B * heads_kv)), ceil(max_seq_len / 256)), at most 128. Each
+// the split of paged_split / paged_mma and sizes the workspace for a shape (host only: it reads
+// device facts such as the SM count, nothing else on the device). The split rules
+// (src/kv_cache/kv_cache_config.h): paged_split: splits = 1 when B * heads_kv blocks fill the SMs or
+// max_seq_len <= 256; otherwise about two blocks per SM, min(ceil(2 * SMs / (B * heads_kv)),
+// ceil(max_seq_len / 256)), at most 128. paged_mma: the split that fills whole waves of resident
+// blocks at the least cost, counting the merge (mma_decode_splits), at most 128. Each
 // sequence's keys are cut into `splits` chunks on the device from its current length, so a plan
 // stays correct for any length (max_seq_len only tunes the split).
 struct DecodePlan {
@@ -116,7 +123,7 @@ struct DecodePlan {
   Device device = Device::cpu();
   int64_t batch = 0, heads_q = 0, heads_kv = 0, head_dim = 0, q_len = 1, page_size = 0, max_seq_len = 0;
   DType dtype = DType::kF16, cache_dtype = DType::kF16;  // of q / out, of the pages
-  int64_t splits = 1;          // key chunks per sequence (paged_split; 1 elsewhere)
+  int64_t splits = 1;          // key chunks per sequence (paged_split, paged_mma; 1 elsewhere)
   size_t workspace_bytes = 0;  // ExecutionContext::workspace the run needs (256-byte aligned)
 };
 

@@ -40,7 +40,7 @@ def variants(family: str = "gemm") -> list[str]:
         ``["cpu", "naive", "wgmma_fp8"]``, ``variants("loader")``
         ``["synchronous", "pipelined"]`` (``StreamingLoader(variant=...)``), ``variants("attention")``
         ``["cpu", "naive", "flash", "flash2"]``, ``variants("kv_cache")``
-        ``["cpu", "contiguous_naive", "paged", "paged_split"]``. Every variant is listed,
+        ``["cpu", "contiguous_naive", "paged", "paged_split", "paged_mma"]``. Every variant is listed,
         whatever this build and machine can run.
 
     Raises

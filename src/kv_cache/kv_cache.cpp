@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/arg_checks.h"
+#include "kv_cache/kv_cache_config.h"
 #include "kv_cache/kv_cache_params.h"
 #include "kv_cache/kv_cache_variants.h"
 #include "optimized/kv_cache.h"
@@ -27,7 +28,6 @@
 #include "core/cuda_device_guard.h"
 #include "core/cuda_launch.h"
 #include "core/device_facts.h"
-#include "kv_cache/kv_cache_config.h"
 #include "kv_cache/launchers.h"
 #endif
 
@@ -240,15 +240,39 @@ void check_rope(const RopeOptions& r, int64_t head_dim, KvAppendParams& p) {
   p.rotary_dim = rd;
 }
 
+// Why paged_mma cannot run a decode (empty: it can): q's dtype, the head dim, and (c given: a call,
+// not a plan) the alignment of the cache rows its 16-byte copies read.
+std::string mma_rejects(DType dtype, int64_t head_dim, const KvCachePages* c) {
+  if (dtype != DType::kF16 && dtype != DType::kBF16)
+    return "paged_mma takes fp16 or bf16 q (the tensor cores' inputs); given " + dname(dtype);
+  if (!kv_cache_config::mma_head_dim(head_dim))
+    return "paged_mma takes head_dim 64, 128 or 256; given " + std::to_string(head_dim);
+  if (c) {
+    const int64_t vec = c->dtype == DType::kF8E4M3 ? 16 : 8;  // elements of 16 bytes
+    const bool ok = reinterpret_cast<uintptr_t>(c->k_pages) % 16 == 0 && reinterpret_cast<uintptr_t>(c->v_pages) % 16 == 0 &&
+                    c->k_page % vec == 0 && c->k_slot % vec == 0 && c->k_head % vec == 0 && c->v_page % vec == 0 &&
+                    c->v_slot % vec == 0 && c->v_head % vec == 0;
+    if (!ok)
+      return "paged_mma reads cache rows in 16-byte copies: expected k_pages and v_pages 16-byte aligned with page, slot "
+             "and head strides multiples of " +
+             std::to_string(vec) + " elements; given k strides (" + std::to_string(c->k_page) + ", " +
+             std::to_string(c->k_slot) + ", " + std::to_string(c->k_head) + "), v strides (" + std::to_string(c->v_page) +
+             ", " + std::to_string(c->v_slot) + ", " + std::to_string(c->v_head) + ")";
+  }
+  return {};
+}
+
 // Resolves the variant and refuses what it cannot run; returns the row to run (CPU) or throws.
-const KvCacheVariantInfo& resolve(KvCacheVariant variant, DType dtype, Device device, const char* data_name) {
+// auto on CUDA: paged_mma where it runs (mma_fits), paged_split elsewhere.
+const KvCacheVariantInfo& resolve(KvCacheVariant variant, DType dtype, Device device, const char* data_name,
+                                  bool mma_fits = false) {
   if (variant == KvCacheVariant::kAuto) {
     if (device.is_cuda()) {
 #if !OPTIMIZED_WITH_CUDA
       unsupported("variant: this build has no CUDA (configure with CUDA to run the kv_cache CUDA rungs); given tensors on " +
                   device_name(device));
 #endif
-      variant = KvCacheVariant::kPagedSplit;
+      variant = mma_fits ? KvCacheVariant::kPagedMma : KvCacheVariant::kPagedSplit;
     } else {
       variant = KvCacheVariant::kCpu;
     }
@@ -365,7 +389,10 @@ void append_kv(const PagedKVCacheView& cache, const TensorView& k, const TensorV
         }
     }
   }
-  const KvCacheVariantInfo& row = resolve(variant, p.dtype, device, "k");
+  // One append kernel takes fp16 / bf16 / fp32 whichever CUDA variant is named: paged_mma's dtype
+  // limit (16-bit q for the tensor cores) is its decode's, so its name appends as paged_split's.
+  const KvCacheVariant append_variant = variant == KvCacheVariant::kPagedMma ? KvCacheVariant::kPagedSplit : variant;
+  const KvCacheVariantInfo& row = resolve(append_variant, p.dtype, device, "k");
   if (B * S == 0) return;
   if (row.backend == Backend::kCpu) return row.cpu.append(p, ctx.cpu_threads);
 #if OPTIMIZED_WITH_CUDA
@@ -412,11 +439,18 @@ void check_fits_plan(const DecodePlan& plan, const KvCacheVariantInfo& row, cons
 
 // The workspace and split of a CUDA decode (the plan's rule, kv_cache_config.h).
 #if OPTIMIZED_WITH_CUDA
-int64_t device_splits(const KvCacheVariantInfo& row, int device, int64_t batch, int64_t heads_kv, int64_t max_seq_len) {
+// p: the shape fields (dtype, batch, q_len, heads_q, the cache's dtype, heads_kv, head_dim); the
+// current device is `device`.
+int64_t device_splits(const KvCacheVariantInfo& row, int device, const KvDecodeParams& p, int64_t max_seq_len) {
+  if (row.variant == KvCacheVariant::kPagedMma) {
+    int64_t splits = 1;
+    check_cuda(cuda::kv_cache_paged_mma_splits(p, max_seq_len, &splits), "paged_mma's split (occupancy query)");
+    return splits;
+  }
   if (row.variant != KvCacheVariant::kPagedSplit) return 1;
   const DeviceFacts* facts = nullptr;
   check_cuda(device_facts(device, &facts), "cudaDeviceGetAttribute (device facts)");
-  return kv_cache_config::decode_splits(batch, heads_kv, max_seq_len, facts->sm_count);
+  return kv_cache_config::decode_splits(p.batch, p.cache.heads_kv, max_seq_len, facts->sm_count);
 }
 #endif
 
@@ -522,7 +556,9 @@ void decode_impl(const TensorView& q, const PagedKVCacheView& cache, const Tenso
         }
       }
   }
-  const KvCacheVariantInfo& row = resolve(variant, p.dtype, device, "q");
+  const std::string mma_why = mma_rejects(p.dtype, c.head_dim, &c);
+  const KvCacheVariantInfo& row = resolve(variant, p.dtype, device, "q", mma_why.empty());
+  if (row.variant == KvCacheVariant::kPagedMma && !mma_why.empty()) unsupported("variant: " + mma_why);
   if (plan) check_fits_plan(*plan, row, p, c, device);
   if (B == 0 || Hq == 0) return;
   if (row.backend == Backend::kCpu) return row.cpu.decode(p, ctx.cpu_threads);
@@ -544,7 +580,8 @@ void decode_impl(const TensorView& q, const PagedKVCacheView& cache, const Tenso
               " splits (a planned step does not allocate; plan.workspace_bytes says how much); given " +
               (ctx.workspace.data ? std::to_string(ctx.workspace.bytes) + " bytes" : std::string("none")));
   } else {
-    p.splits = device_splits(row, device.index, B, c.heads_kv, p.table.max_pages * c.page_size);
+    DeviceGuard guard(device.index);
+    p.splits = device_splits(row, device.index, p, p.table.max_pages * c.page_size);
   }
   launch_on_cuda(row, p, device.index, ctx, what);
 #endif
@@ -586,7 +623,9 @@ DecodePlan plan_paged_decode(int64_t batch, int64_t heads_q, int64_t heads_kv, i
   if (device.is_cuda() && device.index < 0) invalid("device: expected a CUDA ordinal >= 0; given " + device_name(device));
   if (device.is_cuda() && dtype == DType::kF64)
     unsupported("dtype: fp64 runs on the cpu variant only; given fp64 on " + device_name(device));
-  const KvCacheVariantInfo& row = resolve(variant, dtype, device, "dtype");
+  const std::string mma_why = mma_rejects(dtype, head_dim, nullptr);
+  const KvCacheVariantInfo& row = resolve(variant, dtype, device, "dtype", mma_why.empty());
+  if (row.variant == KvCacheVariant::kPagedMma && !mma_why.empty()) unsupported("variant: " + mma_why);
   DecodePlan plan;
   plan.variant = row.variant;
   plan.device = device;
@@ -599,10 +638,10 @@ DecodePlan plan_paged_decode(int64_t batch, int64_t heads_q, int64_t heads_kv, i
   if (row.backend == Backend::kCuda) {
     check_cuda_head_dim(device, head_dim);
     DeviceGuard guard(device.index);
-    plan.splits = device_splits(row, device.index, batch, heads_kv, max_seq_len);
     KvDecodeParams p;
-    p.dtype = dtype, p.batch = batch, p.q_len = q_len, p.heads_q = heads_q, p.splits = plan.splits;
+    p.dtype = dtype, p.batch = batch, p.q_len = q_len, p.heads_q = heads_q;
     p.cache.dtype = cache_dtype, p.cache.heads_kv = heads_kv, p.cache.head_dim = head_dim, p.cache.page_size = page_size;
+    plan.splits = p.splits = device_splits(row, device.index, p, max_seq_len);
     plan.workspace_bytes = launcher_workspace_bytes(row, p, "plan_paged_decode (" + std::string(row.name) + ")");
   }
 #endif

@@ -30,6 +30,42 @@ constexpr int kDecodeThreads = 128;
 // The largest head_dim the CUDA rungs take (shared memory holds fp32 rows of it).
 constexpr int64_t kMaxHeadDim = 512;
 
+// paged_mma (cuda/paged_mma.cu): 4 warps a block, one m16 tile of query rows (more rows: several
+// blocks, each reading the keys again), head dims 64 / 128 / 256, and a cp.async ring of
+// mma_stages 16-key tiles per warp: about 24-32 KiB of K / V in flight per warp, so that a block
+// takes 64-128 KiB of shared memory and an SM holds 1-3 of them.
+constexpr int kMmaWarps = 4;
+constexpr int kMmaRows = 16;
+constexpr bool mma_head_dim(int64_t d) { return d == 64 || d == 128 || d == 256; }
+constexpr int mma_stages(int head_dim, bool fp8) {
+  if (fp8) return head_dim <= 64 ? 6 : (head_dim <= 128 ? 4 : 2);
+  return head_dim <= 64 ? 4 : (head_dim <= 128 ? 3 : 2);
+}
+
+// The split of paged_mma. `blocks` = B * H_kv * row groups, `slots` = the blocks resident at once
+// (SMs x blocks per SM, from the occupancy of the instance). A split of s chunks runs
+// ceil(blocks * s / slots) waves of blocks each reading 1/s of the keys: time ~ waves(s) / s of one
+// unsplit pass, plus the merge, which writes and reads back about 2 * rows fp32 rows per split
+// against the 2 * max_seq_len K / V rows a block reads: s * 2 * rows / max_seq_len. The rule takes
+// the s in [1, min(kMaxSplits, max_seq_len / kMinKeysPerMmaSplit)] of least cost (the smallest on a
+// tie). H100, GQA 32 / 8, d = 128 (2 blocks per SM, 264 slots): B = 1, L = 32k: 8 blocks ->
+// s = 33 (one full wave); B = 16, L = 4k: 128 blocks -> s = 2; B = 64: 512 blocks -> s = 1 (two
+// waves); B = 128: 1.
+constexpr int64_t kMinKeysPerMmaSplit = 64;
+inline int64_t mma_decode_splits(int64_t blocks, int64_t rows, int64_t max_seq_len, int64_t slots) {
+  blocks = std::max<int64_t>(1, blocks), slots = std::max<int64_t>(1, slots);
+  const int64_t most = std::clamp<int64_t>(max_seq_len / kMinKeysPerMmaSplit, 1, kMaxSplits);
+  const double merge = max_seq_len > 0 ? 2.0 * static_cast<double>(rows) / static_cast<double>(max_seq_len) : 0.0;
+  int64_t best = 1;
+  double best_cost = 0.0;
+  for (int64_t s = 1; s <= most; ++s) {
+    const double waves = static_cast<double>((blocks * s + slots - 1) / slots);
+    const double cost = waves / static_cast<double>(s) + static_cast<double>(s) * merge;
+    if (s == 1 || cost < best_cost) best = s, best_cost = cost;
+  }
+  return best;
+}
+
 inline int64_t decode_splits(int64_t batch, int64_t heads_kv, int64_t max_seq_len, int sm_count) {
   const int64_t blocks = std::max<int64_t>(1, batch * heads_kv);
   if (blocks >= sm_count || max_seq_len <= kMinKeysPerSplit) return 1;

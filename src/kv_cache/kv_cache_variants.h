@@ -34,8 +34,9 @@ constexpr DTypeSet kFloat = {DType::kF32, DType::kF16, DType::kBF16};
 }  // namespace kv_cache_table
 
 // In ladder order. The CUDA rungs use shared memory, warp shuffles, the bf16 and fp8 e4m3
-// conversions (8.0 for bf16; fp8 is converted in software before 8.9).
-inline constexpr std::array<KvCacheVariantInfo, 4> kKvCacheVariants = {{
+// conversions (8.0 for bf16; fp8 is converted in software before 8.9); paged_mma also cp.async,
+// ldmatrix and mma.sync (8.0).
+inline constexpr std::array<KvCacheVariantInfo, 5> kKvCacheVariants = {{
     {KvCacheVariant::kCpu, "cpu", Backend::kCpu, {DType::kF32, DType::kF16, DType::kBF16, DType::kF64}, 0, "",
      KvCacheCpuFns{&cpu_kv_append, &cpu_kv_decode}, nullptr, nullptr, nullptr},
     {KvCacheVariant::kContiguousNaive, "contiguous_naive", Backend::kCuda, kv_cache_table::kFloat, 80, "",
@@ -44,6 +45,8 @@ inline constexpr std::array<KvCacheVariantInfo, 4> kKvCacheVariants = {{
      OPTIMIZED_CUDA_FN(cuda::kv_cache_paged), nullptr, nullptr},
     {KvCacheVariant::kPagedSplit, "paged_split", Backend::kCuda, kv_cache_table::kFloat, 80, "", KvCacheCpuFns{},
      OPTIMIZED_CUDA_FN(cuda::kv_cache_paged_split), OPTIMIZED_CUDA_FN(cuda::kv_cache_paged_split_workspace), nullptr},
+    {KvCacheVariant::kPagedMma, "paged_mma", Backend::kCuda, {DType::kF16, DType::kBF16}, 80, "", KvCacheCpuFns{},
+     OPTIMIZED_CUDA_FN(cuda::kv_cache_paged_mma), OPTIMIZED_CUDA_FN(cuda::kv_cache_paged_mma_workspace), nullptr},
 }};
 
 const KvCacheVariantInfo& kv_cache_variant_info(KvCacheVariant variant);

@@ -7,10 +7,13 @@
 //   kv_cache_contiguous_naive  (cuda/contiguous_naive.cu): one block per (sequence, query head, query)
 //   kv_cache_paged             (cuda/paged.cu): one block per (sequence, kv head[, row group]), GQA packed
 //   kv_cache_paged_split       (cuda/paged_split.cu): paged over p.splits key chunks + an LSE merge
+//   kv_cache_paged_mma         (cuda/paged_mma.cu): paged_split's split with per-warp cp.async rings and
+//                              mma.sync (fp16 / bf16 q, head_dim 64 / 128 / 256, 16-byte aligned rows)
 //
-// Only paged_split needs a workspace (the partial results, when p.splits > 1): its query says how
-// much for the same params (only the shape fields and p.splits are read); a launch refuses a
-// smaller one with cudaErrorInvalidValue.
+// paged_split and paged_mma need a workspace (the partial results, when p.splits > 1): their
+// queries say how much for the same params (only the shape fields and p.splits are read); a launch
+// refuses a smaller one with cudaErrorInvalidValue. kv_cache_paged_mma_splits gives paged_mma's
+// split for a shape (kv_cache_config::mma_decode_splits with the instance's occupancy).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,6 +31,10 @@ cudaError_t kv_cache_contiguous_naive(const KvDecodeParams& p, const Workspace& 
 cudaError_t kv_cache_paged(const KvDecodeParams& p, const Workspace& workspace, cudaStream_t stream);
 cudaError_t kv_cache_paged_split(const KvDecodeParams& p, const Workspace& workspace, cudaStream_t stream);
 
+cudaError_t kv_cache_paged_mma(const KvDecodeParams& p, const Workspace& workspace, cudaStream_t stream);
+
 cudaError_t kv_cache_paged_split_workspace(const KvDecodeParams& p, size_t* bytes);
+cudaError_t kv_cache_paged_mma_workspace(const KvDecodeParams& p, size_t* bytes);
+cudaError_t kv_cache_paged_mma_splits(const KvDecodeParams& p, int64_t max_seq_len, int64_t* splits);
 
 }  // namespace optimized::cuda

@@ -1,11 +1,12 @@
-// The CUDA rungs of the KV-cache family (contiguous_naive, paged, paged_split, auto) through the
+// The CUDA rungs of the KV-cache family (contiguous_naive, paged, paged_split, paged_mma, auto) through the
 // public API against the float64 reference (src/testing/kv_cache_reference.h): page sizes 1, 7, 16,
 // 64, 256; sequence lengths 0, 1, 17, 4097 and 1 with 32768 (*Big*); GQA 1 / 4 / 8 and MQA; q_len
 // 1..8; softcap / window / ALiBi; fp8 cache; append with RoPE; unchecked mode with bad pages;
 // plan / run with an explicit workspace of exactly plan.workspace_bytes; a CUDA-graph capture of
 // append + planned decode (validate off, explicit workspace, own stream) replayed over 100 growing
-// steps, bitwise equal to eager calls and close to the float64 reference. Every test skips without
-// a CUDA device, with the reason. Written without a GPU: not yet run.
+// steps, bitwise equal to eager calls and close to the float64 reference. paged_mma takes fp16 / bf16
+// q with head_dim 64 / 128 / 256: on any other case it must refuse with an Error (checked). Every
+// test skips without a CUDA device, with the reason.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -56,7 +57,13 @@ struct DeviceCache {
   }
 };
 
+// What paged_mma runs (kv_cache.h): fp16 / bf16 q, head_dim 64, 128 or 256.
+bool mma_takes(const DecodeCase& cs) {
+  return (cs.dtype == DType::kF16 || cs.dtype == DType::kBF16) && (cs.d == 64 || cs.d == 128 || cs.d == 256);
+}
+
 void run_decode(const DecodeCase& cs, KvCacheVariant variant) {
+  const bool refused = variant == KvCacheVariant::kPagedMma && !mma_takes(cs);
   auto rng = test_rng();
   HostCache cache(cs.cache, cs.page_size, cs.hkv, cs.d, cs.lens, rng);
   const int64_t B = cache.batch, Q = cs.q_len;
@@ -83,6 +90,12 @@ void run_decode(const DecodeCase& cs, KvCacheVariant variant) {
   if (cs.alibi == 1) o.alibi_slopes = da.view({cs.hq});
   if (cs.alibi == 2) o.alibi_slopes = da.view({B, cs.hq});
   const TensorView qv = dq.view({B, Q, cs.hq, cs.d}), ov = dout.view({B, Q, cs.hq, cs.d});
+  if (refused) {  // paged_mma: a clear Error, the output left alone
+    EXPECT_THROW(paged_attention_decode(qv, cv, dt.view({B, cache.max_pages}), dl.view({B}), ov, dlse.view({B, cs.hq, Q}),
+                                        o, variant),
+                 Error);
+    return;
+  }
   if (cs.planned) {
     int64_t max_len = 0;
     for (int64_t l : cs.lens) max_len = std::max(max_len, l);
@@ -149,21 +162,37 @@ TEST_P(CudaKvCache, GqaMqaAndQLen) {
 }
 
 TEST_P(CudaKvCache, SoftcapWindowAlibiDtypes) {
-  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
-    DecodeCase cs;
-    cs.dtype = cs.cache = dt, cs.q_len = 3, cs.lens = {100, 33}, cs.window = 20, cs.softcap = 5.0, cs.alibi = 1, cs.d = 40;
-    run_decode(cs, GetParam());
-    cs.alibi = 2, cs.window = 0;
-    run_decode(cs, GetParam());
-  }
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16})
+    for (int64_t d : {40, 128}) {
+      DecodeCase cs;
+      cs.dtype = cs.cache = dt, cs.q_len = 3, cs.lens = {100, 33}, cs.window = 20, cs.softcap = 5.0, cs.alibi = 1, cs.d = d;
+      SCOPED_TRACE(d);
+      run_decode(cs, GetParam());
+      cs.alibi = 2, cs.window = 0;
+      run_decode(cs, GetParam());
+    }
 }
 
 TEST_P(CudaKvCache, Fp8Cache) {
-  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
-    DecodeCase cs;
-    cs.dtype = dt, cs.cache = DType::kF8E4M3, cs.lens = {77, 600}, cs.q_len = 2;
-    run_decode(cs, GetParam());
-  }
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16})
+    for (int64_t d : {64, 256}) {
+      DecodeCase cs;
+      cs.dtype = dt, cs.cache = DType::kF8E4M3, cs.lens = {77, 600}, cs.q_len = 2, cs.d = d;
+      SCOPED_TRACE(d);
+      run_decode(cs, GetParam());
+    }
+}
+
+// The head dims and GQA packings of the tensor-core rung, over several splits (plan) and one.
+TEST_P(CudaKvCache, HeadDimsPlannedAndNot) {
+  for (int64_t d : {64, 128, 256})
+    for (bool planned : {false, true}) {
+      DecodeCase cs;
+      cs.dtype = cs.cache = DType::kBF16, cs.d = d, cs.hq = 8, cs.hkv = 1, cs.q_len = 2, cs.lens = {1000, 3, 129};
+      cs.page_size = 16, cs.planned = planned;
+      SCOPED_TRACE(d * 10 + planned);
+      run_decode(cs, GetParam());
+    }
 }
 
 TEST_P(CudaKvCache, PlanRunExactWorkspace) {
@@ -202,39 +231,43 @@ TEST_P(CudaKvCache, AppendRope) {
 }
 
 // Unchecked mode: out-of-range page indices (2^30, -5) and a seq_len past the table read as masked
-// keys (never out of bounds, no CUDA error); validate refuses them.
+// keys (never out of bounds, no CUDA error); validate refuses them. fp32 with head_dim 16, or fp16
+// with 64 on paged_mma (what it takes).
 TEST_P(CudaKvCache, UncheckedBadPagesMasked) {
+  const bool mma = GetParam() == KvCacheVariant::kPagedMma;
+  const DType dt = mma ? DType::kF16 : DType::kF32;
+  const int64_t D = mma ? 64 : 16;
   for (int32_t len : {40, 100}) {
     SCOPED_TRACE(len);
     auto rng = test_rng();
-    HostCache cache(DType::kF32, 8, 2, 16, {40}, rng);  // 5 pages of 8: 40 tokens
+    HostCache cache(dt, 8, 2, D, {40}, rng);  // 5 pages of 8: 40 tokens
     cache.entries()[2] = 1 << 30;  // tokens 16..23
     cache.entries()[3] = -5;       // tokens 24..31
-    Buffer q(DType::kF32, 2 * 4 * 16, Device::cpu()), out(DType::kF32, q.count(), Device::cpu()),
+    Buffer q(dt, 2 * 4 * D, Device::cpu()), out(dt, q.count(), Device::cpu()),
         lens(DType::kI32, 1, Device::cpu()), lse(DType::kF32, 4 * 2, Device::cpu());
     fill_random(q, rng);
     static_cast<int32_t*>(lens.data())[0] = len;
     DeviceCache dc(cache);
-    Buffer dq = to_device(q), dl = to_device(lens), dout(DType::kF32, q.count(), Device::cuda(0)),
+    Buffer dq = to_device(q), dl = to_device(lens), dout(dt, q.count(), Device::cuda(0)),
            dlse(DType::kF32, lse.count(), Device::cuda(0));
     dout.fill_bytes(0xFF), dlse.fill_bytes(0xFF);
     DecodeOptions o;
-    EXPECT_THROW(paged_attention_decode(dq.view({1, 2, 4, 16}), dc.view(), dc.table_view(), dl.view({1}),
-                                        dout.view({1, 2, 4, 16}), dlse.view({1, 4, 2}), o, GetParam()),
+    EXPECT_THROW(paged_attention_decode(dq.view({1, 2, 4, D}), dc.view(), dc.table_view(), dl.view({1}),
+                                        dout.view({1, 2, 4, D}), dlse.view({1, 4, 2}), o, GetParam()),
                  Error);
     o.validate = false;
-    paged_attention_decode(dq.view({1, 2, 4, 16}), dc.view(), dc.table_view(), dl.view({1}), dout.view({1, 2, 4, 16}),
+    paged_attention_decode(dq.view({1, 2, 4, D}), dc.view(), dc.table_view(), dl.view({1}), dout.view({1, 2, 4, D}),
                            dlse.view({1, 4, 2}), o, GetParam());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     dout.copy_to_host(out.data());
     dlse.copy_to_host(lse.data());
     KvDecodeParams p;
-    p.cache = cache.pages(), p.table = cache.table_params(), p.dtype = DType::kF32, p.batch = 1, p.q_len = 2, p.heads_q = 4;
-    p.q = q.data(), p.q_b = 2 * 4 * 16, p.q_t = 64, p.q_h = 16;
-    p.out = out.data(), p.out_b = p.q_b, p.out_t = 64, p.out_h = 16;
+    p.cache = cache.pages(), p.table = cache.table_params(), p.dtype = dt, p.batch = 1, p.q_len = 2, p.heads_q = 4;
+    p.q = q.data(), p.q_b = 2 * 4 * D, p.q_t = 4 * D, p.q_h = D;
+    p.out = out.data(), p.out_b = p.q_b, p.out_t = 4 * D, p.out_h = D;
     p.lse = static_cast<float*>(lse.data()), p.lse_b = 8, p.lse_h = 2;
     p.seq_lens = static_cast<const int32_t*>(lens.data());
-    p.scale = 0.25;
+    p.scale = 1.0 / std::sqrt(double(D));
     const CheckResult r = check_kv_decode(p);
     EXPECT_TRUE(r.passed) << r.first_failure;
   }
@@ -354,7 +387,8 @@ TEST_P(CudaKvCache, GraphReplayGrowingSteps) {
 
 INSTANTIATE_TEST_SUITE_P(Rungs, CudaKvCache,
                          ::testing::Values(KvCacheVariant::kContiguousNaive, KvCacheVariant::kPaged,
-                                           KvCacheVariant::kPagedSplit, KvCacheVariant::kAuto),
+                                           KvCacheVariant::kPagedSplit, KvCacheVariant::kPagedMma,
+                                           KvCacheVariant::kAuto),
                          [](const auto& info) { return std::string(kv_cache_variant_name(info.param)); });
 
 }  // namespace

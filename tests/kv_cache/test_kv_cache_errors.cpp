@@ -115,6 +115,7 @@ TEST_F(KvCacheErrors, DecodeOperands) {
   EXPECT_MENTIONS(decode_default(o), "alibi_slopes");
   EXPECT_MENTIONS(call([] { parse_kv_cache_variant("hopper"); }), "variant");
   EXPECT_EQ(parse_kv_cache_variant("paged_split"), KvCacheVariant::kPagedSplit);
+  EXPECT_EQ(parse_kv_cache_variant("paged_mma"), KvCacheVariant::kPagedMma);
   EXPECT_EQ(kv_cache_variant_name(KvCacheVariant::kCpu), "cpu");
 }
 
@@ -165,6 +166,44 @@ TEST_F(KvCacheErrors, AppendOperands) {
   // k overlapping the cache (an output).
   PagedKVCacheView c2 = cache.view();
   EXPECT_ERROR(append(cache.k.view({2, 3, 2, 8}), v.view({2, 3, 2, 8}), pos.view({2, 3}), {}, c2), Status::kInvalidArgument);
+}
+
+// paged_mma refuses what its tensor cores do not take, before touching the device: fp32 q, a head
+// dim other than 64 / 128 / 256 (a call and a plan), a cache whose rows are not 16-byte aligned.
+TEST_F(KvCacheErrors, PagedMmaRefusals) {
+  auto on_cuda = [](PagedKVCacheView c) {
+    c.k_pages = on(c.k_pages, Device::cuda(0)), c.v_pages = on(c.v_pages, Device::cuda(0));
+    return c;
+  };
+  const Device g = Device::cuda(0);
+  DecodeOptions o;
+  o.validate = false;
+  Caught r = decode(on(q.view({2, 2, 4, 8}), g), on_cuda(cache.view()), on(cache.table_view(), g), on(lens.view({2}), g),
+                    on(out.view({2, 2, 4, 8}), g), {}, o, KvCacheVariant::kPagedMma);
+  EXPECT_ERROR(r, Status::kUnsupported);  // fp32
+  // fp16, head_dim 8.
+  std::mt19937_64 rng2 = test_rng();
+  HostCache c16(DType::kF16, 4, 2, 8, {12, 12}, rng2);
+  Buffer q16(DType::kF16, 2 * 2 * 4 * 8, Device::cpu()), o16(DType::kF16, 2 * 2 * 4 * 8, Device::cpu());
+  r = decode(on(q16.view({2, 2, 4, 8}), g), on_cuda(c16.view()), on(c16.table_view(), g), on(lens.view({2}), g),
+             on(o16.view({2, 2, 4, 8}), g), {}, o, KvCacheVariant::kPagedMma);
+  EXPECT_ERROR(r, Status::kUnsupported);
+  EXPECT_MENTIONS(r, "head_dim");
+  r = call([&] { plan_paged_decode(2, 4, 2, 40, 1, 16, 100, DType::kBF16, DType::kBF16, g, KvCacheVariant::kPagedMma); });
+  EXPECT_ERROR(r, Status::kUnsupported);
+  EXPECT_MENTIONS(r, "head_dim");
+  // fp16, head_dim 64, pages viewed with a slot stride of 66 elements (rows not 16-byte aligned).
+  std::mt19937_64 rng3 = test_rng();
+  HostCache c64(DType::kF16, 4, 2, 64, {12, 12}, rng3);
+  Buffer q64(DType::kF16, 2 * 2 * 4 * 64, Device::cpu()), o64(DType::kF16, 2 * 2 * 4 * 64, Device::cpu());
+  Buffer bk(DType::kF16, c64.num_pages * 4 * 2 * 66, Device::cpu()), bv(DType::kF16, bk.count(), Device::cpu());
+  PagedKVCacheView cv = c64.view();
+  cv.k_pages = bk.view({c64.num_pages, 4, 2, 64}, {4 * 2 * 66, 2 * 66, 66, 1});
+  cv.v_pages = bv.view({c64.num_pages, 4, 2, 64}, {4 * 2 * 66, 2 * 66, 66, 1});
+  r = decode(on(q64.view({2, 2, 4, 64}), g), on_cuda(cv), on(c64.table_view(), g), on(lens.view({2}), g),
+             on(o64.view({2, 2, 4, 64}), g), {}, o, KvCacheVariant::kPagedMma);
+  EXPECT_ERROR(r, Status::kUnsupported);
+  EXPECT_MENTIONS(r, "16-byte");
 }
 
 // CUDA tensors: the cpu variant refuses them; auto runs paged_split, which without a device fails

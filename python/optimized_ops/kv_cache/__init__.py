@@ -12,14 +12,14 @@ cache page, and token ``t`` of sequence ``b`` lives in page ``page_table[b, t //
 =============  ======  ======================================================================
 variant        device  what runs
 =============  ======  ======================================================================
-``"auto"``     any     ``cpu`` on the CPU, ``paged_split`` on CUDA
+``"auto"``     any     ``cpu`` on the CPU; on CUDA ``paged_mma`` where it runs, else ``paged_split``
 ``"cpu"``      CPU     threads over (sequence, kv head): the readable reference rung
 ``"contiguous_naive"`` CUDA  one block per (sequence, query head, query), two passes
 ``"paged"``    CUDA    one block per (sequence, kv head), GQA packed, online softmax
 ``"paged_split"`` CUDA paged over key chunks (flash-decoding) + an LSE merge
+``"paged_mma"`` CUDA  paged_split's split, per-warp cp.async rings and tensor cores (fp16 / bf16 q,
+                      head_dim 64 / 128 / 256, 16-byte aligned cache rows)
 =============  ======  ======================================================================
-
-The CUDA rungs are compiled and their tests written, but have not yet run on a GPU.
 
 CUDA graphs: ``plan = plan_paged_decode(...)`` once, then ``paged_attention_decode(..., plan=plan,
 validate=False)`` and ``append_kv(..., validate=False)`` capture in ``torch.cuda.graphs`` (no host
@@ -196,7 +196,7 @@ class PagedKVCache:
 @dataclasses.dataclass(frozen=True)
 class DecodePlan:
     """A decode step fixed once on the host (``include/optimized/kv_cache.h``, ``plan_paged_decode``):
-    the shape, the resolved variant, the split of ``paged_split`` and the workspace it needs. Made by
+    the shape, the resolved variant, the split of ``paged_split`` / ``paged_mma`` and the workspace it needs. Made by
     ``plan_paged_decode``; passed to ``paged_attention_decode(..., plan=plan)``, which refuses a call of
     another shape and runs with the plan's variant and split (a plan stays correct for any length:
     ``max_seq_len`` only tunes the split)."""
@@ -365,7 +365,7 @@ def paged_attention_decode(q: torch.Tensor, cache: PagedKVCache, page_table: tor
         Read page_table and seq_lens back and check them (a host sync; off: CUDA-graph safe, and an
         out-of-range page reads as an empty page).
     variant : str
-        ``"auto"``, ``"cpu"``, ``"contiguous_naive"``, ``"paged"`` or ``"paged_split"``.
+        ``"auto"``, ``"cpu"``, ``"contiguous_naive"``, ``"paged"``, ``"paged_split"`` or ``"paged_mma"``.
     plan : DecodePlan, optional
         From ``plan_paged_decode``: the call must have its shape; runs the plan's variant and split
         (``variant`` is then ignored). With ``validate=False``, capturable in a CUDA graph.

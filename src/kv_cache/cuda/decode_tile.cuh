@@ -34,6 +34,7 @@
 #include "kernels/dtype.cuh"
 #include "kernels/reduce.cuh"
 #include "kv_cache/cuda/kv_cache_common.cuh"
+#include "kv_cache/cuda/split_merge.cuh"
 #include "kv_cache/kv_cache_config.h"
 
 namespace optimized::cuda::kv_cache_cuda {
@@ -43,12 +44,6 @@ using kv_cache_config::kKeyTile;
 using kv_cache_config::kMaxRowsPerBlock;
 static_assert(kKeyTile == 32, "the softmax step gives one key to each lane of a warp");
 static_assert(kDecodeThreads % 32 == 0, "whole warps");
-
-// Where the partial results of the splits go (paged_split), or null (direct).
-struct SplitOut {
-  float* o = nullptr;    // (B * H_q * q_len rows, splits, D): normalized partial outputs
-  float* lse = nullptr;  // (rows, splits)
-};
 
 // The shared memory of a block serving `rows` rows of head_dim D.
 struct TileSmem {
