@@ -34,8 +34,8 @@
 // capability 8.6, 8.9) they take head_dim up to 381 (the launch fails beyond; H100 and A100 run 512).
 // paged_mma (tensor cores) takes fp16 / bf16 q, head_dim 64, 128 or 256 and cache rows that start
 // 16-byte aligned (as PagedKVCache allocates them); auto runs it where it fits and paged_split
-// elsewhere (fp32, other head dims). paged_mma rounds the probabilities to q's type before P V
-// (fp32 accumulation), as FlashAttention does.
+// elsewhere (fp32, other head dims). It rounds the probabilities to 16 bits before P V (fp32
+// accumulation), as FlashAttention does.
 #pragma once
 
 #include <cstdint>

@@ -244,16 +244,16 @@ void check_rope(const RopeOptions& r, int64_t head_dim, KvAppendParams& p) {
 // not a plan) the alignment of the cache rows its 16-byte copies read.
 std::string mma_rejects(DType dtype, int64_t head_dim, const KvCachePages* c) {
   if (dtype != DType::kF16 && dtype != DType::kBF16)
-    return "paged_mma takes fp16 or bf16 q (the tensor cores' inputs); given " + dname(dtype);
+    return "takes fp16 or bf16 q (the tensor cores' inputs); given " + dname(dtype);
   if (!kv_cache_config::mma_head_dim(head_dim))
-    return "paged_mma takes head_dim 64, 128 or 256; given " + std::to_string(head_dim);
+    return "takes head_dim 64, 128 or 256; given " + std::to_string(head_dim);
   if (c) {
     const int64_t vec = c->dtype == DType::kF8E4M3 ? 16 : 8;  // elements of 16 bytes
     const bool ok = reinterpret_cast<uintptr_t>(c->k_pages) % 16 == 0 && reinterpret_cast<uintptr_t>(c->v_pages) % 16 == 0 &&
                     c->k_page % vec == 0 && c->k_slot % vec == 0 && c->k_head % vec == 0 && c->v_page % vec == 0 &&
                     c->v_slot % vec == 0 && c->v_head % vec == 0;
     if (!ok)
-      return "paged_mma reads cache rows in 16-byte copies: expected k_pages and v_pages 16-byte aligned with page, slot "
+      return "reads cache rows in 16-byte copies: expected k_pages and v_pages 16-byte aligned with page, slot "
              "and head strides multiples of " +
              std::to_string(vec) + " elements; given k strides (" + std::to_string(c->k_page) + ", " +
              std::to_string(c->k_slot) + ", " + std::to_string(c->k_head) + "), v strides (" + std::to_string(c->v_page) +
@@ -558,7 +558,7 @@ void decode_impl(const TensorView& q, const PagedKVCacheView& cache, const Tenso
   }
   const std::string mma_why = mma_rejects(p.dtype, c.head_dim, &c);
   const KvCacheVariantInfo& row = resolve(variant, p.dtype, device, "q", mma_why.empty());
-  if (row.variant == KvCacheVariant::kPagedMma && !mma_why.empty()) unsupported("variant: " + mma_why);
+  if (row.variant == KvCacheVariant::kPagedMma && !mma_why.empty()) unsupported("variant: " + std::string(row.name) + ": " + mma_why);
   if (plan) check_fits_plan(*plan, row, p, c, device);
   if (B == 0 || Hq == 0) return;
   if (row.backend == Backend::kCpu) return row.cpu.decode(p, ctx.cpu_threads);
@@ -625,7 +625,7 @@ DecodePlan plan_paged_decode(int64_t batch, int64_t heads_q, int64_t heads_kv, i
     unsupported("dtype: fp64 runs on the cpu variant only; given fp64 on " + device_name(device));
   const std::string mma_why = mma_rejects(dtype, head_dim, nullptr);
   const KvCacheVariantInfo& row = resolve(variant, dtype, device, "dtype", mma_why.empty());
-  if (row.variant == KvCacheVariant::kPagedMma && !mma_why.empty()) unsupported("variant: " + mma_why);
+  if (row.variant == KvCacheVariant::kPagedMma && !mma_why.empty()) unsupported("variant: " + std::string(row.name) + ": " + mma_why);
   DecodePlan plan;
   plan.variant = row.variant;
   plan.device = device;

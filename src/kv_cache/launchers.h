@@ -12,7 +12,7 @@
 //
 // paged_split and paged_mma need a workspace (the partial results, when p.splits > 1): their
 // queries say how much for the same params (only the shape fields and p.splits are read); a launch
-// refuses a smaller one with cudaErrorInvalidValue. kv_cache_paged_mma_splits gives paged_mma's
+// refuses a smaller one with cudaErrorInvalidValue. kv_cache_paged_mma_splits gives its
 // split for a shape (kv_cache_config::mma_decode_splits with the instance's occupancy).
 #pragma once
 
@@ -36,5 +36,6 @@ cudaError_t kv_cache_paged_mma(const KvDecodeParams& p, const Workspace& workspa
 cudaError_t kv_cache_paged_split_workspace(const KvDecodeParams& p, size_t* bytes);
 cudaError_t kv_cache_paged_mma_workspace(const KvDecodeParams& p, size_t* bytes);
 cudaError_t kv_cache_paged_mma_splits(const KvDecodeParams& p, int64_t max_seq_len, int64_t* splits);
+
 
 }  // namespace optimized::cuda

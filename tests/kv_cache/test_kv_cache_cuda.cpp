@@ -1,11 +1,13 @@
-// The CUDA rungs of the KV-cache family (contiguous_naive, paged, paged_split, paged_mma, auto) through the
+// The CUDA rungs of the KV-cache family (contiguous_naive, paged, paged_split, paged_mma, auto)
+// through the
 // public API against the float64 reference (src/testing/kv_cache_reference.h): page sizes 1, 7, 16,
 // 64, 256; sequence lengths 0, 1, 17, 4097 and 1 with 32768 (*Big*); GQA 1 / 4 / 8 and MQA; q_len
 // 1..8; softcap / window / ALiBi; fp8 cache; append with RoPE; unchecked mode with bad pages;
 // plan / run with an explicit workspace of exactly plan.workspace_bytes; a CUDA-graph capture of
 // append + planned decode (validate off, explicit workspace, own stream) replayed over 100 growing
-// steps, bitwise equal to eager calls and close to the float64 reference. paged_mma takes fp16 / bf16
-// q with head_dim 64 / 128 / 256: on any other case it must refuse with an Error (checked). Every
+// steps, bitwise equal to eager calls and close to the float64 reference. paged_mma takes
+// fp16 / bf16 q with head_dim 64 / 128 / 256: on any other case it must refuse with an Error
+// (checked). Every
 // test skips without a CUDA device, with the reason.
 #include <gtest/gtest.h>
 

@@ -505,8 +505,8 @@ def test_cuda_decode_against_reference(rng, variant, page_size, dtype, q_len, h_
     q = rand((batch, q_len, h_q, d), dtype, "cpu", rng)
     lens = torch.tensor(seq_lens, dtype=torch.int32)
     slopes = torch.rand(h_q, generator=rng) * 0.3
-    if variant == "paged_mma" and dtype == torch.float32:  # tensor cores: fp16 / bf16 q only, said clearly
-        with pytest.raises(NotImplementedError, match="paged_mma"):
+    if variant == "paged_mma" and dtype == torch.float32:  # tensor cores: 16-bit q only
+        with pytest.raises(NotImplementedError, match=variant):
             optimized_ops.paged_attention_decode(q.cuda(), _to_cuda(cache), table.cuda(), lens.cuda(), variant=variant)
         return
     for options in [dict(), dict(softcap=5.0, window_left=20, alibi_slopes=slopes)]:

@@ -17,9 +17,11 @@
 //           row's key range [lo, hi) and the page mask applied on the C fragment); online softmax
 //           on the fragment (quad max / exp2); P (rounded to 16 bits, the FlashAttention-2 trick)
 //           times V: D / 8 n-tiles, V's B fragments by ldmatrix.trans
-//   fp8     the pages are copied as bytes, then each warp converts its tile to the 16-bit type of q
-//           (e4m3 -> f16 is exact, and so -> bf16) in a tile of its own; the per-head scales are
-//           not applied to the elements: k_scale joins the softmax scale, v_scale the output
+//   fp8     the pages are copied as bytes, then each warp converts its tile to f16 (e4m3 -> f16 is
+//           exact, one cvt per pair) in a tile of its own, and the products run in f16 whatever
+//           q's type: q enters scaled by a power of two that puts the block's largest |q| near
+//           2^14 (no overflow for any bf16 q; the power joins the score scale); the per-head scales
+//           are not applied to the elements: k_scale joins the softmax scale, v_scale the output
 //   end     the 4 warps' (m, l, O) meet in shared memory (the pipeline's, reused): out = O / l and
 //           lse (splits == 1), or the split's normalized partial for the merge
 //
@@ -32,7 +34,8 @@
 //
 // Limits: q fp16 / bf16 (the cache of q's type or fp8 e4m3), head_dim 64, 128 or 256, cache rows
 // 16-byte aligned (kv_cache.cpp checks; auto runs paged_split otherwise). Numerics: P is rounded
-// to q's 16-bit type before P V (fp32 accumulation), as FlashAttention does; a key a row does not
+// to the products' 16-bit type (q's; f16 with an fp8 cache) before P V (fp32 accumulation), as
+// FlashAttention does; a key a row does not
 // see still shares its tile with the rows that do, so a NaN or Inf in such a key's V row reaches
 // the row's output through 0 * V (the cpu and SIMT rungs skip it): the tensor-core rungs' whole-tile
 // semantics, as attention's flash2.
@@ -51,6 +54,7 @@
 #include "kernels/common.cuh"
 #include "kernels/dispatch.cuh"
 #include "kernels/ptx/cp_async.cuh"
+#include "kernels/ptx/ldmatrix.cuh"
 #include "kernels/ptx/smem.cuh"
 #include "kernels/tile/mma_frag.cuh"
 #include "kv_cache/cuda/kv_cache_common.cuh"
@@ -74,14 +78,18 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 static_assert(kRows == 16, "one m16 tile of query rows");
 
-// The shared-memory layout of an instance.
+// The shared-memory layout of an instance. A stage holds a warp's 16-key tile of K then of V as
+// the pages store them: 16-bit rows in the swizzled SmemTile layout, fp8 rows unpadded (converted
+// by the warp into a swizzled 16-bit tile of its own before use).
 template <int D, typename C>
 struct MmaShape {
   static constexpr bool kFp8 = std::is_same_v<C, Fp8>;
-  using Tile = SmemTile<kKeys, D>;  // 16 rows of D 16-bit elements, swizzled (Q, and K / V of a tile)
+  using Tile = SmemTile<kKeys, D>;  // 16 rows of D 16-bit elements, swizzled (Q, and fp8 converted)
   static constexpr int kStages = cfg::mma_stages(D, kFp8);
-  static constexpr int kRawTileBytes = kKeys * D * (kFp8 ? 1 : 2);  // K or V of a tile as stored
-  static constexpr int kStageBytes = 2 * kRawTileBytes;               // K, then V
+  static constexpr int kRowBytes = D * static_cast<int>(sizeof(C));  // a cache row
+  static constexpr int kRawStride = kRowBytes;
+  static constexpr int kRawTileBytes = kKeys * kRawStride;  // K or V of a tile as stored
+  static constexpr int kStageBytes = 2 * kRawTileBytes;     // K, then V
   static constexpr int kWarpBytes = kStages * kStageBytes + (kFp8 ? 2 * Tile::kBytes : 0);
   static constexpr int kQBytes = Tile::kBytes;
   static constexpr int kWarpsOffset = kQBytes;
@@ -95,34 +103,28 @@ struct MmaShape {
   static_assert(D % 64 == 0, "the swizzle permutes the 16-byte chunks of 128-byte lines");
 };
 
-// Two e4m3 bytes (lo in the low byte) as the 16-bit pair of T (exact: e4m3 fits f16 and bf16).
-template <typename T>
-__device__ __forceinline__ uint32_t fp8x2_to(uint16_t v) {
+// Two e4m3 bytes (lo in the low byte) as an f16 pair (exact: e4m3 fits f16; one cvt on sm_89+).
+__device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint16_t v) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v), __NV_E4M3);
-  if constexpr (std::is_same_v<T, __half>) {
-    return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-  } else {
-    const float2 f = __half22float2(__half2(h));
-    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
-    return *reinterpret_cast<const uint32_t*>(&b);
-  }
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
-// A warp converts a raw fp8 tile (kKeys rows of D bytes, row-major) into a swizzled 16-bit tile.
-template <typename T, int D>
+// A warp converts a raw fp8 tile (kKeys rows of D bytes, kStride bytes apart) into a swizzled f16
+// tile.
+template <int D, int kStride>
 __device__ __forceinline__ void convert_fp8_tile(const unsigned char* raw, uint32_t tile, int lane) {
   using Tile = SmemTile<kKeys, D>;
   constexpr int kChunks = kKeys * D / 16;  // 16-byte chunks of the raw tile
 #pragma unroll
   for (int q = lane; q < kChunks; q += 32) {
     const int r = q / (D / 16), c16 = q % (D / 16);
-    const uint4 v = *reinterpret_cast<const uint4*>(raw + q * 16);
+    const uint4 v = *reinterpret_cast<const uint4*>(raw + r * kStride + c16 * 16);
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
     uint32_t o[8];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      o[2 * i] = fp8x2_to<T>(static_cast<uint16_t>(w[i] & 0xffffu));
-      o[2 * i + 1] = fp8x2_to<T>(static_cast<uint16_t>(w[i] >> 16));
+      o[2 * i] = fp8x2_to_f16x2(static_cast<uint16_t>(w[i] & 0xffffu));
+      o[2 * i + 1] = fp8x2_to_f16x2(static_cast<uint16_t>(w[i] >> 16));
     }
     const uint32_t a0 = tile + Tile::offset(r, 2 * c16), a1 = tile + Tile::offset(r, 2 * c16 + 1);
     asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a0), "r"(o[0]), "r"(o[1]), "r"(o[2]), "r"(o[3])
@@ -137,6 +139,8 @@ __global__ void __launch_bounds__(kThreads)
     paged_mma_kernel(const __grid_constant__ KvDecodeParams p, SplitOut split_out) {
   using S = MmaShape<D, C>;
   using Tile = typename S::Tile;
+  // The tensor cores' input type: q's, or f16 for an fp8 cache (e4m3 -> f16 is one exact cvt).
+  using M = std::conditional_t<S::kFp8, __half, T>;
   constexpr int kStages = S::kStages;
   constexpr bool kQRegs = D <= 128;  // Q's A fragments held in registers (D = 256: re-read per tile)
   extern __shared__ __align__(128) unsigned char smem[];
@@ -163,16 +167,30 @@ __global__ void __launch_bounds__(kThreads)
   const int ntiles = s_hi > s_lo ? static_cast<int>(ceil_div(s_hi - s_lo, int64_t{kKeys})) : 0;
   const int my_tiles = ntiles > warp ? (ntiles - warp + kWarps - 1) / kWarps : 0;
 
-  // Q (16-bit, swizzled; rows past the group are zeros).
+  // Q as the MMA type M (swizzled; rows past the group are zeros). fp8 cache: q * qscale in f16,
+  // qscale the power of two that brings the block's largest |q| to [2^13, 2^14) (f16's range holds
+  // any bf16 q, exactly up to f16's rounding); 1 / qscale joins the score scale.
   const uint32_t sq = sbase;
+  auto q_at = [&](int r, int d) -> float {
+    const int64_t rg = r0 + r, t = rg % Q, h = g * G + rg / Q;
+    return to_float(static_cast<const T*>(p.q)[b * p.q_b + t * p.q_t + h * p.q_h + d]);
+  };
+  float qscale = 1.0f;
+  if constexpr (S::kFp8) {
+    __shared__ float slots[kWarps][1];
+    float mx = 0.0f;
+    for (int i = tid; i < nrows * D; i += kThreads) mx = fmaxf(mx, fabsf(q_at(i / D, i % D)));  // (NaN dropped)
+    mx = block_reduce<MaxOp>(mx, kThreads, slots);
+    if (mx > 0.0f && mx <= 3.0e38f) {
+      int e = 0;
+      frexpf(mx, &e);  // mx < 2^e
+      qscale = ldexpf(1.0f, min(14 - e, 126));
+    }
+  }
   for (int i = tid; i < kRows * D; i += kThreads) {
     const int r = i / D, d = i % D;
-    T v = from_float<T>(0.0f);
-    if (r < nrows) {
-      const int64_t rg = r0 + r, t = rg % Q, h = g * G + rg / Q;
-      v = static_cast<const T*>(p.q)[b * p.q_b + t * p.q_t + h * p.q_h + d];
-    }
-    *reinterpret_cast<T*>(smem + Tile::offset(r, d / 8) + (d % 8) * 2) = v;
+    const float x = r < nrows ? q_at(r, d) * qscale : 0.0f;
+    *reinterpret_cast<M*>(smem + Tile::offset(r, d / 8) + (d % 8) * 2) = from_float<M>(x);
   }
 
   // This thread's two rows of the C fragments (g = lane / 4 and g + 8): key range, position, slope.
@@ -190,7 +208,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   const float ks = c.k_scale ? c.k_scale[g] : 1.0f, vs = c.v_scale ? c.v_scale[g] : 1.0f;
-  const float scale_nat = static_cast<float>(p.scale) * ks;
+  const float scale_nat = static_cast<float>(p.scale) * ks / qscale;
   const float scale_log2 = scale_nat * kLog2e;
   const bool mod = p.softcap > 0 || p.alibi != nullptr;
   const float cap = p.softcap > 0 ? static_cast<float>(p.softcap) : 1.0f;
@@ -208,40 +226,51 @@ __global__ void __launch_bounds__(kThreads)
   const char* k_bytes = static_cast<const char*>(c.k_pages);
   const char* v_bytes = static_cast<const char*>(c.v_pages);
   const bool wide = s_hi > 0x7fffffff;  // key indices past 2^31 - 1: 64-bit page arithmetic
-  // Copies tile i of the warp (if any) into stage i % kStages and commits a group (always: the
-  // waits count groups).
-  auto issue = [&](int i) {
+  // The page of the key of lane l < 16 in tile i of the warp (-1: no page, or no such key) and its
+  // slot, read one tile ahead of the copies that need them (the table read is off the critical path).
+  struct PageSlot {
+    int page, slot;
+  };
+  auto fetch = [&](int i) -> PageSlot {
+    PageSlot ps{-1, 0};
+    const int64_t j = s_lo + static_cast<int64_t>(warp + kWarps * i) * kKeys + (lane % kKeys);
+    if (i < my_tiles && lane < kKeys && j < s_hi) {
+      int64_t pi, sl;
+      if (!wide) {
+        const uint32_t j32 = static_cast<uint32_t>(j), size = static_cast<uint32_t>(c.page_size);
+        const uint32_t q32 = j32 / size;
+        pi = q32, sl = j32 - q32 * size;
+      } else {
+        pi = j / c.page_size, sl = j % c.page_size;
+      }
+      if (pi < p.table.max_pages) {
+        const int64_t e = p.table.entries[b * p.table.row + pi];
+        if (e >= 0 && e < c.num_pages) ps.page = static_cast<int>(e), ps.slot = static_cast<int>(sl);
+      }
+    }
+    return ps;
+  };
+  // Copies tile i of the warp (if any; its pages in ps) into stage i % kStages in 16-byte chunks,
+  // the lanes of a pass covering whole rows (32 / (row bytes / 16) rows a pass: each copy instruction
+  // reads whole contiguous row segments; the row's page and slot come by shuffle from the key's
+  // lane), and commits a group (always: the waits count groups). A key without a page: zeros,
+  // never read. (Measured: one lane pair per row instead, 16 rows of 32 bytes an instruction, was
+  // 10-15% slower at B = 64 and 128.)
+  auto issue = [&](int i, PageSlot ps) {
     if (i < my_tiles) {
       const int stage = i % kStages;
-      const int64_t j0 = s_lo + static_cast<int64_t>(warp + kWarps * i) * kKeys;
-      int page = -1, slot = 0;
-      const int64_t j = j0 + (lane % kKeys);
-      if (lane < kKeys && j < s_hi) {
-        int64_t pi, sl;
-        if (!wide) {
-          const uint32_t j32 = static_cast<uint32_t>(j), ps = static_cast<uint32_t>(c.page_size);
-          const uint32_t q32 = j32 / ps;
-          pi = q32, sl = j32 - q32 * ps;
-        } else {
-          pi = j / c.page_size, sl = j % c.page_size;
-        }
-        if (pi < p.table.max_pages) {
-          const int64_t e = p.table.entries[b * p.table.row + pi];
-          if (e >= 0 && e < c.num_pages) page = static_cast<int>(e), slot = static_cast<int>(sl);
-        }
-      }
-      const uint32_t valid = __ballot_sync(0xffffffffu, page >= 0) & 0xffffu;
+      const uint32_t valid = __ballot_sync(0xffffffffu, ps.page >= 0) & 0xffffu;
       if (lane == 0) smask[stage] = valid;
-      constexpr int kCpr = S::kFp8 ? D / 16 : D / 8;  // 16-byte chunks per row
+      constexpr int kCpr = S::kRowBytes / 16;  // 16-byte chunks per row
       constexpr int kRowsPerPass = 32 / kCpr;
       const int cc = lane % kCpr;
       const uint32_t kt = wbase + stage * S::kStageBytes, vt = kt + S::kRawTileBytes;
 #pragma unroll
       for (int pass = 0; pass < kKeys / kRowsPerPass; ++pass) {
         const int r = lane / kCpr + pass * kRowsPerPass;
-        const int pg = __shfl_sync(0xffffffffu, page, r);
-        const int sl = __shfl_sync(0xffffffffu, slot, r);
-        const uint32_t off = S::kFp8 ? static_cast<uint32_t>(r * D + cc * 16) : Tile::offset(r, cc);
+        const int pg = __shfl_sync(0xffffffffu, ps.page, r);
+        const int sl = __shfl_sync(0xffffffffu, ps.slot, r);
+        const uint32_t off = S::kFp8 ? static_cast<uint32_t>(r * S::kRawStride + cc * 16) : Tile::offset(r, cc);
         if (pg >= 0) {
           const int64_t ko = (static_cast<int64_t>(pg) * c.k_page + sl * c.k_slot + g * c.k_head) * sizeof(C);
           const int64_t vo = (static_cast<int64_t>(pg) * c.v_page + sl * c.v_slot + g * c.v_head) * sizeof(C);
@@ -261,19 +290,24 @@ __global__ void __launch_bounds__(kThreads)
   for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
+  PageSlot next = fetch(0);
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) issue(i);
+  for (int i = 0; i < kStages - 1; ++i) {
+    issue(i, next);
+    next = fetch(i + 1);
+  }
   for (int i = 0; i < my_tiles; ++i) {
     ptx::cp_async_wait<kStages - 2>();
     __syncwarp();  // every lane's copies of tile i landed; every lane is done with tile i - 1
-    issue(i + kStages - 1);  // into tile i - 1's stage
+    issue(i + kStages - 1, next);  // into tile i - 1's stage
+    next = fetch(i + kStages);
     const int stage = i % kStages;
     uint32_t kt = wbase + stage * S::kStageBytes, vt = kt + S::kRawTileBytes;
     if constexpr (S::kFp8) {
       const uint32_t ck = wbase + kStages * S::kStageBytes, cv = ck + Tile::kBytes;
       const unsigned char* raw = smem + (kt - sbase);
-      convert_fp8_tile<T, D>(raw, ck, lane);
-      convert_fp8_tile<T, D>(raw + S::kRawTileBytes, cv, lane);
+      convert_fp8_tile<D, S::kRawStride>(raw, ck, lane);
+      convert_fp8_tile<D, S::kRawStride>(raw + S::kRawTileBytes, cv, lane);
       __syncwarp();
       kt = ck, vt = cv;
     }
@@ -287,13 +321,13 @@ __global__ void __launch_bounds__(kThreads)
       uint32_t bk[2][2];
       ldsm_b_nk<Tile>(bk, kt, 0, 2 * ks16, lane);
       if constexpr (kQRegs) {
-        mma<T>(s[0], qa[ks16], bk[0]);
-        mma<T>(s[1], qa[ks16], bk[1]);
+        mma<M>(s[0], qa[ks16], bk[0]);
+        mma<M>(s[1], qa[ks16], bk[1]);
       } else {
         uint32_t a[4];
         ldsm_a<Tile>(a, sq, 0, 2 * ks16, lane);
-        mma<T>(s[0], a, bk[0]);
-        mma<T>(s[1], a, bk[1]);
+        mma<M>(s[0], a, bk[0]);
+        mma<M>(s[1], a, bk[1]);
       }
     }
 
@@ -322,6 +356,7 @@ __global__ void __launch_bounds__(kThreads)
     }
 
     // Online softmax on the fragment: rows g (i2 = 0) and g + 8 (i2 = 1).
+    float alphas[2];
 #pragma unroll
     for (int i2 = 0; i2 < 2; ++i2) {
       float mx = fmaxf(fmaxf(s[0][2 * i2], s[0][2 * i2 + 1]), fmaxf(s[1][2 * i2], s[1][2 * i2 + 1]));
@@ -340,19 +375,25 @@ __global__ void __launch_bounds__(kThreads)
           sum += pe;
         }
       l[i2] = l[i2] * alpha + sum;
+      alphas[i2] = alpha;
+    }
+    // O *= alpha, skipped when no row of the warp's tile raised its max (alpha = 1; or both maxima
+    // -inf: O is 0): after the first tiles of a long sequence the max rarely moves.
+    if (!__all_sync(0xffffffffu, alphas[0] == 1.0f && alphas[1] == 1.0f)) {
 #pragma unroll
-      for (int nt = 0; nt < D / 8; ++nt) o[nt][2 * i2] *= alpha, o[nt][2 * i2 + 1] *= alpha;
+      for (int nt = 0; nt < D / 8; ++nt)
+        o[nt][0] *= alphas[0], o[nt][1] *= alphas[0], o[nt][2] *= alphas[1], o[nt][3] *= alphas[1];
     }
 
     // O += P V.
     uint32_t pa[4];
-    c_to_a<T>(pa, s[0], s[1]);
+    c_to_a<M>(pa, s[0], s[1]);
 #pragma unroll
     for (int dp = 0; dp < D / 16; ++dp) {
       uint32_t bv[2][2];
       ldsm_b_kn<Tile>(bv, vt, 0, 2 * dp, lane);
-      mma<T>(o[2 * dp], pa, bv[0]);
-      mma<T>(o[2 * dp + 1], pa, bv[1]);
+      mma<M>(o[2 * dp], pa, bv[0]);
+      mma<M>(o[2 * dp + 1], pa, bv[1]);
     }
   }
   ptx::cp_async_wait<0>();  // the trailing groups are empty; nothing may land after the reuse below
@@ -406,13 +447,13 @@ __global__ void __launch_bounds__(kThreads)
 // not a stream operation: also legal while a stream is being captured).
 template <typename T, typename C, int D>
 cudaError_t opt_in(const DeviceFacts& facts) {
+  using S = MmaShape<D, C>;
   static std::atomic<uint64_t> opted{0};
   const uint64_t bit = uint64_t{1} << (facts.ordinal & 63);
   if (opted.load(std::memory_order_relaxed) & bit) return cudaSuccess;
-  if (static_cast<size_t>(MmaShape<D, C>::kSmemBytes) > static_cast<size_t>(facts.max_smem_per_block_optin))
-    return cudaErrorInvalidValue;
+  if (static_cast<size_t>(S::kSmemBytes) > static_cast<size_t>(facts.max_smem_per_block_optin)) return cudaErrorInvalidValue;
   if (cudaError_t e = cudaFuncSetAttribute(paged_mma_kernel<T, C, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           MmaShape<D, C>::kSmemBytes);
+                                           S::kSmemBytes);
       e != cudaSuccess)
     return e;
   opted.fetch_or(bit, std::memory_order_relaxed);
@@ -420,7 +461,7 @@ cudaError_t opt_in(const DeviceFacts& facts) {
 }
 
 // Calls body.template operator()<T, C, D>() for p's dtypes and head_dim; cudaErrorInvalidValue for
-// what the rung does not take.
+// what the rungs do not take.
 template <typename Body>
 cudaError_t dispatch_mma(DType dtype, DType cache_dtype, int64_t head_dim, Body&& body) {
   auto by_dim = [&]<typename T, typename C>() -> cudaError_t {
@@ -440,14 +481,7 @@ cudaError_t dispatch_mma(DType dtype, DType cache_dtype, int64_t head_dim, Body&
 
 int64_t splits_of(const KvDecodeParams& p) { return p.splits < 1 ? 1 : p.splits; }
 
-}  // namespace
-
-cudaError_t kv_cache_paged_mma_workspace(const KvDecodeParams& p, size_t* bytes) {
-  *bytes = split_workspace_bytes(p, splits_of(p));
-  return cudaSuccess;
-}
-
-cudaError_t kv_cache_paged_mma_splits(const KvDecodeParams& p, int64_t max_seq_len, int64_t* splits) {
+cudaError_t splits_for(const KvDecodeParams& p, int64_t max_seq_len, int64_t* splits) {
   const DeviceFacts* facts = nullptr;
   if (cudaError_t e = current_device_facts(&facts); e != cudaSuccess) return e;
   int per_sm = 0;
@@ -463,11 +497,12 @@ cudaError_t kv_cache_paged_mma_splits(const KvDecodeParams& p, int64_t max_seq_l
   return cudaSuccess;
 }
 
-cudaError_t kv_cache_paged_mma(const KvDecodeParams& p, const Workspace& workspace, cudaStream_t stream) {
+cudaError_t run(const KvDecodeParams& p, const Workspace& workspace, cudaStream_t stream) {
   if (p.batch <= 0 || p.heads_q <= 0) return cudaSuccess;
   const DeviceFacts* facts = nullptr;
   if (cudaError_t e = current_device_facts(&facts); e != cudaSuccess) return e;
   const int64_t splits = splits_of(p);
+  if (!split_count_ok(splits)) return cudaErrorInvalidValue;
   SplitOut part;
   if (splits > 1) {
     WorkspaceArena arena(workspace);
@@ -484,6 +519,21 @@ cudaError_t kv_cache_paged_mma(const KvDecodeParams& p, const Workspace& workspa
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     return splits > 1 ? launch_merge_splits<T>(p, splits, part, stream) : cudaSuccess;
   });
+}
+
+}  // namespace
+
+cudaError_t kv_cache_paged_mma_workspace(const KvDecodeParams& p, size_t* bytes) {
+  *bytes = split_workspace_bytes(p, splits_of(p));
+  return cudaSuccess;
+}
+
+cudaError_t kv_cache_paged_mma_splits(const KvDecodeParams& p, int64_t max_seq_len, int64_t* splits) {
+  return splits_for(p, max_seq_len, splits);
+}
+
+cudaError_t kv_cache_paged_mma(const KvDecodeParams& p, const Workspace& workspace, cudaStream_t stream) {
+  return run(p, workspace, stream);
 }
 
 }  // namespace optimized::cuda

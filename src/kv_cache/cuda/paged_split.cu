@@ -38,6 +38,7 @@ cudaError_t kv_cache_paged_split_workspace(const KvDecodeParams& p, size_t* byte
 cudaError_t kv_cache_paged_split(const KvDecodeParams& p, const Workspace& workspace, cudaStream_t stream) {
   if (p.batch <= 0 || p.heads_q <= 0) return cudaSuccess;
   const int64_t splits = splits_of(p);
+  if (!split_count_ok(splits)) return cudaErrorInvalidValue;
   const bool fp8 = p.cache.dtype == DType::kF8E4M3;
   if (splits == 1)
     return dispatch_float_dtype(p.dtype, [&]<typename T>() -> cudaError_t {

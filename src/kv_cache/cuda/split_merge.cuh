@@ -19,7 +19,7 @@
 #include "core/workspace.h"
 #include "kernels/common.cuh"
 #include "kernels/dtype.cuh"
-#include "kernels/reduce.cuh"
+#include "kv_cache/kv_cache_config.h"
 #include "kv_cache/kv_cache_params.h"
 
 namespace optimized::cuda::kv_cache_cuda {
@@ -48,47 +48,53 @@ inline size_t split_workspace_bytes(const KvDecodeParams& p, int64_t splits) {
 }
 
 constexpr int kMergeThreads = 128;
-constexpr int kMergeWarps = kMergeThreads / 32;
 
-// One warp per (b, h, t) row, lanes over d.
+// One thread per (row (b, h, t), d), grid-stride: a single pass over the splits with a running
+// max (the online softmax of the splits), so every load of lse_s (the same for the warp's lanes:
+// one broadcast) and o_s (coalesced over d) is independent of the others and in flight together;
+// no shared memory, no barrier (the merge of a 32-split B = 1 decode is bound by load latency).
 template <typename T>
 __global__ void __launch_bounds__(kMergeThreads)
     merge_splits_kernel(const __grid_constant__ KvDecodeParams p, int64_t splits, SplitOut part) {
-  using namespace optimized::kernels;
-  const int64_t rows = p.batch * p.heads_q * p.q_len, D = p.cache.head_dim;
-  const int lane = threadIdx.x % 32;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / 32; row < rows;
-       row += static_cast<int64_t>(gridDim.x) * kMergeWarps) {
+  const int64_t D = p.cache.head_dim, total = p.batch * p.heads_q * p.q_len * D;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kMergeThreads + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * kMergeThreads) {
+    const int64_t row = i / D, d = i % D;
     const int64_t t = row % p.q_len, bh = row / p.q_len, h = bh % p.heads_q, b = bh / p.heads_q;
     const float* lse = part.lse + row * splits;
-    float M = -INFINITY;
-    for (int64_t s = 0; s < splits; ++s) M = MaxOp::apply(M, lse[s]);
-    const bool empty = M == -INFINITY;
-    float sum = 0.0f;
-    if (!empty)
-      for (int64_t s = 0; s < splits; ++s) sum += expf(lse[s] - M);
-    T* out = static_cast<T*>(p.out) + b * p.out_b + t * p.out_t + h * p.out_h;
-    for (int64_t d = lane; d < D; d += 32) {
-      float acc = 0.0f;
-      if (!empty)
-        for (int64_t s = 0; s < splits; ++s) {
-          const float w = expf(lse[s] - M);
-          // Every split adds, even one whose weight underflows to 0: 0 * NaN stays NaN, as the
-          // one-split path and the cpu rung give. An empty split wrote o = 0 and lse = -inf.
-          acc = fmaf(w, part.o[(row * splits + s) * D + d], acc);
-        }
-      out[d] = from_float<T>(empty ? 0.0f : acc / sum);
+    const float* o = part.o + row * splits * D + d;
+    float M = -INFINITY, sum = 0.0f, acc = 0.0f;
+    bool nan = false;
+#pragma unroll 8
+    for (int64_t s = 0; s < splits; ++s) {
+      const float l = lse[s], x = o[s * D];
+      nan |= l != l;
+      if (l > M) {  // a new max: rescale what was summed (exp(-inf) = 0 on the first finite one)
+        const float r = expf(M - l);
+        sum *= r, acc *= r, M = l;
+      }
+      // Every split adds, even one whose weight is 0: 0 * NaN stays NaN, as the one-split path
+      // and the cpu rung give. An empty split wrote o = 0 and lse = -inf.
+      const float w = l == -INFINITY ? 0.0f : expf(l - M);
+      sum += w;
+      acc = fmaf(w, x, acc);
     }
-    if (p.lse && lane == 0) p.lse[b * p.lse_b + h * p.lse_h + t] = empty ? -INFINITY : M + logf(sum);
+    const bool empty = !nan && M == -INFINITY;
+    const float v = nan ? NAN : (empty ? 0.0f : acc / sum);
+    static_cast<T*>(p.out)[b * p.out_b + t * p.out_t + h * p.out_h + d] = kernels::from_float<T>(v);
+    if (p.lse && d == 0) p.lse[b * p.lse_b + h * p.lse_h + t] = nan ? NAN : (empty ? -INFINITY : M + logf(sum));
   }
 }
 
-// Enqueues the merge of `splits` partial results into p.out / p.lse.
+// Enqueues the merge of `splits` partial results into p.out / p.lse (the launchers refuse more
+// than kMaxSplits splits before their first launch: split_count_ok).
+inline bool split_count_ok(int64_t splits) { return splits >= 1 && splits <= kv_cache_config::kMaxSplits; }
 template <typename T>
 cudaError_t launch_merge_splits(const KvDecodeParams& p, int64_t splits, SplitOut part, cudaStream_t stream) {
+  if (!split_count_ok(splits)) return cudaErrorInvalidValue;
   constexpr int64_t kMaxBlocks = int64_t{1} << 20;
   const int64_t rows = p.batch * p.heads_q * p.q_len;
-  const int64_t need = kernels::ceil_div(rows, kMergeWarps);
+  const int64_t need = kernels::ceil_div(rows * p.cache.head_dim, int64_t{kMergeThreads});
   const unsigned grid = static_cast<unsigned>(need < kMaxBlocks ? need : kMaxBlocks);
   merge_splits_kernel<T><<<grid, kMergeThreads, 0, stream>>>(p, splits, part);
   return cudaGetLastError();
