@@ -19,7 +19,7 @@
  * Sections, one per family: GEMM (optimized_matmul), the scaled fp8 GEMM (optimized_scaled_matmul),
  * the fused memory-bound ops (softmax, norms, bias + GELU, SiLU-and-mul; forward and backward), the
  * streaming loader (opaque handles: a shard writer and a loader), attention (forward and backward,
- * fixed length and varlen), the paged KV cache (append with RoPE, decode attention), and one variant query for every family (optimized_variant_name / optimized_variant_check), read from the C++ variant tables.
+ * fixed length and varlen), the paged KV cache (append with RoPE, decode and prefill attention), and one variant query for every family (optimized_variant_name / optimized_variant_check), read from the C++ variant tables.
  *
  * Example (C = A @ B, fp32 on the CPU, contiguous row-major):
  *
@@ -588,6 +588,17 @@ OPTIMIZED_C_EXPORT optimized_status optimized_paged_attention_decode(const optim
                                                                      optimized_tensor* out, optimized_tensor* lse,
                                                                      const optimized_decode_options* options,
                                                                      const char* variant, void* cuda_stream);
+
+/* Prefill over the cache (chunked prefill): as optimized_paged_attention_decode with q
+ * (B, S_new, H_q, D) of any S_new >= 1, the chunk right-aligned to each sequence's end
+ * (include/optimized/kv_cache.h, paged_attention_prefill). */
+OPTIMIZED_C_EXPORT optimized_status optimized_paged_attention_prefill(const optimized_tensor* q,
+                                                                      const optimized_kv_cache* cache,
+                                                                      const optimized_tensor* page_table,
+                                                                      const optimized_tensor* seq_lens,
+                                                                      optimized_tensor* out, optimized_tensor* lse,
+                                                                      const optimized_decode_options* options,
+                                                                      const char* variant, void* cuda_stream);
 
 /* The message of the most recent call on this thread; "" when it succeeded. Valid until the next
  * call into the library on this thread. Never NULL. */

@@ -108,6 +108,21 @@ void paged_attention_decode(const TensorView& q, const PagedKVCacheView& cache, 
                             const DecodeOptions& options = {}, KvCacheVariant variant = KvCacheVariant::kAuto,
                             const ExecutionContext& ctx = {});
 
+// Prefill over the cache (chunked prefill, prefix caching): the attention of a chunk of new tokens
+// per sequence, already appended (append_kv), over the whole cached sequence: the cached prefix and
+// the chunk, causal inside the chunk. The decode op with any q_len >= 1 (S_new, dimension 1 of q
+// (B, S_new, H_q, D)): query t of sequence b sits at position seq_lens[b] - S_new + t (the chunk is
+// right-aligned to the sequence's end); a sequence shorter than S_new leaves its first rows at
+// negative positions, which see no key (out 0, lse -inf): chunks of different lengths share one
+// padded q. Every variant runs it (cpu, and on CUDA paged_mma where it fits, else paged_split: one
+// block per 16 (paged_mma) or 32 query rows of a kv head, each reading the keys its rows see; the
+// split rule as decode's, the workspace from the library's stream-ordered pool when a split needs
+// one). validate refuses only a seq_len < 0 or beyond the pages (not one < S_new).
+void paged_attention_prefill(const TensorView& q, const PagedKVCacheView& cache, const TensorView& page_table,
+                             const TensorView& seq_lens, const TensorView& out, const TensorView& lse = {},
+                             const DecodeOptions& options = {}, KvCacheVariant variant = KvCacheVariant::kAuto,
+                             const ExecutionContext& ctx = {});
+
 // Plan / run. A decode step whose launch is fixed once on the host, so that it can be captured in
 // a CUDA graph and replayed as the sequences grow: plan_paged_decode resolves the variant, chooses
 // the split of paged_split / paged_mma and sizes the workspace for a shape (host only: it reads

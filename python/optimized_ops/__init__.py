@@ -18,7 +18,8 @@ Attention: ``optimized_ops.flash_attention(q, k, v, causal=True)`` (flash-attn's
 
 The KV cache (inference only, no autograd): ``optimized_ops.PagedKVCache`` (K/V pages),
 ``optimized_ops.append_kv`` (new tokens into their pages, RoPE fused) and
-``optimized_ops.paged_attention_decode`` (attention of the new tokens over the cache).
+``optimized_ops.paged_attention_decode`` (attention of the new tokens over the cache) and
+``optimized_ops.paged_attention_prefill`` (the same for a chunk of any length: chunked prefill).
 
 The ops are also reachable as ``torch.ops.optimized.<op>``; without this package,
 ``torch.ops.load_library(optimized_ops.library_path())`` registers them (forward only).
@@ -44,7 +45,7 @@ from . import data  # the streaming loader: optimized_ops.data.StreamingLoader
 from .attention import (attention_head_dims, attention_variants, flash_attention, flash_attention_varlen,
                         resolve_attention_variant, scaled_dot_product_attention)
 from .kv_cache import (DecodePlan, PagedKVCache, append_kv, kv_cache_variants, paged_attention_decode,
-                       plan_paged_decode)
+                       paged_attention_prefill, plan_paged_decode)
 
 __version__ = "0.1.0"
 __all__ = ["library_path", "matmul", "variants", "variant_supports", "built_with_cuda", "__version__",
@@ -55,5 +56,5 @@ __all__ += ["data"]
 __all__ += ["scaled_mm", "scaled_gemm_variants"]
 __all__ += ["flash_attention", "flash_attention_varlen", "scaled_dot_product_attention", "attention_variants",
             "attention_head_dims", "resolve_attention_variant"]
-__all__ += ["PagedKVCache", "append_kv", "paged_attention_decode", "kv_cache_variants", "DecodePlan",
-            "plan_paged_decode"]
+__all__ += ["PagedKVCache", "append_kv", "paged_attention_decode", "paged_attention_prefill", "kv_cache_variants",
+            "DecodePlan", "plan_paged_decode"]

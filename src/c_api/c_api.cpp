@@ -1106,6 +1106,20 @@ optimized_status optimized_paged_attention_decode(const optimized_tensor* q, con
   });
 }
 
+optimized_status optimized_paged_attention_prefill(const optimized_tensor* q, const optimized_kv_cache* cache,
+                                                   const optimized_tensor* page_table, const optimized_tensor* seq_lens,
+                                                   optimized_tensor* out, optimized_tensor* lse,
+                                                   const optimized_decode_options* options, const char* variant,
+                                                   void* cuda_stream) {
+  return guarded("optimized_paged_attention_prefill", [&] {
+    optimized::TensorView alibi;
+    const optimized::DecodeOptions o = decode_options(options, alibi);
+    optimized::paged_attention_prefill(to_view(q, "q"), kv_cache_view(cache), to_view(page_table, "page_table"),
+                                       to_view(seq_lens, "seq_lens"), to_view(out, "out"), optional_view(lse, "lse"), o,
+                                       kv_cache_variant(variant), context(cuda_stream));
+  });
+}
+
 const char* optimized_last_error(void) { return g_last_error.c_str(); }
 
 const char* optimized_status_string(optimized_status status) {

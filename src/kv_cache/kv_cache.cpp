@@ -456,7 +456,7 @@ int64_t device_splits(const KvCacheVariantInfo& row, int device, const KvDecodeP
 
 void decode_impl(const TensorView& q, const PagedKVCacheView& cache, const TensorView& page_table,
                  const TensorView& seq_lens, const TensorView& out, const TensorView& lse, const DecodeOptions& o,
-                 KvCacheVariant variant, const ExecutionContext& ctx, const DecodePlan* plan) {
+                 KvCacheVariant variant, const ExecutionContext& ctx, const DecodePlan* plan, bool prefill = false) {
   check_variant_value(variant);
   Operands ops;
   const char* data_layout = "(batch, q_len, heads_q, head_dim)";
@@ -466,7 +466,10 @@ void decode_impl(const TensorView& q, const PagedKVCacheView& cache, const Tenso
   const KvCachePages& c = p.cache;
   check_data_dtype(q, "q", c.dtype);
   const int64_t B = q.shape[0], Q = q.shape[1], Hq = q.shape[2];
-  if (Q < 1 || Q > 8) invalid("q: expected q_len (dimension 1) from 1 to 8; given " + shape_string(q));
+  if (prefill && Q < 1) invalid("q: expected S_new (dimension 1) >= 1; given " + shape_string(q));
+  if (!prefill && (Q < 1 || Q > 8))
+    invalid("q: expected q_len (dimension 1) from 1 to 8 (paged_attention_prefill takes longer chunks); given " +
+            shape_string(q));
   if (q.shape[3] != c.head_dim)
     invalid("q: expected head_dim " + std::to_string(c.head_dim) + " (the cache's); given " + shape_string(q));
   if (Hq < 1 || Hq % c.heads_kv != 0)
@@ -539,7 +542,7 @@ void decode_impl(const TensorView& q, const PagedKVCacheView& cache, const Tenso
       for (int64_t b = 0; b < B; ++b) {
         const int64_t len = lens[b];
         if (len < 0) invalid("seq_lens: expected lengths >= 0; seq_lens[" + std::to_string(b) + "] = " + std::to_string(len));
-        if (len > 0 && len < Q)
+        if (!prefill && len > 0 && len < Q)
           invalid("seq_lens: expected 0 or at least q_len " + std::to_string(Q) + " (the new tokens are cached); seq_lens[" +
                   std::to_string(b) + "] = " + std::to_string(len));
         if (len > capacity)
@@ -593,6 +596,12 @@ void paged_attention_decode(const TensorView& q, const PagedKVCacheView& cache, 
                             const TensorView& seq_lens, const TensorView& out, const TensorView& lse,
                             const DecodeOptions& options, KvCacheVariant variant, const ExecutionContext& ctx) {
   decode_impl(q, cache, page_table, seq_lens, out, lse, options, variant, ctx, nullptr);
+}
+
+void paged_attention_prefill(const TensorView& q, const PagedKVCacheView& cache, const TensorView& page_table,
+                             const TensorView& seq_lens, const TensorView& out, const TensorView& lse,
+                             const DecodeOptions& options, KvCacheVariant variant, const ExecutionContext& ctx) {
+  decode_impl(q, cache, page_table, seq_lens, out, lse, options, variant, ctx, nullptr, true);
 }
 
 void paged_attention_decode(const TensorView& q, const PagedKVCacheView& cache, const TensorView& page_table,

@@ -3,7 +3,8 @@
 //   TORCH_LIBRARY_FRAGMENT(optimized, m)    the schemas of torch.ops.optimized.kv_cache_append (writes
 //                                           new tokens into the pages, RoPE fused, q rotated in place),
 //                                           paged_attention_decode (attention of q over the cached
-//                                           tokens: (out, lse)) and kv_cache_variants (the ladder)
+//                                           tokens: (out, lse)), paged_attention_prefill (the same for
+//                                           a chunk of any length) and kv_cache_variants (the ladder)
 //   TORCH_LIBRARY_IMPL(optimized, CPU|CUDA) kernels that pass their operands to the C++ API as views,
 //                                           allocate decode's outputs with torch and run on the current
 //                                           stream of the device, under a device guard (common.h).
@@ -132,12 +133,14 @@ void kv_cache_append(const at::Tensor& k_pages, const at::Tensor& v_pages, const
 
 // ---- decode ---------------------------------------------------------------------------------------
 
-std::tuple<at::Tensor, at::Tensor> paged_attention_decode_op(
-    const at::Tensor& q_in, const at::Tensor& k_pages_in, const at::Tensor& v_pages_in, const at::Tensor& page_table_in,
-    const at::Tensor& seq_lens_in, const OptTensor& k_scale_opt, const OptTensor& v_scale_opt,
-    std::optional<double> softmax_scale, int64_t window_left, double softcap, const OptTensor& alibi_opt, bool validate,
-    c10::string_view variant_name, int64_t max_seq_len) {
-  const KvOp op{"paged_attention_decode"};
+// decode (prefill false) and prefill (true: any S_new, run unplanned: the C++ API's split rule, its
+// workspace from the library's stream-ordered pool when a split needs one).
+std::tuple<at::Tensor, at::Tensor> attention_over_cache(
+    bool prefill, const at::Tensor& q_in, const at::Tensor& k_pages_in, const at::Tensor& v_pages_in,
+    const at::Tensor& page_table_in, const at::Tensor& seq_lens_in, const OptTensor& k_scale_opt,
+    const OptTensor& v_scale_opt, std::optional<double> softmax_scale, int64_t window_left, double softcap,
+    const OptTensor& alibi_opt, bool validate, c10::string_view variant_name, int64_t max_seq_len) {
+  const KvOp op{prefill ? "paged_attention_prefill" : "paged_attention_decode"};
   const at::Tensor k_scale = or_undefined(k_scale_opt), v_scale = or_undefined(v_scale_opt),
                    alibi = or_undefined(alibi_opt);
   op.tensor(q_in, "q");
@@ -148,7 +151,8 @@ std::tuple<at::Tensor, at::Tensor> paged_attention_decode_op(
   op.optional(k_scale, "k_scale");
   op.optional(v_scale, "v_scale");
   op.optional(alibi, "alibi_slopes");
-  TORCH_CHECK_VALUE(q_in.dim() == 4, op.prefix("q") + "expected 4 dimensions (B, q_len, H_q, D); given " +
+  TORCH_CHECK_VALUE(q_in.dim() == 4, op.prefix("q") + "expected 4 dimensions (B, " + (prefill ? "S_new" : "q_len") +
+                                         ", H_q, D); given " +
                                          str(q_in.dim()) + " (shape " + str(q_in.sizes()) + ")");
   const KvCacheVariant variant = op.variant(variant_name);
   const at::Tensor q = operand(q_in), k_pages = operand(k_pages_in), v_pages = operand(v_pages_in),
@@ -161,7 +165,7 @@ std::tuple<at::Tensor, at::Tensor> paged_attention_decode_op(
   // on the current stream, so that the C++ API allocates nothing (CUDA-graph safe). A shape the plan
   // refuses runs unplanned: the C++ API's entry, the one owner of the checks, refuses it in its words.
   std::optional<DecodePlan> plan;
-  if (q.device().is_cuda() && k_pages.dim() == 4 && page_table.dim() == 2) {
+  if (!prefill && q.device().is_cuda() && k_pages.dim() == 4 && page_table.dim() == 2) {
     try {
       const at::ScalarType cache_type = k_pages.scalar_type();
       const DType dt = to_dtype(q.scalar_type(), op.prefix("q")), ct = to_dtype(cache_type, op.prefix("k_pages"));
@@ -188,10 +192,28 @@ std::tuple<at::Tensor, at::Tensor> paged_attention_decode_op(
     o.alibi_slopes = av;
     o.validate = validate;
     const PagedKVCacheView cache{kpv, vpv, ksv, vsv};
-    if (plan) paged_attention_decode(qv, cache, ptv, slv, ov, lv, o, *plan, launch.ctx);
+    if (prefill) paged_attention_prefill(qv, cache, ptv, slv, ov, lv, o, variant, launch.ctx);
+    else if (plan) paged_attention_decode(qv, cache, ptv, slv, ov, lv, o, *plan, launch.ctx);
     else paged_attention_decode(qv, cache, ptv, slv, ov, lv, o, variant, launch.ctx);
   });
   return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor> paged_attention_decode_op(
+    const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages, const at::Tensor& page_table,
+    const at::Tensor& seq_lens, const OptTensor& k_scale, const OptTensor& v_scale, std::optional<double> softmax_scale,
+    int64_t window_left, double softcap, const OptTensor& alibi, bool validate, c10::string_view variant_name,
+    int64_t max_seq_len) {
+  return attention_over_cache(false, q, k_pages, v_pages, page_table, seq_lens, k_scale, v_scale, softmax_scale,
+                              window_left, softcap, alibi, validate, variant_name, max_seq_len);
+}
+
+std::tuple<at::Tensor, at::Tensor> paged_attention_prefill_op(
+    const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages, const at::Tensor& page_table,
+    const at::Tensor& seq_lens, const OptTensor& k_scale, const OptTensor& v_scale, std::optional<double> softmax_scale,
+    int64_t window_left, double softcap, const OptTensor& alibi, bool validate, c10::string_view variant_name) {
+  return attention_over_cache(true, q, k_pages, v_pages, page_table, seq_lens, k_scale, v_scale, softmax_scale,
+                              window_left, softcap, alibi, validate, variant_name, -1);
 }
 
 // ---- plan -------------------------------------------------------------------------------------------
@@ -244,6 +266,13 @@ TORCH_LIBRARY_FRAGMENT(optimized, m) {
       "float softcap=0., Tensor? alibi_slopes=None, bool validate=True, str variant='auto', "
       "int max_seq_len=-1) -> (Tensor out, Tensor lse)",
       tags);
+  // prefill: decode's rule with any S_new (the chunk right-aligned to each sequence's end; q
+  // (B, S_new, H_q, D), out like q, lse (B, H_q, S_new)).
+  m.def(
+      "paged_attention_prefill(Tensor q, Tensor k_pages, Tensor v_pages, Tensor page_table, Tensor seq_lens, *, "
+      "Tensor? k_scale=None, Tensor? v_scale=None, float? softmax_scale=None, int window_left=-1, "
+      "float softcap=0., Tensor? alibi_slopes=None, bool validate=True, str variant='auto') -> (Tensor out, Tensor lse)",
+      tags);
   // plan (include/optimized/kv_cache.h, plan_paged_decode): the resolved variant, the split and the
   // workspace bytes of a decode step of this shape; max_seq_len tunes the split (the plan stays
   // correct for any length). decode's max_seq_len (-1: the page table's capacity) picks the same plan.
@@ -260,6 +289,7 @@ void register_kv_cache_kernels(torch::Library& m) {
   using namespace optimized::torch_glue;
   m.impl("kv_cache_append", &kv_cache_append);
   m.impl("paged_attention_decode", &paged_attention_decode_op);
+  m.impl("paged_attention_prefill", &paged_attention_prefill_op);
 }
 }  // namespace
 

@@ -2330,6 +2330,19 @@ static void kv_cache_tests(void) {
   snprintf(detail, sizeof detail, "worst error %.3g", worst);
   check(worst < 1e-5, "kv_cache: decode = hand-written softmax (GQA, two pages)", detail);
 
+  /* prefill with the same single query = decode's result, bit for bit (one rule, one cpu rung) */
+  {
+    float out_p[HQ * D] = {-7, -7, -7, -7}, lse_p[HQ] = {-7, -7}; /* poisoned */
+    optimized_tensor top, tlp;
+    optimized_tensor_contiguous(&top, out_p, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 4, s_q);
+    optimized_tensor_contiguous(&tlp, lse_p, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 3, s_lse);
+    st = optimized_paged_attention_prefill(&tq, &cache, &tt, &tlens, &top, &tlp, NULL, "cpu", NULL);
+    int same = st == OPTIMIZED_STATUS_OK;
+    for (int i = 0; same && i < HQ * D; ++i) same = out_p[i] == out[i];
+    for (int i = 0; same && i < HQ; ++i) same = lse_p[i] == lse[i];
+    check(same, "kv_cache: prefill of one query equals decode", optimized_last_error());
+  }
+
   /* softcap through the options: still finite and different */
   dopt.softcap = 0.5;
   st = optimized_paged_attention_decode(&tq, &cache, &tt, &tlens, &to, NULL, &dopt, "cpu", NULL);

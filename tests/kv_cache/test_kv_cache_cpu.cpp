@@ -16,6 +16,7 @@ struct DecodeCase {
   double softcap = 0;
   int alibi = 0;  // 1: (H_q), 2: (B, H_q)
   int64_t pad = 0;  // strided q / out
+  bool prefill = false;  // paged_attention_prefill (any q_len; seq_lens below it allowed)
 };
 
 void run_decode(const DecodeCase& cs) {
@@ -38,7 +39,8 @@ void run_decode(const DecodeCase& cs) {
   o.softcap = cs.softcap;
   if (cs.alibi == 1) o.alibi_slopes = alibi.view({cs.hq});
   if (cs.alibi == 2) o.alibi_slopes = alibi.view({B, cs.hq});
-  paged_attention_decode(qv, cache.view(), cache.table_view(), lens.view({B}), ov, lse.view({B, cs.hq, Q}), o);
+  if (cs.prefill) paged_attention_prefill(qv, cache.view(), cache.table_view(), lens.view({B}), ov, lse.view({B, cs.hq, Q}), o);
+  else paged_attention_decode(qv, cache.view(), cache.table_view(), lens.view({B}), ov, lse.view({B, cs.hq, Q}), o);
   KvDecodeParams p;
   p.cache = cache.pages();
   p.table = cache.table_params();
@@ -86,6 +88,19 @@ TEST(KvCacheCpu, QLenCausal) {
     cs.lens = {40, 8, 0};
     cs.page_size = 7;
     SCOPED_TRACE(ql);
+    run_decode(cs);
+  }
+}
+
+// Prefill over the cache: chunks longer than decode's 8, right-aligned to each sequence's end; a
+// sequence shorter than the chunk (20 < 37) leaves rows at negative positions (out 0, lse -inf).
+TEST(KvCacheCpu, PrefillChunks) {
+  for (int64_t ql : {9, 37}) {
+    DecodeCase cs;
+    cs.prefill = true, cs.q_len = ql, cs.lens = {100, 37, 20, 0}, cs.page_size = 7, cs.hq = 8, cs.hkv = 2;
+    SCOPED_TRACE(ql);
+    run_decode(cs);
+    cs.window = 11, cs.softcap = 3.0, cs.alibi = 2;
     run_decode(cs);
   }
 }

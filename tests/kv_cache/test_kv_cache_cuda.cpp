@@ -29,6 +29,7 @@ struct DecodeCase {
   double softcap = 0;
   int alibi = 0;
   bool planned = false;
+  bool prefill = false;  // paged_attention_prefill
 };
 
 Buffer to_device(const Buffer& h) {
@@ -108,6 +109,8 @@ void run_decode(const DecodeCase& cs, KvCacheVariant variant) {
     ctx.workspace = {ws.data(), plan.workspace_bytes};
     o.validate = false;
     paged_attention_decode(qv, cv, dt.view({B, cache.max_pages}), dl.view({B}), ov, dlse.view({B, cs.hq, Q}), o, plan, ctx);
+  } else if (cs.prefill) {
+    paged_attention_prefill(qv, cv, dt.view({B, cache.max_pages}), dl.view({B}), ov, dlse.view({B, cs.hq, Q}), o, variant);
   } else {
     paged_attention_decode(qv, cv, dt.view({B, cache.max_pages}), dl.view({B}), ov, dlse.view({B, cs.hq, Q}), o, variant);
   }
@@ -183,6 +186,20 @@ TEST_P(CudaKvCache, Fp8Cache) {
       SCOPED_TRACE(d);
       run_decode(cs, GetParam());
     }
+}
+
+// Prefill over the cache: chunks of 37 and 200 queries, right-aligned (a sequence of 20 < 37 tokens
+// leaves rows at negative positions: out 0, lse -inf), GQA 4, a window and ALiBi, bf16 d = 128.
+TEST_P(CudaKvCache, PrefillChunks) {
+  DecodeCase cs;
+  cs.prefill = true, cs.q_len = 37, cs.lens = {300, 37, 20, 0}, cs.hq = 8, cs.hkv = 2;
+  run_decode(cs, GetParam());
+  cs.window = 50, cs.alibi = 1;
+  run_decode(cs, GetParam());
+  DecodeCase big;
+  big.prefill = true, big.q_len = 200, big.lens = {1000, 250}, big.hq = 8, big.hkv = 2, big.d = 128;
+  big.dtype = big.cache = DType::kBF16;
+  run_decode(big, GetParam());
 }
 
 // The head dims and GQA packings of the tensor-core rung, over several splits (plan) and one.

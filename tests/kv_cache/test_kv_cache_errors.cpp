@@ -115,6 +115,13 @@ TEST_F(KvCacheErrors, DecodeOperands) {
   EXPECT_MENTIONS(decode_default(o), "alibi_slopes");
   EXPECT_MENTIONS(call([] { parse_kv_cache_variant("hopper"); }), "variant");
   EXPECT_EQ(parse_kv_cache_variant("paged_split"), KvCacheVariant::kPagedSplit);
+  // decode takes 1-8 new tokens and says where longer chunks go.
+  {
+    Buffer q9(DType::kF32, 2 * 9 * 4 * 8, Device::cpu()), o9(DType::kF32, q9.count(), Device::cpu());
+    Caught r9 = decode(q9.view({2, 9, 4, 8}), cache.view(), cache.table_view(), lens.view({2}), o9.view({2, 9, 4, 8}));
+    EXPECT_ERROR(r9, Status::kInvalidArgument);
+    EXPECT_MENTIONS(r9, "paged_attention_prefill");
+  }
   EXPECT_EQ(parse_kv_cache_variant("paged_mma"), KvCacheVariant::kPagedMma);
   EXPECT_EQ(kv_cache_variant_name(KvCacheVariant::kCpu), "cpu");
 }

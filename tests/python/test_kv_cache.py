@@ -264,6 +264,64 @@ def test_append_then_decode_equals_flash_attention(rng, page_size, q_len):
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 
+def _chunked_prefill(rng, device, dtype, variant, *, page_size, chunks, h_q=4, h_kv=2, d=64):
+    """A prompt appended and attended chunk by chunk (chunked prefill over the cache): each chunk's
+    out equals flash_attention over the whole prompt (causal), at the chunk's rows."""
+    batch, total = 2, sum(chunks)
+    pages_per_seq = -(-total // page_size)
+    cache = optimized_ops.PagedKVCache(batch * pages_per_seq + 1, page_size, h_kv, d, dtype=dtype, device=device)
+    table = make_table(rng, batch, pages_per_seq, cache.num_pages).to(device)
+    k = rand((batch, total, h_kv, d), dtype, "cpu", rng)
+    v = rand((batch, total, h_kv, d), dtype, "cpu", rng)
+    q = rand((batch, total, h_q, d), dtype, "cpu", rng)
+    want = optimized_ops.flash_attention(q.double(), k.double(), v.double(), causal=True, variant="cpu")
+    start = 0
+    for n in chunks:
+        pos = torch.arange(start, start + n, dtype=torch.int32).repeat(batch, 1).to(device)
+        optimized_ops.append_kv(cache, k[:, start:start + n].to(device), v[:, start:start + n].to(device), table, pos,
+                                variant=variant)
+        lens = torch.full((batch,), start + n, dtype=torch.int32, device=device)
+        out = optimized_ops.paged_attention_prefill(q[:, start:start + n].to(device), cache, table, lens,
+                                                    variant=variant)
+        assert out.shape == (batch, n, h_q, d) and out.dtype == dtype
+        tol = 1e-5 if dtype == torch.float32 else 8 * unit_roundoff(dtype)
+        torch.testing.assert_close(out.cpu().double(), want[:, start:start + n], rtol=tol, atol=tol)
+        start += n
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_chunked_prefill_equals_flash_attention(rng, page_size):
+    _chunked_prefill(rng, "cpu", torch.float32, "cpu", page_size=page_size, chunks=[17, 40, 1, 9])
+
+
+def test_prefill_right_aligns_short_sequences(rng):
+    """S_new = 12 over sequences of 30, 12, 5 and 0 tokens: rows before a sequence's start see no key
+    (out 0, lse -inf); the rest is decode's rule, as the float64 reference says."""
+    seq_lens, s_new, h_q, h_kv, d = [30, 12, 5, 0], 12, 4, 2, 16
+    cache, table, kvs = filled_cache(rng, batch=4, seq_lens=seq_lens, h_kv=h_kv, d=d, page_size=4,
+                                     dtype=torch.float32)
+    q = rand((4, s_new, h_q, d), torch.float32, "cpu", rng)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    out, lse = optimized_ops.paged_attention_prefill(q, cache, table, lens, return_lse=True, variant="cpu")
+    out64, lse64 = decode_reference(q, kvs, lens)
+    out_s, lse_s = decode_reference(q, kvs, lens, dtype=torch.float32)
+    check_rule("out", out, out64, out_s, max(seq_lens))
+    check_rule("lse", lse, lse64, lse_s.double(), max(seq_lens))
+    assert (out[2, :7] == 0).all() and torch.isneginf(lse[2, :, :7]).all()
+    assert (out[3] == 0).all() and torch.isneginf(lse[3]).all()
+
+
+def test_prefill_compiles(rng):
+    cache, table, _ = filled_cache(rng, batch=2, seq_lens=[20, 11], h_kv=2, d=16, page_size=4, dtype=torch.float32)
+    q = rand((2, 11, 4, 16), torch.float32, "cpu", rng)
+    lens = torch.tensor([20, 11], dtype=torch.int32)
+    torch.library.opcheck(ops.paged_attention_prefill.default,
+                          (q, cache.k_pages, cache.v_pages, table, lens), {"variant": "cpu"})
+    f = torch.compile(lambda q_: optimized_ops.paged_attention_prefill(q_, cache, table, lens, variant="cpu"),
+                      fullgraph=True)
+    torch.testing.assert_close(f(q), optimized_ops.paged_attention_prefill(q, cache, table, lens, variant="cpu"))
+
+
 def test_append_skips_padding_positions(rng):
     cache = optimized_ops.PagedKVCache(4, 2, 1, 4, dtype=torch.float32)
     table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
@@ -617,6 +675,12 @@ def test_cuda_graph_append_and_decode_growing(rng, variant):
             out64, lse64 = decode_reference(q_rot, kvs, lens)
             out_s, _ = decode_reference(q_rot, kvs, lens, dtype=dtype)
             check_rule("out", g_out.cpu(), out64, out_s, max(int(n) for n in lens))
+
+
+@requires_cuda
+@pytest.mark.parametrize("variant", CUDA_VARIANTS)
+def test_cuda_chunked_prefill_equals_flash_attention(rng, variant):
+    _chunked_prefill(rng, "cuda", torch.bfloat16, variant, page_size=16, chunks=[100, 37, 1, 200])
 
 
 @requires_cuda

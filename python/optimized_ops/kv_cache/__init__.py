@@ -54,7 +54,8 @@ from . import _fakes  # noqa: F401 - registers the fake kernels
 _lib = load()  # registers torch.ops.optimized.* before the registrations below
 _ops = torch.ops.optimized
 
-__all__ = ["PagedKVCache", "append_kv", "paged_attention_decode", "kv_cache_variants", "DecodePlan",
+__all__ = ["PagedKVCache", "append_kv", "paged_attention_decode", "paged_attention_prefill", "kv_cache_variants",
+           "DecodePlan",
            "plan_paged_decode"]
 
 _FP8 = torch.float8_e4m3fn
@@ -324,6 +325,24 @@ def append_kv(cache: PagedKVCache, k: torch.Tensor, v: torch.Tensor, page_table:
     return q
 
 
+def _check_call(name: str, q: torch.Tensor, cache: PagedKVCache, window_size: Sequence[int]) -> int:
+    """The checks of decode and prefill that the ops cannot make; returns the window's left side."""
+    _check_cache(name, cache)
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise ValueError(f"optimized_ops.{name}: window_size: expected a pair (left, right) of ints; "
+                         f"given {window_size!r}") from None
+    if int(right) not in (-1, 0):
+        raise ValueError(f"optimized_ops.{name}: window_size: only the left side is supported "
+                         f"(right -1 or 0: no key lies after a query); given {tuple(window_size)!r}")
+    if q.requires_grad and torch.is_grad_enabled():
+        raise RuntimeError(f"optimized_ops.{name}: q requires grad, but the KV-cache ops are "
+                           "inference-only (no autograd): call under torch.no_grad() / torch.inference_mode(), or "
+                           "pass q.detach()")
+    return int(left)
+
+
 def paged_attention_decode(q: torch.Tensor, cache: PagedKVCache, page_table: torch.Tensor, seq_lens: torch.Tensor,
                            *, softmax_scale: Optional[float] = None, softcap: float = 0.0,
                            window_size: Sequence[int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
@@ -386,19 +405,7 @@ def paged_attention_decode(q: torch.Tensor, cache: PagedKVCache, page_table: tor
     RuntimeError
         q requires grad under grad mode (no autograd: these are inference ops).
     """
-    _check_cache("paged_attention_decode", cache)
-    try:
-        left, right = window_size
-    except (TypeError, ValueError):
-        raise ValueError("optimized_ops.paged_attention_decode: window_size: expected a pair (left, right) of ints; "
-                         f"given {window_size!r}") from None
-    if int(right) not in (-1, 0):
-        raise ValueError("optimized_ops.paged_attention_decode: window_size: only the left side is supported "
-                         f"(right -1 or 0: no key lies after a query); given {tuple(window_size)!r}")
-    if q.requires_grad and torch.is_grad_enabled():
-        raise RuntimeError("optimized_ops.paged_attention_decode: q requires grad, but the KV-cache ops are "
-                           "inference-only (no autograd): call under torch.no_grad() / torch.inference_mode(), or "
-                           "pass q.detach()")
+    left = _check_call("paged_attention_decode", q, cache, window_size)
     single = q.dim() == 3
     q4 = q.unsqueeze(1) if single else q
     max_seq_len = -1
@@ -407,9 +414,40 @@ def paged_attention_decode(q: torch.Tensor, cache: PagedKVCache, page_table: tor
         variant, max_seq_len = plan.variant, plan.max_seq_len
     out, lse = _ops.paged_attention_decode.default(
         q4, cache.k_pages, cache.v_pages, _int32(page_table), _int32(seq_lens), k_scale=cache.k_scale,
-        v_scale=cache.v_scale, softmax_scale=softmax_scale, window_left=int(left), softcap=float(softcap),
+        v_scale=cache.v_scale, softmax_scale=softmax_scale, window_left=left, softcap=float(softcap),
         alibi_slopes=alibi_slopes, validate=validate, variant=variant,
         max_seq_len=max_seq_len)
     if single:
         out, lse = out.squeeze(1), lse.squeeze(-1)
+    return (out, lse) if return_lse else out
+
+
+def paged_attention_prefill(q: torch.Tensor, cache: PagedKVCache, page_table: torch.Tensor, seq_lens: torch.Tensor,
+                            *, softmax_scale: Optional[float] = None, softcap: float = 0.0,
+                            window_size: Sequence[int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
+                            return_lse: bool = False, validate: bool = True,
+                            variant: str = "auto") -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    r"""Attention of a chunk of new tokens per sequence over the cache: chunked prefill and prefix
+    caching (the cached prefix and the chunk, causal inside the chunk).
+
+    Append the chunk first (``append_kv``); then ``q`` ``(B, S_new, H_q, D)`` holds the chunk's
+    queries, right-aligned to each sequence's end: query ``t`` of sequence ``b`` sits at position
+    ``seq_lens[b] - S_new + t``. A sequence whose chunk is shorter than ``S_new`` (or whose length is
+    below ``S_new``) leaves its first rows at positions before its chunk (they attend as those
+    positions would) or below 0 (they see no key: out 0, lse ``-inf``): chunks of different lengths
+    share one padded q. Everything else as ``paged_attention_decode`` (scores, options, variants,
+    validate), with any ``S_new >= 1``; no plan (a split, when the rule picks one, takes its workspace
+    from the library's stream-ordered pool).
+
+    Returns
+    -------
+    torch.Tensor or (torch.Tensor, torch.Tensor)
+        out of q's shape and dtype; with ``return_lse``, ``(out, lse)`` with lse float32
+        ``(B, H_q, S_new)``.
+    """
+    left = _check_call("paged_attention_prefill", q, cache, window_size)
+    out, lse = _ops.paged_attention_prefill.default(
+        q, cache.k_pages, cache.v_pages, _int32(page_table), _int32(seq_lens), k_scale=cache.k_scale,
+        v_scale=cache.v_scale, softmax_scale=softmax_scale, window_left=left, softcap=float(softcap),
+        alibi_slopes=alibi_slopes, validate=validate, variant=variant)
     return (out, lse) if return_lse else out

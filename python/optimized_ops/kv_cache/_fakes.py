@@ -44,3 +44,16 @@ def _paged_attention_decode_fake(q, k_pages, v_pages, page_table, seq_lens, *, k
         f"(shape {list(q.shape)})"))
     b, q_len, h_q, _ = q.shape
     return output_like(q), q.new_empty((b, h_q, q_len), dtype=torch.float32)
+
+
+@torch.library.register_fake("optimized::paged_attention_prefill")
+def _paged_attention_prefill_fake(q, k_pages, v_pages, page_table, seq_lens, *, k_scale=None, v_scale=None,
+                                  softmax_scale=None, window_left=-1, softcap=0.0, alibi_slopes=None, validate=True,
+                                  variant="auto"):
+    one_device("paged_attention_prefill", q=q, k_pages=k_pages, v_pages=v_pages, page_table=page_table,
+               seq_lens=seq_lens, k_scale=k_scale, v_scale=v_scale, alibi_slopes=alibi_slopes)
+    torch._check_value(q.dim() == 4, lambda: (
+        f"optimized::paged_attention_prefill: q: expected 4 dimensions (B, S_new, H_q, D); given {q.dim()} "
+        f"(shape {list(q.shape)})"))
+    b, s_new, h_q, _ = q.shape
+    return output_like(q), q.new_empty((b, h_q, s_new), dtype=torch.float32)

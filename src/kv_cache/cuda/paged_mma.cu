@@ -154,10 +154,11 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t split = blockIdx.z, splits = gridDim.z;
   const int64_t seq_len = p.seq_lens[b], L = visible_len(p, b);
 
-  // The union of the visible ranges of the queries, and this split's chunk of it (whole tiles).
+  // The union of the visible ranges of the block's rows' queries (a prefill chunk's row group sees
+  // the keys up to its last query only), and this split's chunk of it (whole tiles).
   int64_t klo = L, khi = 0;
-  for (int64_t t = 0; t < Q; ++t) {
-    const QueryRange qr = query_range(p, seq_len, L, t);
+  for (int r = 0; r < nrows; ++r) {
+    const QueryRange qr = query_range(p, seq_len, L, (r0 + r) % Q);
     if (qr.hi > qr.lo) klo = qr.lo < klo ? qr.lo : klo, khi = qr.hi > khi ? qr.hi : khi;
   }
   const int64_t n = khi > klo ? khi - klo : 0;
