@@ -1,12 +1,13 @@
-"""The paged KV cache from PyTorch (optimized_ops.PagedKVCache, append_kv, paged_attention_decode;
-torch.ops.optimized.kv_cache_append / paged_attention_decode / kv_cache_variants) against float64
+"""The paged KV cache from PyTorch (optimized_ops.PagedKVCache, append_kv, paged_attention_decode,
+paged_attention_prefill; torch.ops.optimized.kv_cache_append / paged_attention_decode /
+paged_attention_prefill / kv_cache_variants) against float64
 references: decode over pages gathered into contiguous K/V per sequence (page sizes 1, 16, 256;
 sequence lengths 0, 1, 17; GQA / MQA; q_len 1 and 4 with the causal rule inside the new tokens;
 softcap, window, ALiBi; fp8 cache), append then decode against flash_attention over the contiguous
-sequence, RoPE (neox, interleaved, partial) against a float64 rotation, padding positions, the error
+sequence, chunked prefill against flash_attention over the whole prompt, RoPE (neox, interleaved, partial) against a float64 rotation, padding positions, the error
 paths, opcheck and torch.compile. CPU tests run the "cpu" variant; the CUDA tests (each CUDA variant against the float64
 reference, append with RoPE, a torch.cuda graph of append + planned decode over growing steps) skip
-with the reason without a device; written without a GPU, not yet run.
+with the reason without a device (run on the H100: bench/results/h100/logs/issue14/).
 
 Tolerance: FlashAttention's rule (design.md): error(ours vs float64) <= 2 x error(torch math in the
 same dtype vs float64) + rounding noise."""

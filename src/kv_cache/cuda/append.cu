@@ -10,11 +10,12 @@
 // of a phase spread over all threads of the block. Compared with the former warp per (token, head)
 // -- half the lanes idle at D = 128 bf16, powf + cosf + sinf per element pair of every row, 64-bit
 // div / mod per row -- the trig is done (H_kv + H_q) times less often and every thread moves a
-// full vector; indices inside a token are 32-bit. Measured on an H100 with a standalone harness
-// (events, 20 launches; not yet the project's benchmark): B = 16, S_new = 1024, H_kv = 8, H_q = 32,
-// D = 128, bf16, neox on K and q: 141 us for 403 MB (2.86 TB/s; the former kernel 1174 us); the
-// same into an fp8 cache 219 us (likely the fp64 division per element; not profiled); B = 1..128,
-// S_new = 1: 5-6 us (one launch).
+// full vector; indices inside a token are 32-bit. Measured on the H100 (bench/benchmark_kv_cache.py,
+// bench/results/h100/python-kv_cache.json): B = 16, S_new = 1024, H_kv = 8, H_q = 32, D = 128,
+// bf16, neox on K and q: 162 us for 403 MB, 2.49 TB/s, 0.84x the copy ceiling (the former kernel:
+// 1199 us); one token per sequence, B = 1..128: 9-15 us (one launch). A standalone harness also
+// timed the same chunk into an fp8 cache at 219 us (likely the fp64 division per element; not
+// profiled).
 // Output bit-identical to the former kernel on every tested shape (aligned, scalar fallbacks).
 //
 // Semantics those of cpu/kv_cache_cpu.cpp:
