@@ -32,6 +32,11 @@ class KvCacheErrors : public ::testing::Test {
     if (c.k_pages.rank == 0) c = cache.view();
     return call([&] { append_kv(c, kv, vv, cache.table_view(), pv, qv, r); });
   }
+  // The cache's pages labelled CUDA (host memory: for checks that refuse before any launch).
+  static PagedKVCacheView on_cuda(PagedKVCacheView c) {
+    c.k_pages = on(c.k_pages, Device::cuda(0)), c.v_pages = on(c.v_pages, Device::cuda(0));
+    return c;
+  }
   Caught append_default(RopeOptions r = {}) { return append(k.view({2, 3, 2, 8}), v.view({2, 3, 2, 8}), pos.view({2, 3}), r); }
 };
 
@@ -178,10 +183,6 @@ TEST_F(KvCacheErrors, AppendOperands) {
 // paged_mma refuses what its tensor cores do not take, before touching the device: fp32 q, a head
 // dim other than 64 / 128 / 256 (a call and a plan), a cache whose rows are not 16-byte aligned.
 TEST_F(KvCacheErrors, PagedMmaRefusals) {
-  auto on_cuda = [](PagedKVCacheView c) {
-    c.k_pages = on(c.k_pages, Device::cuda(0)), c.v_pages = on(c.v_pages, Device::cuda(0));
-    return c;
-  };
   const Device g = Device::cuda(0);
   DecodeOptions o;
   o.validate = false;
@@ -216,10 +217,6 @@ TEST_F(KvCacheErrors, PagedMmaRefusals) {
 // CUDA tensors: the cpu variant refuses them; auto runs paged_split, which without a device fails
 // with the CUDA error (never a crash), and fp64 is refused whatever the device.
 TEST_F(KvCacheErrors, CudaTensorsVariants) {
-  auto on_cuda = [](PagedKVCacheView c) {
-    c.k_pages = on(c.k_pages, Device::cuda(0)), c.v_pages = on(c.v_pages, Device::cuda(0));
-    return c;
-  };
   const Device g = Device::cuda(0);
   DecodeOptions o;
   o.validate = false;

@@ -4,7 +4,7 @@
 * ``kv_cache_append`` mutates k_pages, v_pages (and q) in place and returns nothing: its fake does
   nothing but check the devices (functionalization, from the schema's ``(a!)`` annotations, tracks
   the writes);
-* ``paged_attention_decode`` returns out laid out as q (``torch.empty_like``, contiguous where that
+* ``paged_attention_decode`` and ``paged_attention_prefill`` return out laid out as q (``torch.empty_like``, contiguous where that
   would leave the last dimension strided: the glue's rule) and lse ``(B, H_q, q_len)`` float32.
 
 They check only what the outputs are computed from, with the glue's words: q's rank (4:
@@ -33,27 +33,27 @@ def _kv_cache_append_fake(k_pages, v_pages, k, v, page_table, positions, *, k_sc
     return None
 
 
+def _attention_over_cache(op, tokens, q, k_pages, v_pages, page_table, seq_lens, k_scale, v_scale, alibi_slopes):
+    """(out, lse) of decode / prefill: out laid out as q, lse (B, H_q, tokens) float32."""
+    one_device(op, q=q, k_pages=k_pages, v_pages=v_pages, page_table=page_table, seq_lens=seq_lens,
+               k_scale=k_scale, v_scale=v_scale, alibi_slopes=alibi_slopes)
+    torch._check_value(q.dim() == 4, lambda: (
+        f"optimized::{op}: q: expected 4 dimensions (B, {tokens}, H_q, D); given {q.dim()} (shape {list(q.shape)})"))
+    b, q_len, h_q, _ = q.shape
+    return output_like(q), q.new_empty((b, h_q, q_len), dtype=torch.float32)
+
+
 @torch.library.register_fake("optimized::paged_attention_decode")
 def _paged_attention_decode_fake(q, k_pages, v_pages, page_table, seq_lens, *, k_scale=None, v_scale=None,
                                  softmax_scale=None, window_left=-1, softcap=0.0, alibi_slopes=None, validate=True,
                                  variant="auto", max_seq_len=-1):
-    one_device("paged_attention_decode", q=q, k_pages=k_pages, v_pages=v_pages, page_table=page_table,
-               seq_lens=seq_lens, k_scale=k_scale, v_scale=v_scale, alibi_slopes=alibi_slopes)
-    torch._check_value(q.dim() == 4, lambda: (
-        f"optimized::paged_attention_decode: q: expected 4 dimensions (B, q_len, H_q, D); given {q.dim()} "
-        f"(shape {list(q.shape)})"))
-    b, q_len, h_q, _ = q.shape
-    return output_like(q), q.new_empty((b, h_q, q_len), dtype=torch.float32)
+    return _attention_over_cache("paged_attention_decode", "q_len", q, k_pages, v_pages, page_table, seq_lens,
+                                 k_scale, v_scale, alibi_slopes)
 
 
 @torch.library.register_fake("optimized::paged_attention_prefill")
 def _paged_attention_prefill_fake(q, k_pages, v_pages, page_table, seq_lens, *, k_scale=None, v_scale=None,
                                   softmax_scale=None, window_left=-1, softcap=0.0, alibi_slopes=None, validate=True,
                                   variant="auto"):
-    one_device("paged_attention_prefill", q=q, k_pages=k_pages, v_pages=v_pages, page_table=page_table,
-               seq_lens=seq_lens, k_scale=k_scale, v_scale=v_scale, alibi_slopes=alibi_slopes)
-    torch._check_value(q.dim() == 4, lambda: (
-        f"optimized::paged_attention_prefill: q: expected 4 dimensions (B, S_new, H_q, D); given {q.dim()} "
-        f"(shape {list(q.shape)})"))
-    b, s_new, h_q, _ = q.shape
-    return output_like(q), q.new_empty((b, h_q, s_new), dtype=torch.float32)
+    return _attention_over_cache("paged_attention_prefill", "S_new", q, k_pages, v_pages, page_table, seq_lens,
+                                 k_scale, v_scale, alibi_slopes)

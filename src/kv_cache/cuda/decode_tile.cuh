@@ -91,16 +91,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int64_t split = blockIdx.z, splits = gridDim.z;
   const int64_t seq_len = p.seq_lens[b], L = visible_len(p, b);
 
-  // The union of the visible ranges of the block's rows' queries, and this split's chunk of it.
-  int64_t klo = L, khi = 0;
-  for (int64_t r = 0; r < nrows; ++r) {
-    const QueryRange qr = query_range(p, seq_len, L, (r0 + r) % Q);
-    if (qr.hi > qr.lo) klo = qr.lo < klo ? qr.lo : klo, khi = qr.hi > khi ? qr.hi : khi;
-  }
-  const int64_t n = khi > klo ? khi - klo : 0;
-  const int64_t chunk = ceil_div(ceil_div(n, splits), kKeyTile) * kKeyTile;
-  const int64_t s_lo = klo + split * chunk;
-  const int64_t s_hi = s_lo + chunk < khi ? s_lo + chunk : khi;
+  // The keys of the block's rows, this split's chunk of them (whole tiles).
+  const KeyChunk keys = block_key_chunk(p, seq_len, L, r0, nrows, split, splits, kKeyTile);
+  const int64_t s_lo = keys.lo, s_hi = keys.hi;
 
   // q rows (fp32), O = 0, m = -inf, l = 0.
   for (int64_t i = tid; i < nrows * D; i += kDecodeThreads) {

@@ -52,6 +52,27 @@ __device__ __forceinline__ QueryRange query_range(const KvDecodeParams& p, int64
   return r;
 }
 
+// The keys block `split` of `splits` reads for query rows r0 .. r0 + nrows - 1 (row r: query
+// r % q_len): the union of the rows' visible ranges (a prefill chunk's row group sees the keys up to
+// its last query only), cut into `splits` chunks of whole `tile`s, this split's [lo, hi) (empty: lo
+// >= hi). The chunk is computed from the sequence's current length, so a launch planned once serves
+// sequences that grow (a CUDA graph).
+struct KeyChunk {
+  int64_t lo, hi;
+};
+__device__ __forceinline__ KeyChunk block_key_chunk(const KvDecodeParams& p, int64_t seq_len, int64_t L, int64_t r0,
+                                                    int64_t nrows, int64_t split, int64_t splits, int64_t tile) {
+  int64_t klo = L, khi = 0;
+  for (int64_t r = 0; r < nrows; ++r) {
+    const QueryRange qr = query_range(p, seq_len, L, (r0 + r) % p.q_len);
+    if (qr.hi > qr.lo) klo = qr.lo < klo ? qr.lo : klo, khi = qr.hi > khi ? qr.hi : khi;
+  }
+  const int64_t n = khi > klo ? khi - klo : 0;
+  const int64_t chunk = (((n + splits - 1) / splits + tile - 1) / tile) * tile;
+  const int64_t lo = klo + split * chunk;
+  return {lo, lo + chunk < khi ? lo + chunk : khi};
+}
+
 // The score of dot = q . k for a query at `pos` and key j.
 __device__ __forceinline__ float score(const KvDecodeParams& p, float dot, float slope, int64_t pos, int64_t j) {
   float s = static_cast<float>(p.scale) * dot;

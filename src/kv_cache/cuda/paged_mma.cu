@@ -154,17 +154,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t split = blockIdx.z, splits = gridDim.z;
   const int64_t seq_len = p.seq_lens[b], L = visible_len(p, b);
 
-  // The union of the visible ranges of the block's rows' queries (a prefill chunk's row group sees
-  // the keys up to its last query only), and this split's chunk of it (whole tiles).
-  int64_t klo = L, khi = 0;
-  for (int r = 0; r < nrows; ++r) {
-    const QueryRange qr = query_range(p, seq_len, L, (r0 + r) % Q);
-    if (qr.hi > qr.lo) klo = qr.lo < klo ? qr.lo : klo, khi = qr.hi > khi ? qr.hi : khi;
-  }
-  const int64_t n = khi > klo ? khi - klo : 0;
-  const int64_t chunk = ceil_div(ceil_div(n, splits), int64_t{kKeys}) * kKeys;
-  const int64_t s_lo = klo + split * chunk;
-  const int64_t s_hi = s_lo + chunk < khi ? s_lo + chunk : khi;
+  // The keys of the block's rows, this split's chunk of them (whole tiles).
+  const KeyChunk keys = block_key_chunk(p, seq_len, L, r0, nrows, split, splits, kKeys);
+  const int64_t s_lo = keys.lo, s_hi = keys.hi;
   const int ntiles = s_hi > s_lo ? static_cast<int>(ceil_div(s_hi - s_lo, int64_t{kKeys})) : 0;
   const int my_tiles = ntiles > warp ? (ntiles - warp + kWarps - 1) / kWarps : 0;
 
