@@ -114,10 +114,15 @@ void paged_attention_decode(const TensorView& q, const PagedKVCacheView& cache, 
 // (B, S_new, H_q, D)): query t of sequence b sits at position seq_lens[b] - S_new + t (the chunk is
 // right-aligned to the sequence's end); a sequence shorter than S_new leaves its first rows at
 // negative positions, which see no key (out 0, lse -inf): chunks of different lengths share one
-// padded q. Every variant runs it (cpu, and on CUDA paged_mma where it fits, else paged_split: one
-// block per 16 (paged_mma) or 32 query rows of a kv head, each reading the keys its rows see; the
-// split rule as decode's, the workspace from the library's stream-ordered pool when a split needs
-// one). validate refuses only a seq_len < 0 or beyond the pages (not one < S_new).
+// padded q. Every variant runs it (one block per 16 (paged_mma) or 32 query rows of a kv head, each
+// reading the keys its rows see; the split rule as decode's). auto on CUDA, for chunks of 64 or more
+// queries with fp16 / bf16 q and a head dim of attention_head_dims(), gathers every sequence's K/V
+// out of its pages into contiguous buffers of q's dtype (right-aligned, fp8 dequantized) and runs
+// attention_forward (flash2, causal bottom-right, a bool mask of the rows that hold a key): the
+// buffers (2 * B * max_pages * page_size * H_kv * D elements and a byte a row) and any split's
+// partials come from ctx.workspace or the library's stream-ordered pool. validate refuses only a
+// seq_len < 0 or beyond the pages (not one < S_new); unchecked, such a seq_len is clipped to the
+// pages on the gather path, which then places the chunk's queries at the last pages' positions.
 void paged_attention_prefill(const TensorView& q, const PagedKVCacheView& cache, const TensorView& page_table,
                              const TensorView& seq_lens, const TensorView& out, const TensorView& lse = {},
                              const DecodeOptions& options = {}, KvCacheVariant variant = KvCacheVariant::kAuto,

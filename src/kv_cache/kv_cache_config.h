@@ -68,6 +68,12 @@ inline int64_t mma_decode_splits(int64_t blocks, int64_t rows, int64_t max_seq_l
   return best;
 }
 
+// paged_attention_prefill with variant auto on CUDA takes the attention family's flash2 forward
+// (K/V gathered into contiguous buffers first, cuda/gather.cu) for chunks of at least this many
+// queries, fp16 / bf16 q and a head dim flash2 is compiled for; shorter chunks run paged_mma, which
+// reads each page once instead of gathering (a first guess: flash2's query tile is 64 or 128 rows).
+constexpr int64_t kPrefillAttentionMinChunk = 64;
+
 inline int64_t decode_splits(int64_t batch, int64_t heads_kv, int64_t max_seq_len, int sm_count) {
   const int64_t blocks = std::max<int64_t>(1, batch * heads_kv);
   if (blocks >= sm_count || max_seq_len <= kMinKeysPerSplit) return 1;

@@ -69,4 +69,18 @@ struct KvDecodeParams {
   OPTIMIZED_HOST_DEVICE int64_t group() const { return heads_q / cache.heads_kv; }
 };
 
+// The gather of prefill's attention path (cuda/gather.cu): every sequence's K/V out of its pages
+// into contiguous (batch, len, H_kv, D) buffers of `dtype`, right-aligned, and a bool mask (batch,
+// len) of the rows that hold a key.
+struct KvGatherParams {
+  KvCachePages cache;
+  KvPageTable table;
+  const int32_t* seq_lens = nullptr;  // (batch)
+  DType dtype = DType::kF16;          // of the buffers (q's)
+  int64_t batch = 0, len = 0;         // len: the page table's capacity, max_pages * page_size
+  void* k_out = nullptr;
+  void* v_out = nullptr;
+  unsigned char* mask = nullptr;
+};
+
 }  // namespace optimized

@@ -188,8 +188,9 @@ TEST_P(CudaKvCache, Fp8Cache) {
     }
 }
 
-// Prefill over the cache: chunks of 37 and 200 queries, right-aligned (a sequence of 20 < 37 tokens
-// leaves rows at negative positions: out 0, lse -inf), GQA 4, a window and ALiBi, bf16 d = 128.
+// Prefill over the cache: chunks of 37, 70 and 200 queries, right-aligned (a sequence of 20 < 37
+// tokens leaves rows at negative positions: out 0, lse -inf), GQA 4, windows, ALiBi, softcap, bf16
+// d = 128, an fp8 cache; auto takes the gather + flash2 path for the chunks of 64 or more.
 TEST_P(CudaKvCache, PrefillChunks) {
   DecodeCase cs;
   cs.prefill = true, cs.q_len = 37, cs.lens = {300, 37, 20, 0}, cs.hq = 8, cs.hkv = 2;
@@ -199,7 +200,12 @@ TEST_P(CudaKvCache, PrefillChunks) {
   DecodeCase big;
   big.prefill = true, big.q_len = 200, big.lens = {1000, 250}, big.hq = 8, big.hkv = 2, big.d = 128;
   big.dtype = big.cache = DType::kBF16;
+  run_decode(big, GetParam());  // auto: the gather + flash2 path (a chunk of >= 64, bf16, d = 128)
+  big.window = 300, big.alibi = 2, big.softcap = 20.0;
   run_decode(big, GetParam());
+  DecodeCase fp8;  // fp8 pages dequantized by the gather (auto) or the rungs
+  fp8.prefill = true, fp8.q_len = 70, fp8.lens = {500, 90}, fp8.hq = 8, fp8.hkv = 2, fp8.cache = DType::kF8E4M3;
+  run_decode(fp8, GetParam());
 }
 
 // The head dims and GQA packings of the tensor-core rung, over several splits (plan) and one.
