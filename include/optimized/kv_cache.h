@@ -115,12 +115,12 @@ void paged_attention_decode(const TensorView& q, const PagedKVCacheView& cache, 
 // right-aligned to the sequence's end); a sequence shorter than S_new leaves its first rows at
 // negative positions, which see no key (out 0, lse -inf): chunks of different lengths share one
 // padded q. Every variant runs it (one block per 16 (paged_mma) or 32 query rows of a kv head, each
-// reading the keys its rows see; the split rule as decode's). auto on CUDA, for chunks of 64 or more
-// queries with fp16 / bf16 q and a head dim of attention_head_dims(), gathers every sequence's K/V
+// reading the keys its rows see; the split rule as decode's). auto, for chunks of 64 or more queries
+// (on CUDA with fp16 / bf16 q and a head dim of attention_head_dims()), gathers every sequence's K/V
 // out of its pages into contiguous buffers of q's dtype (right-aligned, fp8 dequantized) and runs
-// attention_forward (flash2, causal bottom-right, a bool mask of the rows that hold a key): the
-// buffers (2 * B * max_pages * page_size * H_kv * D elements and a byte a row) and any split's
-// partials come from ctx.workspace or the library's stream-ordered pool. validate refuses only a
+// attention_forward (flash2 on CUDA, its cpu rung on the host; causal bottom-right, a bool mask of
+// the rows that hold a key): the buffers (2 * B * max_pages * page_size * H_kv * D elements and a
+// byte a row) come from ctx.workspace or the library's stream-ordered pool (host memory on the CPU). validate refuses only a
 // seq_len < 0 or beyond the pages (not one < S_new); unchecked, such a seq_len is clipped to the
 // pages on the gather path, which then places the chunk's queries at the last pages' positions.
 void paged_attention_prefill(const TensorView& q, const PagedKVCacheView& cache, const TensorView& page_table,

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -455,21 +456,23 @@ int64_t device_splits(const KvCacheVariantInfo& row, int device, const KvDecodeP
 }
 #endif
 
-#if OPTIMIZED_WITH_CUDA
-// Whether prefill with variant auto takes the attention family's flash2 forward
-// (kv_cache_config::kPrefillAttentionMinChunk).
-bool prefill_on_attention(const KvDecodeParams& p) {
-  if (p.dtype != DType::kF16 && p.dtype != DType::kBF16) return false;
+// Whether prefill with variant auto runs on the attention family's forward
+// (kv_cache_config::kPrefillAttentionMinChunk): a chunk that long, and on CUDA fp16 / bf16 q with a
+// head dim flash2 is compiled for (the CPU's attention rung takes every dtype and head dim).
+bool prefill_on_attention(const KvDecodeParams& p, Device device) {
   if (p.q_len < kv_cache_config::kPrefillAttentionMinChunk) return false;
+  if (!device.is_cuda()) return true;
+  if (p.dtype != DType::kF16 && p.dtype != DType::kBF16) return false;
   for (int d : attention_head_dims())
     if (d == p.cache.head_dim) return true;
   return false;
 }
 
-// Prefill on flash2: the sequences' K/V gathered right-aligned into contiguous buffers (and the mask
-// of the rows that hold a key) in a call workspace, then attention_forward, causal bottom-right, with
-// decode's options: the chunk's query t of sequence b sits at buffer row len - S_new + t, as at
-// position seq_len - S_new + t of its sequence.
+// Prefill on attention_forward (flash2 on CUDA, its cpu rung on the host): the sequences' K/V
+// gathered right-aligned into contiguous buffers of q's dtype, with the mask of the rows that hold a
+// key (a call workspace on CUDA, host memory on the CPU), then attention_forward, causal
+// bottom-right, with decode's options: the chunk's query t of sequence b sits at buffer row
+// len - S_new + t, as at position seq_len - S_new + t of its sequence.
 void prefill_through_attention(const TensorView& q, const TensorView& out, const TensorView& lse, const DecodeOptions& o,
                                const KvDecodeParams& p, Device device, const ExecutionContext& ctx) {
   const KvCachePages& c = p.cache;
@@ -478,30 +481,45 @@ void prefill_through_attention(const TensorView& q, const TensorView& out, const
   const int64_t elems = rows * c.heads_kv * c.head_dim, es = static_cast<int64_t>(dtype_size(p.dtype));
   auto round256 = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
   const int64_t kv_bytes = round256(elems * es), mask_bytes = round256(rows);
-  DeviceGuard guard(device.index);
-  const auto stream = static_cast<cudaStream_t>(ctx.cuda_stream);
-  CallWorkspace ws(ctx, static_cast<size_t>(2 * kv_bytes + mask_bytes), what, device.index, stream);
-  char* base = static_cast<char*>(ws.get().data);
+  const size_t total = static_cast<size_t>(2 * kv_bytes + mask_bytes);
   KvGatherParams g;
   g.cache = c, g.table = p.table, g.seq_lens = p.seq_lens, g.dtype = p.dtype, g.batch = p.batch, g.len = len;
-  g.k_out = base, g.v_out = base + kv_bytes, g.mask = reinterpret_cast<unsigned char*>(base + 2 * kv_bytes);
-  check_cuda(cuda::kv_cache_gather(g, stream), what + ": gather");
-  const TensorView k(g.k_out, p.dtype, device, {p.batch, len, c.heads_kv, c.head_dim});
-  const TensorView v(g.v_out, p.dtype, device, {p.batch, len, c.heads_kv, c.head_dim});
-  AttentionOptions ao;
-  ao.softmax_scale = p.scale;
-  ao.causal = true;
-  ao.alignment = CausalAlignment::kBottomRight;
-  ao.window_left = p.window_left;
-  ao.softcap = p.softcap;
-  ao.alibi_slopes = o.alibi_slopes;
-  ao.mask = TensorView(g.mask, DType::kBool, device, {p.batch, 1, 1, len}, {len, 0, 0, 1});
-  ExecutionContext actx = ctx;
-  actx.workspace = {};  // (ours holds the buffers; attention takes its own when it needs one)
-  attention_forward(q, k, v, out, lse, ao, AttentionVariant::kAuto, actx);
-  ws.release(what);
-}
+  auto carve = [&](void* base) {
+    char* at = static_cast<char*>(base);
+    g.k_out = at, g.v_out = at + kv_bytes, g.mask = reinterpret_cast<unsigned char*>(at + 2 * kv_bytes);
+  };
+  auto attend = [&](const ExecutionContext& actx) {
+    const TensorView k(g.k_out, p.dtype, device, {p.batch, len, c.heads_kv, c.head_dim});
+    const TensorView v(g.v_out, p.dtype, device, {p.batch, len, c.heads_kv, c.head_dim});
+    AttentionOptions ao;
+    ao.softmax_scale = p.scale;
+    ao.causal = true;
+    ao.alignment = CausalAlignment::kBottomRight;
+    ao.window_left = p.window_left;
+    ao.softcap = p.softcap;
+    ao.alibi_slopes = o.alibi_slopes;
+    ao.mask = TensorView(g.mask, DType::kBool, device, {p.batch, 1, 1, len}, {len, 0, 0, 1});
+    attention_forward(q, k, v, out, lse, ao, AttentionVariant::kAuto, actx);
+  };
+  if (device.is_cuda()) {
+#if OPTIMIZED_WITH_CUDA
+    DeviceGuard guard(device.index);
+    const auto stream = static_cast<cudaStream_t>(ctx.cuda_stream);
+    CallWorkspace ws(ctx, total, what, device.index, stream);
+    carve(ws.get().data);
+    check_cuda(cuda::kv_cache_gather(g, stream), what + ": gather");
+    ExecutionContext actx = ctx;
+    actx.workspace = {};  // (ours holds the buffers; attention takes its own when it needs one)
+    attend(actx);
+    ws.release(what);
 #endif
+    return;
+  }
+  std::vector<std::max_align_t> host((total + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t));
+  carve(host.data());
+  cpu_kv_gather(g, ctx.cpu_threads);
+  attend(ctx);
+}
 
 void decode_impl(const TensorView& q, const PagedKVCacheView& cache, const TensorView& page_table,
                  const TensorView& seq_lens, const TensorView& out, const TensorView& lse, const DecodeOptions& o,
@@ -613,11 +631,11 @@ void decode_impl(const TensorView& q, const PagedKVCacheView& cache, const Tenso
   if (row.variant == KvCacheVariant::kPagedMma && !mma_why.empty()) unsupported("variant: " + std::string(row.name) + ": " + mma_why);
   if (plan) check_fits_plan(*plan, row, p, c, device);
   if (B == 0 || Hq == 0) return;
+  if (prefill && variant == KvCacheVariant::kAuto && prefill_on_attention(p, device))
+    return prefill_through_attention(q, out, lse, o, p, device, ctx);
   if (row.backend == Backend::kCpu) return row.cpu.decode(p, ctx.cpu_threads);
 #if OPTIMIZED_WITH_CUDA
   check_cuda_head_dim(device, c.head_dim);
-  if (prefill && variant == KvCacheVariant::kAuto && prefill_on_attention(p))
-    return prefill_through_attention(q, out, lse, o, p, device, ctx);
   const std::string what = "paged_attention_decode (" + std::string(row.name) + ")";
   if (plan) {
     if (plan->splits > kv_cache_config::kMaxSplits)

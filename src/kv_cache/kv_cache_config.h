@@ -68,10 +68,11 @@ inline int64_t mma_decode_splits(int64_t blocks, int64_t rows, int64_t max_seq_l
   return best;
 }
 
-// paged_attention_prefill with variant auto on CUDA takes the attention family's flash2 forward
-// (K/V gathered into contiguous buffers first, cuda/gather.cu) for chunks of at least this many
-// queries, fp16 / bf16 q and a head dim flash2 is compiled for; shorter chunks run paged_mma, which
-// reads each page once instead of gathering (a first guess: flash2's query tile is 64 or 128 rows).
+// paged_attention_prefill with variant auto takes the attention family's forward (K/V gathered
+// into contiguous buffers first: cuda/gather.cu, cpu_kv_gather) for chunks of at least this many
+// queries (on CUDA: fp16 / bf16 q and a head dim flash2 is compiled for); shorter chunks run the
+// family's own rungs (paged_mma on CUDA), which read each page once instead of gathering (a first
+// guess, not measured: flash2's query tile is 64 or 128 rows).
 constexpr int64_t kPrefillAttentionMinChunk = 64;
 
 inline int64_t decode_splits(int64_t batch, int64_t heads_kv, int64_t max_seq_len, int sm_count) {

@@ -95,7 +95,7 @@ TEST(KvCacheCpu, QLenCausal) {
 // Prefill over the cache: chunks longer than decode's 8, right-aligned to each sequence's end; a
 // sequence shorter than the chunk (20 < 37) leaves rows at negative positions (out 0, lse -inf).
 TEST(KvCacheCpu, PrefillChunks) {
-  for (int64_t ql : {9, 37}) {
+  for (int64_t ql : {9, 37, 70}) {  // 70: auto's gather + attention_forward path
     DecodeCase cs;
     cs.prefill = true, cs.q_len = ql, cs.lens = {100, 37, 20, 0}, cs.page_size = 7, cs.hq = 8, cs.hkv = 2;
     SCOPED_TRACE(ql);

@@ -291,8 +291,9 @@ def _chunked_prefill(rng, device, dtype, variant, *, page_size, chunks, h_q=4, h
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_chunked_prefill_equals_flash_attention(rng, page_size):
-    _chunked_prefill(rng, "cpu", torch.float32, "cpu", page_size=page_size, chunks=[17, 40, 1, 9])
+@pytest.mark.parametrize("variant", ["cpu", "auto"])  # auto: chunks of >= 64 through attention_forward
+def test_chunked_prefill_equals_flash_attention(rng, page_size, variant):
+    _chunked_prefill(rng, "cpu", torch.float32, variant, page_size=page_size, chunks=[17, 70, 1, 9, 100])
 
 
 def test_prefill_right_aligns_short_sequences(rng):

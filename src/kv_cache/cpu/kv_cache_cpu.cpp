@@ -229,6 +229,49 @@ void decode(const KvDecodeParams& p, int threads) {
   }
 }
 
+// The gather of prefill's attention path, as cuda/gather.cu: row r of sequence b holds key
+// j = r - (len - L_b) (L_b = seq_lens[b] clipped to the pages), mask true where that key has a page;
+// other rows zero. fp8 dequantized (e4m3 * scale), then rounded to the buffers' dtype.
+template <class D>
+void gather(const KvGatherParams& g, int threads) {
+  using A = typename D::Acc;
+  const KvCachePages& c = g.cache;
+  const int64_t rows = g.batch * g.len, Dh = c.head_dim, HD = c.heads_kv * Dh;
+  const int64_t capacity = g.table.max_pages * c.page_size;
+  const int nth = cpu_thread_count(threads, rows);
+#pragma omp parallel num_threads(nth)
+  {
+    std::vector<A> x(static_cast<size_t>(Dh));
+#pragma omp for schedule(static)
+    for (int64_t row = 0; row < rows; ++row) {
+      const int64_t b = row / g.len, r = row % g.len;
+      const int64_t L = std::clamp<int64_t>(g.seq_lens[b], 0, capacity);
+      const int64_t j = r - (g.len - L);
+      const int64_t page = j >= 0 ? page_of(c, g.table, b, j) : -1;
+      auto* ko = static_cast<typename D::T*>(g.k_out) + row * HD;
+      auto* vo = static_cast<typename D::T*>(g.v_out) + row * HD;
+      g.mask[row] = page >= 0;
+      for (int64_t h = 0; h < c.heads_kv; ++h) {
+        for (int pass = 0; pass < 2; ++pass) {
+          auto* dst = (pass == 0 ? ko : vo) + h * Dh;
+          if (page < 0) {
+            for (int64_t d = 0; d < Dh; ++d) dst[d] = D::store(A(0));
+            continue;
+          }
+          const int64_t slot = j % c.page_size;
+          if (pass == 0)
+            load_cache_row<D>(c, c.k_pages, page * c.k_page + slot * c.k_slot + h * c.k_head,
+                              c.k_scale ? c.k_scale[h] : 1.0f, x.data());
+          else
+            load_cache_row<D>(c, c.v_pages, page * c.v_page + slot * c.v_slot + h * c.v_head,
+                              c.v_scale ? c.v_scale[h] : 1.0f, x.data());
+          for (int64_t d = 0; d < Dh; ++d) dst[d] = D::store(x[d]);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void cpu_kv_append(const KvAppendParams& params, int threads) {
@@ -238,6 +281,16 @@ void cpu_kv_append(const KvAppendParams& params, int threads) {
     case DType::kBF16: return append<BF16>(params, threads);
     case DType::kF64: return append<F64>(params, threads);
     default: return append<F32>(params, threads);
+  }
+}
+
+void cpu_kv_gather(const KvGatherParams& params, int threads) {
+  if (params.batch <= 0 || params.len <= 0) return;
+  switch (params.dtype) {
+    case DType::kF16: return gather<F16>(params, threads);
+    case DType::kBF16: return gather<BF16>(params, threads);
+    case DType::kF64: return gather<F64>(params, threads);
+    default: return gather<F32>(params, threads);
   }
 }
 
