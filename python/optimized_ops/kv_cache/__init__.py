@@ -437,7 +437,9 @@ def paged_attention_prefill(q: torch.Tensor, cache: PagedKVCache, page_table: to
     positions would) or below 0 (they see no key: out 0, lse ``-inf``): chunks of different lengths
     share one padded q. Everything else as ``paged_attention_decode`` (scores, options, variants,
     validate), with any ``S_new >= 1``; no plan (a split, when the rule picks one, takes its workspace
-    from the library's stream-ordered pool).
+    from the library's stream-ordered pool). ``variant="auto"`` runs chunks of 64 or more queries on
+    ``flash_attention``'s kernels (float16 / bfloat16 on CUDA): the sequences' K/V are gathered out of
+    the pages into contiguous buffers first (2 x B x max_pages x page_size x H_kv x D elements).
 
     Returns
     -------
