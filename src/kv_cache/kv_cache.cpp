@@ -461,6 +461,7 @@ int64_t device_splits(const KvCacheVariantInfo& row, int device, const KvDecodeP
 // head dim flash2 is compiled for (the CPU's attention rung takes every dtype and head dim).
 bool prefill_on_attention(const KvDecodeParams& p, Device device) {
   if (p.q_len < kv_cache_config::kPrefillAttentionMinChunk) return false;
+  if (p.table.max_pages * p.cache.page_size < 1) return false;  // no key anywhere: the rung writes the zeros
   if (!device.is_cuda()) return true;
   if (p.dtype != DType::kF16 && p.dtype != DType::kBF16) return false;
   for (int d : attention_head_dims())

@@ -313,6 +313,16 @@ def test_prefill_right_aligns_short_sequences(rng):
     assert (out[3] == 0).all() and torch.isneginf(lse[3]).all()
 
 
+def test_prefill_without_pages(rng):
+    """A page table of no pages (auto, a chunk of 64: the gather path would have no key row): out 0,
+    lse -inf."""
+    cache = optimized_ops.PagedKVCache(4, 16, 2, 16, dtype=torch.float32)
+    q = rand((2, 64, 4, 16), torch.float32, "cpu", rng)
+    out, lse = optimized_ops.paged_attention_prefill(q, cache, torch.zeros(2, 0, dtype=torch.int32),
+                                                     torch.zeros(2, dtype=torch.int32), return_lse=True)
+    assert (out == 0).all() and torch.isneginf(lse).all()
+
+
 def test_prefill_compiles(rng):
     cache, table, _ = filled_cache(rng, batch=2, seq_lens=[20, 11], h_kv=2, d=16, page_size=4, dtype=torch.float32)
     q = rand((2, 11, 4, 16), torch.float32, "cpu", rng)
