@@ -36,6 +36,13 @@ Cases (the row field "case"):
              replayed; ours:eager = the same planned call without the graph; sdpa = SDPA eager. time_ms is the
              harness's (CUDA events, cold L2); wall_us = host wall-clock per step over back-to-back steps
              (launch overhead included: the number this case is about); plan_us = plan_paged_decode's host time.
+  prefill    chunked prefill over a cached prefix (B x prefix + chunk: (1, 4096 + 2048), (4, 2048 + 512),
+             (8, 0 + 1024), (1, 32768 + 32)): ours:<v> = paged_attention_prefill(q (B, chunk, H_q, D), cache,
+             page_table, seq_lens, validate=False) for auto (chunks >= 64: K/V gathered out of the pages, then
+             flash2) and paged_mma; the peer flash_attention = optimized_ops.flash_attention(q, k, v, causal=True)
+             on the same K/V stored contiguously (B, prefix + chunk, H_kv, D). TFLOP/s over 4*B*H_q*D*(chunk *
+             prefix + chunk * (chunk + 1) / 2); vs_baseline = flash_attention's time over the row's. No target in
+             issue 14: it says what the gather costs and what the decode-shaped rung loses.
 
 Validation (before any timing, flash-attention's rule, bench/tolerance.attention_allowed_error): the outputs of
 up to three sequences (first, middle, last; every head) against float64 attention over the gathered K/V (the
@@ -63,7 +70,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import runner  # noqa: E402
 from tolerance import accumulation_unit, attention_allowed_error, reduction_allowed_error  # noqa: E402
 
-CASES = ["decode", "page_size", "fp8", "append", "graph"]
+CASES = ["decode", "page_size", "fp8", "append", "graph", "prefill"]
 CUDA_RUNGS = ["contiguous_naive", "paged", "paged_split", "paged_mma", "auto"]
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -72,14 +79,15 @@ FP8_MAX = 448.0
 # append prefill chunk (B, S_new), page size)
 DEFAULTS = {
     "cuda": dict(hq=32, hkv=8, d=128, dtype="bf16", shapes=[(1, 32768), (16, 4096), (64, 4096), (128, 8192)],
-                 sweep=(64, 4096), page_sizes=[1, 256], graph=(1, 1024), chunk=(16, 1024), page=16),
+                 sweep=(64, 4096), page_sizes=[1, 256], graph=(1, 1024), chunk=(16, 1024), page=16,
+                 prefill=[(1, 4096, 2048), (4, 2048, 512), (8, 0, 1024), (1, 32768, 32)]),
     "cpu": dict(hq=8, hkv=2, d=64, dtype="fp32", shapes=[(1, 2048), (4, 512)], sweep=(4, 512), page_sizes=[1, 64],
-                graph=(1, 256), chunk=(2, 64), page=16),
+                graph=(1, 256), chunk=(2, 64), page=16, prefill=[(1, 512, 128)]),
 }
 QUICK = {
     "cuda": dict(DEFAULTS["cuda"], shapes=[(1, 32768), (64, 4096)]),
     "cpu": dict(hq=4, hkv=2, d=32, dtype="fp32", shapes=[(1, 256), (3, 100)], sweep=(3, 100), page_sizes=[1, 64],
-                graph=(1, 64), chunk=(2, 16), page=16),
+                graph=(1, 64), chunk=(2, 16), page=16, prefill=[(1, 64, 64)]),
 }
 
 
@@ -288,6 +296,103 @@ def decode_group(oo, args, device, timer, log, notes, cfg, dname, batch, seqlen,
                              "gbps": base["gbps"]}
             r["vs_baseline"] = base["time_ms"]["median"] / r["time_ms"]["median"]
     del p, ref
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+# ---- prefill -----------------------------------------------------------------------------------
+
+def prefill_flops(batch, hq, d, prefix, chunk):
+    """q . k and p . v of a chunk of `chunk` queries over `prefix` cached keys and itself (causal)."""
+    return 4.0 * batch * hq * d * (chunk * prefix + chunk * (chunk + 1) / 2)
+
+
+def prefill_group(oo, args, device, timer, log, cfg, dname, batch, prefix, chunk, page, variants):
+    """paged_attention_prefill of a chunk over a cached prefix (pages scattered) against
+    optimized_ops.flash_attention (causal, bottom-right) on the same K/V stored contiguously; checked on
+    the first and last 64 queries of sequence 0 against float64 attention."""
+    dtype = runner.DTYPES[dname]
+    hq, hkv, d, total = cfg["hq"], cfg["hkv"], cfg["d"], prefix + chunk
+    label = f"{batch}x{prefix}+{chunk}"
+    shape = {"batch": batch, "prefix": prefix, "chunk": chunk, "heads_q": hq, "heads_kv": hkv, "head_dim": d,
+             "page_size": page}
+    log(f"kv_cache prefill {dname} B={batch} prefix={prefix} chunk={chunk} page {page}")
+    gen = torch.Generator(device=device).manual_seed(1500 + batch + total)
+    per_seq = -(-total // page)
+    cache = oo.PagedKVCache(batch * per_seq, page, hkv, d, dtype=dtype, device=device)
+    perm = torch.randperm(batch * per_seq, generator=torch.Generator().manual_seed(91 + total))
+    table = perm.view(batch, per_seq).to(torch.int32).to(device)
+    k = torch.randn(batch, total, hkv, d, device=device, generator=gen).to(dtype)
+    v = torch.randn(batch, total, hkv, d, device=device, generator=gen).to(dtype)
+    q = torch.randn(batch, chunk, hq, d, device=device, generator=gen).to(dtype)
+    pos = torch.arange(total, dtype=torch.int32, device=device).repeat(batch, 1)
+    oo.append_kv(cache, k, v, table, pos, validate=False)
+    lens = torch.full((batch,), total, dtype=torch.int32, device=device)
+    rows_idx = sorted(set(range(min(64, chunk))) | set(range(max(0, chunk - 64), chunk)))
+    ridx = torch.tensor(rows_idx, device=device)
+
+    def attention64(qq, kk, vv, dt):
+        """(len(rows), H_q, D) attention of sequence 0's picked queries in dt (float64: the reference)."""
+        group = hq // hkv
+        kh = kk[0].to(dt).transpose(0, 1).repeat_interleave(group, 0)      # (H_q, L, D)
+        vh = vv[0].to(dt).transpose(0, 1).repeat_interleave(group, 0)
+        qh = qq[0, ridx].to(dt).transpose(0, 1)                              # (H_q, R, D)
+        s_ = (qh @ kh.transpose(-1, -2)).float() / math.sqrt(d) if dt != torch.float64 else \
+            (qh @ kh.transpose(-1, -2)) / math.sqrt(d)
+        allowed = torch.arange(total, device=device)[None, :] <= (ridx[:, None] + prefix)
+        s_ = s_.masked_fill(~allowed, -math.inf)
+        p_ = torch.softmax(s_, dim=-1).to(dt)
+        return (p_ @ vh).transpose(0, 1).to(torch.float64)                   # (R, H_q, D)
+
+    ref = attention64(q, k, v, torch.float64)
+    same_error = (attention64(q, k, v, dtype) - ref).abs().max().item()
+    max_ref = ref.abs().max().item()
+    impls = [(f"ours:{var}", var) for var in variants] + [("flash_attention", None)]
+    rows = []
+    for name, var in impls:
+        r = base_row("prefill", var or "flash_attention", device, dname, shape, label, dtype, page)
+        r.update(flops=prefill_flops(batch, hq, d, prefix, chunk), min_bytes=kv_bytes(batch, total, hkv, d,
+                                                                                      k.element_size()),
+                 bytes_formula="2*B*(prefix+chunk)*H_kv*D*E (the K/V read once)")
+        rows.append(r)
+        if var is None:
+            def call(i):
+                return oo.flash_attention(q, k, v, causal=True)
+        else:
+            def call(i, var=var):
+                return oo.paged_attention_prefill(q, cache, table, lens, validate=False, variant=var)
+        try:
+            with torch.no_grad():
+                out = call(0)
+                err = (out[0, ridx].to(torch.float64) - ref).abs().max().item()
+                allowed = attention_allowed_error(dname, total, same_error, max_ref)
+                ok = err <= allowed and math.isfinite(err)
+                r["validation"] = {"passed": ok, "max_error": err, "allowed": allowed, "same_dtype_error": same_error,
+                                   "sequences": [0], "first_failure": "" if ok else
+                                   f"max error {err:.3g} > allowed {allowed:.3g}"}
+                del out
+            if not ok:
+                r.update(status="failed", reason="validation: " + r["validation"]["first_failure"])
+                log(f"  {name}: {r['reason']}")
+                continue
+            with torch.no_grad():
+                st = timer.measure(call)
+        except Exception as e:  # noqa: BLE001 - reported in the row
+            r.update(status="failed", reason=_reason(e))
+            log(f"  {name}: {r['reason']}")
+            continue
+        finish_row(r, st, None)
+        r["tokens_per_s"] = batch * chunk / (st["median"] * 1e-3)
+        log(f"  {name:>22}: {st['median'] * 1e3:.4g} us [{st['p10'] * 1e3:.4g}-{st['p90'] * 1e3:.4g}] "
+            f"{r['tflops']:.4g} TFLOP/s")
+    base = next((r for r in rows if r["variant"] == "flash_attention" and r["status"] == "ok"), None)
+    for r in rows:
+        if base and r["status"] == "ok" and r is not base:
+            r["baseline"] = {"name": "optimized_ops.flash_attention (contiguous K/V, causal)",
+                             "time_ms": base["time_ms"]}
+            r["vs_baseline"] = base["time_ms"]["median"] / r["time_ms"]["median"]
+    del cache, k, v, q
     if device == "cuda":
         torch.cuda.empty_cache()
     return rows
@@ -567,6 +672,10 @@ def kv_cache_rows(args, device, timer, ceilings, log, notes):
     if "graph" in cases:
         gb, gl = cfg["graph"]
         rows += graph_group(oo, args, device, timer, log, cfg, dname, gb, gl, page, bw)
+    if "prefill" in cases:
+        pvars = ["auto", "paged_mma"] if device == "cuda" else ["auto", "cpu"]
+        for b, prefix, chunk in cfg["prefill"]:
+            rows += prefill_group(oo, args, device, timer, log, cfg, dname, b, prefix, chunk, page, pvars)
     return rows
 
 

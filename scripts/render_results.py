@@ -449,6 +449,19 @@ def kv_cache_tables(results):
                        f"| {r.get('page_size')} | {fmt(r['time_ms']['median'] * 1e3)} | {fmt(r.get('gbps'))} "
                        f"| {fmt(r.get('tokens_per_s'))} | {_x(r.get('vs_copy'))} | {_x(r.get(key))} | {target(r)} |")
         out.append("")
+    rows = by_case.get("prefill", [])
+    if rows:
+        out += ["Prefill over the cache (chunk over a cached prefix; the peer: flash_attention on contiguous K/V):", "",
+                "| variant | dtype | B x prefix+chunk | page | median us | TFLOP/s | vs flash_attention |",
+                "|---|---|---|---:|---:|---:|---:|"]
+        for r in rows:
+            if r["status"] != "ok":
+                out.append(f"| {r['variant']} | {r['dtype']} | {r['shape_label']} | {r.get('page_size')} "
+                           f"| {r['status']}: {r.get('reason', '')} | | |")
+                continue
+            out.append(f"| {r['variant']} | {r['dtype']} | {r['shape_label']} | {r.get('page_size')} "
+                       f"| {fmt(r['time_ms']['median'] * 1e3)} | {fmt(r.get('tflops'))} | {_x(r.get('vs_baseline'))} |")
+        out.append("")
     rows = by_case.get("graph", [])
     if rows:
         out += ["One decode step (CUDA graph replay vs eager; us):", "",
