@@ -119,8 +119,9 @@ void paged_attention_decode(const TensorView& q, const PagedKVCacheView& cache, 
 // (on CUDA with fp16 / bf16 q and a head dim of attention_head_dims()), gathers every sequence's K/V
 // out of its pages into contiguous buffers of q's dtype (right-aligned, fp8 dequantized) and runs
 // attention_forward (flash2 on CUDA, its cpu rung on the host; causal bottom-right, a bool mask of
-// the rows that hold a key): the buffers (2 * B * max_pages * page_size * H_kv * D elements and a
-// byte a row) come from ctx.workspace or the library's stream-ordered pool (host memory on the CPU). validate refuses only a
+// the rows that hold a key): the buffers (2 * B * len * H_kv * D elements and a byte a row; len =
+// the longest sequence when validate reads seq_lens back, else max_pages * page_size) come from
+// ctx.workspace or the library's stream-ordered pool (host memory on the CPU). validate refuses only a
 // seq_len < 0 or beyond the pages (not one < S_new); unchecked, such a seq_len is clipped to the
 // pages on the gather path, which then places the chunk's queries at the last pages' positions.
 void paged_attention_prefill(const TensorView& q, const PagedKVCacheView& cache, const TensorView& page_table,

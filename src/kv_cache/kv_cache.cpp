@@ -459,9 +459,10 @@ int64_t device_splits(const KvCacheVariantInfo& row, int device, const KvDecodeP
 // Whether prefill with variant auto runs on the attention family's forward
 // (kv_cache_config::kPrefillAttentionMinChunk): a chunk that long, and on CUDA fp16 / bf16 q with a
 // head dim flash2 is compiled for (the CPU's attention rung takes every dtype and head dim).
-bool prefill_on_attention(const KvDecodeParams& p, Device device) {
+// `len`: the gather's rows per sequence (prefill_through_attention).
+bool prefill_on_attention(const KvDecodeParams& p, Device device, int64_t len) {
   if (p.q_len < kv_cache_config::kPrefillAttentionMinChunk) return false;
-  if (p.table.max_pages * p.cache.page_size < 1) return false;  // no key anywhere: the rung writes the zeros
+  if (len < 1) return false;  // no key anywhere: the rung writes the zeros
   if (!device.is_cuda()) return true;
   if (p.dtype != DType::kF16 && p.dtype != DType::kBF16) return false;
   for (int d : attention_head_dims())
@@ -470,15 +471,16 @@ bool prefill_on_attention(const KvDecodeParams& p, Device device) {
 }
 
 // Prefill on attention_forward (flash2 on CUDA, its cpu rung on the host): the sequences' K/V
-// gathered right-aligned into contiguous buffers of q's dtype, with the mask of the rows that hold a
-// key (a call workspace on CUDA, host memory on the CPU), then attention_forward, causal
-// bottom-right, with decode's options: the chunk's query t of sequence b sits at buffer row
+// gathered right-aligned into contiguous buffers of q's dtype, `len` rows per sequence (the longest
+// sequence when validate read seq_lens back, else the page table's capacity), with the mask of the
+// rows that hold a key (a call workspace on CUDA, host memory on the CPU), then attention_forward,
+// causal bottom-right, with decode's options: the chunk's query t of sequence b sits at buffer row
 // len - S_new + t, as at position seq_len - S_new + t of its sequence.
 void prefill_through_attention(const TensorView& q, const TensorView& out, const TensorView& lse, const DecodeOptions& o,
-                               const KvDecodeParams& p, Device device, const ExecutionContext& ctx) {
+                               const KvDecodeParams& p, Device device, const ExecutionContext& ctx, int64_t len) {
   const KvCachePages& c = p.cache;
   const std::string what = "paged_attention_prefill (auto: gather + attention_forward)";
-  const int64_t len = p.table.max_pages * c.page_size, rows = p.batch * len;
+  const int64_t rows = p.batch * len;
   const int64_t elems = rows * c.heads_kv * c.head_dim, es = static_cast<int64_t>(dtype_size(p.dtype));
   auto round256 = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
   const int64_t kv_bytes = round256(elems * es), mask_bytes = round256(rows);
@@ -601,14 +603,19 @@ void decode_impl(const TensorView& q, const PagedKVCacheView& cache, const Tenso
   if (device.is_cuda() && p.dtype == DType::kF64)
     unsupported("q: fp64 runs on the cpu variant only; given fp64 on " + device_name(device));
 
+  // The rows per sequence of prefill's gather: the longest sequence when its length is read back
+  // here, else the page table's capacity.
+  int64_t gather_len = p.table.max_pages * c.page_size;
   if (o.validate && B > 0) {
     std::vector<int32_t> table_copy, lens_copy;
     const int32_t* lens = host_ints(seq_lens, device, ctx, lens_copy, "seq_lens");
     const int32_t* table = host_ints(page_table, device, ctx, table_copy, "page_table");
     const int64_t capacity = p.table.max_pages * c.page_size;
+    if (lens) gather_len = 0;
     if (lens)
       for (int64_t b = 0; b < B; ++b) {
         const int64_t len = lens[b];
+        gather_len = std::max(gather_len, std::min(std::max<int64_t>(len, 0), capacity));
         if (len < 0) invalid("seq_lens: expected lengths >= 0; seq_lens[" + std::to_string(b) + "] = " + std::to_string(len));
         if (!prefill && len > 0 && len < Q)
           invalid("seq_lens: expected 0 or at least q_len " + std::to_string(Q) + " (the new tokens are cached); seq_lens[" +
@@ -632,8 +639,8 @@ void decode_impl(const TensorView& q, const PagedKVCacheView& cache, const Tenso
   if (row.variant == KvCacheVariant::kPagedMma && !mma_why.empty()) unsupported("variant: " + std::string(row.name) + ": " + mma_why);
   if (plan) check_fits_plan(*plan, row, p, c, device);
   if (B == 0 || Hq == 0) return;
-  if (prefill && variant == KvCacheVariant::kAuto && prefill_on_attention(p, device))
-    return prefill_through_attention(q, out, lse, o, p, device, ctx);
+  if (prefill && variant == KvCacheVariant::kAuto && prefill_on_attention(p, device, gather_len))
+    return prefill_through_attention(q, out, lse, o, p, device, ctx, gather_len);
   if (row.backend == Backend::kCpu) return row.cpu.decode(p, ctx.cpu_threads);
 #if OPTIMIZED_WITH_CUDA
   check_cuda_head_dim(device, c.head_dim);

@@ -265,7 +265,7 @@ def test_append_then_decode_equals_flash_attention(rng, page_size, q_len):
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 
-def _chunked_prefill(rng, device, dtype, variant, *, page_size, chunks, h_q=4, h_kv=2, d=64):
+def _chunked_prefill(rng, device, dtype, variant, *, page_size, chunks, h_q=4, h_kv=2, d=64, validate=True):
     """A prompt appended and attended chunk by chunk (chunked prefill over the cache): each chunk's
     out equals flash_attention over the whole prompt (causal), at the chunk's rows."""
     batch, total = 2, sum(chunks)
@@ -283,7 +283,7 @@ def _chunked_prefill(rng, device, dtype, variant, *, page_size, chunks, h_q=4, h
                                 variant=variant)
         lens = torch.full((batch,), start + n, dtype=torch.int32, device=device)
         out = optimized_ops.paged_attention_prefill(q[:, start:start + n].to(device), cache, table, lens,
-                                                    variant=variant)
+                                                    variant=variant, validate=validate)
         assert out.shape == (batch, n, h_q, d) and out.dtype == dtype
         tol = 1e-5 if dtype == torch.float32 else 8 * unit_roundoff(dtype)
         torch.testing.assert_close(out.cpu().double(), want[:, start:start + n], rtol=tol, atol=tol)
@@ -292,8 +292,10 @@ def _chunked_prefill(rng, device, dtype, variant, *, page_size, chunks, h_q=4, h
 
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("variant", ["cpu", "auto"])  # auto: chunks of >= 64 through attention_forward
-def test_chunked_prefill_equals_flash_attention(rng, page_size, variant):
-    _chunked_prefill(rng, "cpu", torch.float32, variant, page_size=page_size, chunks=[17, 70, 1, 9, 100])
+@pytest.mark.parametrize("validate", [True, False])   # the gather: the longest sequence's rows, or the capacity
+def test_chunked_prefill_equals_flash_attention(rng, page_size, variant, validate):
+    _chunked_prefill(rng, "cpu", torch.float32, variant, page_size=page_size, chunks=[17, 70, 1, 9, 100],
+                     validate=validate)
 
 
 def test_prefill_right_aligns_short_sequences(rng):

@@ -439,7 +439,8 @@ def paged_attention_prefill(q: torch.Tensor, cache: PagedKVCache, page_table: to
     validate), with any ``S_new >= 1``; no plan (a split, when the rule picks one, takes its workspace
     from the library's stream-ordered pool). ``variant="auto"`` runs chunks of 64 or more queries on
     ``flash_attention``'s kernels (float16 / bfloat16 on CUDA): the sequences' K/V are gathered out of
-    the pages into contiguous buffers first (2 x B x max_pages x page_size x H_kv x D elements).
+    the pages into contiguous buffers first (2 x B x len x H_kv x D elements; len = the longest
+    sequence with ``validate=True``, else the page table's capacity, max_pages x page_size).
 
     Returns
     -------
