@@ -39,5 +39,4 @@ cudaError_t kv_cache_paged_split_workspace(const KvDecodeParams& p, size_t* byte
 cudaError_t kv_cache_paged_mma_workspace(const KvDecodeParams& p, size_t* bytes);
 cudaError_t kv_cache_paged_mma_splits(const KvDecodeParams& p, int64_t max_seq_len, int64_t* splits);
 
-
 }  // namespace optimized::cuda
