@@ -18,42 +18,12 @@
 #include <vector>
 
 #include "core/host_dtype.h"
+#include "gemm/cpu/activation.h"
 #include "gemm/cpu/cpu_gemm.h"
 #include "optimized/buffer.h"
 
 namespace optimized::cpu {
 namespace {
-
-template <typename Acc>
-Acc activate(int act, Acc x) {
-  constexpr Acc kHalf = Acc(0.5), kSqrt1_2 = Acc(0.70710678118654752440), kSqrt2OverPi = Acc(0.79788456080286535588);
-  switch (act) {
-    case 1: return x > 0 ? x : (x == x ? Acc(0) : x);
-    case 2: return kHalf * x * (1 + std::erf(x * kSqrt1_2));
-    case 3: return kHalf * x * (1 + std::tanh(kSqrt2OverPi * (x + Acc(0.044715) * x * x * x)));
-    case 4: return x / (1 + std::exp(-x));
-    default: return x;
-  }
-}
-
-template <typename Acc>
-Acc activate_grad(int act, Acc x) {
-  constexpr Acc kSqrt1_2 = Acc(0.70710678118654752440), kSqrt2OverPi = Acc(0.79788456080286535588),
-                kInvSqrt2Pi = Acc(0.39894228040143267794), kCubic = Acc(0.044715);
-  switch (act) {
-    case 1: return x > 0 ? Acc(1) : (x == x ? Acc(0) : x);
-    case 2: return Acc(0.5) * (1 + std::erf(x * kSqrt1_2)) + x * kInvSqrt2Pi * std::exp(Acc(-0.5) * x * x);
-    case 3: {
-      const Acc t = std::tanh(kSqrt2OverPi * (x + kCubic * x * x * x));
-      return Acc(0.5) * (1 + t) + Acc(0.5) * x * (1 - t * t) * kSqrt2OverPi * (1 + 3 * kCubic * x * x);
-    }
-    case 4: {
-      const Acc s = 1 / (1 + std::exp(-x));
-      return s * (1 + x * (1 - s));
-    }
-    default: return Acc(1);
-  }
-}
 
 // A stored operand (rows x cols of `batches` matrices, ld and batch stride in elements) widened
 // to a contiguous fp32 copy.

@@ -1,0 +1,505 @@
+// Public entry of the linear family (include/optimized/linear.h): validates the operands (messages
+// name the argument, what was expected and what was given; the one owner of the family's checks:
+// the GEMMs below only meet views built from checked operands), resolves the variant through the
+// table (linear_variants.h), then composes the GEMM family's public matmul with its epilogue:
+//
+//   forward   y = act(x W^T + b), pre = x W^T + b      one matmul: A = x (M, K), B = W^T (K, N) (W's
+//                                                       transposed view), C = y, epilogue {bias,
+//                                                       activation, aux = pre}
+//   backward  g = dy, or dy * act'(pre)                the family's kernel (cpu::linear_act_grad /
+//             db = column sums of g (fixed order)      cuda::linear_act_grad), one pass over dy, pre
+//             pre recomputed when absent               matmul(x, W^T) + bias into scratch (dtype)
+//             dX = g W                                 matmul: A = g (M, N), B = W (N, K), C = dX
+//             dW = g^T X (+ dW with accumulate)        matmul: A = g^T (N, M) (g's transposed view),
+//                                                       B = x (M, K), C = dW, beta = accumulate
+//
+// fp32 gradients from 16-bit inputs: matmul takes an fp32 C from fp16 / bf16 A and B on its
+// epilogue rungs (cpu_*, naive, mma_pipeline, wgmma_persistent: every rung a linear variant runs);
+// the dW GEMM goes through the epilogue overload with an empty GemmEpilogue, which the GEMM routes to
+// those rungs whenever C's dtype differs from A's. The bias gradient's dtype is handled by the
+// family's kernel (fp32 partial sums, rounded once into grad_bias).
+//
+// Scratch: on the CPU plain vectors (pre, g); on CUDA one CallWorkspace (the caller's, or allocated
+// on the stream) holding pre, g (rows padded to 16 bytes, so that every GEMM rung's loads take them)
+// and the act_grad launcher's partial sums. With a caller's workspace, what is left after those
+// goes to the GEMMs (which say when it is too small, naming the workspace).
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/arg_checks.h"
+#include "core/workspace.h"
+#include "linear/cpu/linear_cpu.h"
+#include "linear/linear_params.h"
+#include "linear/linear_variants.h"
+#include "optimized/gemm.h"
+#include "optimized/linear.h"
+
+#if OPTIMIZED_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "core/cuda_device_guard.h"
+#include "core/cuda_launch.h"
+#include "linear/launchers.h"
+#endif
+
+namespace optimized {
+
+namespace {
+
+using arg::invalid;
+using arg::present;
+using arg::shape_string;
+using arg::unsupported;
+
+std::string dname(DType d) { return std::string(dtype_name(d)); }
+bool is_half(DType d) { return d == DType::kF16 || d == DType::kBF16; }
+int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+
+// A (..., width) view as rows: its leading dimensions flattened to `rows`, uniformly `ld` apart.
+struct Rows {
+  int64_t rows = 0, cols = 0, ld = 0;
+};
+
+// The operands of one call: one device for all, outputs distinct from every other operand.
+class Operands {
+ public:
+  // What every operand shares: the view's extent, non-null data, the call's device (the first
+  // operand fixes it), alignment to the element size; outputs: distinct elements.
+  void add(const TensorView& t, const char* name, bool output) {
+    const ViewExtent extent = view_extent(t, name);
+    if (!t.data && extent.numel > 0) invalid(std::string(name) + ": expected a non-null data pointer; given null");
+    if (first_.empty()) {
+      first_ = name;
+      device_ = t.device;
+      if (device_.is_cuda() && device_.index < 0)
+        invalid(std::string(name) + ": expected a CUDA ordinal >= 0; given " + device_name(device_));
+    } else if (!(t.device == device_)) {
+      invalid(std::string(name) + ": expected device " + device_name(device_) + " (" + first_ + "'s); given " +
+              device_name(t.device));
+    }
+    arg::check_element_aligned(t, name);
+    if (output) arg::check_distinct_elements(t, name);
+    (output ? outputs_ : inputs_).push_back({&t, name});
+  }
+
+  // `t` (..., width) as uniformly strided rows: unit stride along the last dimension, leading
+  // dimensions that flatten (each outer one's stride continues the inner ones), rows >= width apart.
+  Rows rows(const TensorView& t, const char* name, const char* width, bool output) {
+    if (t.rank < 1)
+      invalid(std::string(name) + ": expected rank >= 1 (..., " + width + "); given rank 0 (absent)");
+    add(t, name, output);
+    Rows r;
+    r.cols = t.shape[t.rank - 1];
+    r.rows = 1;
+    for (int d = 0; d + 1 < t.rank; ++d) r.rows *= t.shape[d];  // fits: view_extent counted the elements
+    if (r.cols > 1 && r.rows > 0 && t.strides[t.rank - 1] != 1)
+      invalid(std::string(name) + ": expected unit stride in the last dimension (" + width + "); given " + t.describe());
+    int64_t ld = -1, next = 0;  // the row stride; the stride the next outer dimension must have
+    if (r.rows > 1)
+      for (int d = t.rank - 2; d >= 0; --d) {
+        if (t.shape[d] == 1) continue;
+        if (ld >= 0 && t.strides[d] != next)
+          invalid(std::string(name) + ": expected leading dimensions that flatten into uniformly strided rows (stride " +
+                  std::to_string(next) + " in dimension " + std::to_string(d) + "); given " + t.describe());
+        if (ld < 0) ld = t.strides[d];
+        next = t.strides[d] * t.shape[d];
+      }
+    if (ld < 0) ld = std::max<int64_t>(r.cols, 1);  // one row or none: any stride
+    if (r.rows > 1 && ld < r.cols)
+      invalid(std::string(name) + ": expected rows at least " + std::to_string(r.cols) + " elements apart (" + width +
+              "); given " + t.describe());
+    r.ld = ld;
+    return r;
+  }
+
+  // Outputs may not overlap any other operand.
+  void check_overlaps() const {
+    for (size_t i = 0; i < outputs_.size(); ++i) {
+      const auto& [out, out_name] = outputs_[i];
+      const ViewExtent o = view_extent(*out, out_name);
+      if (o.bytes == 0) continue;
+      auto clash = [&](const TensorView& other, const char* other_name) {
+        const ViewExtent b = view_extent(other, other_name);
+        if (b.bytes > 0 && o.begin < b.end && b.begin < o.end)
+          invalid(std::string(out_name) + ": expected an output that does not overlap " + other_name +
+                  "; given overlapping memory");
+      };
+      for (const auto& [in, in_name] : inputs_) clash(*in, in_name);
+      for (size_t j = 0; j < outputs_.size(); ++j)
+        if (j != i) clash(*outputs_[j].first, outputs_[j].second);
+    }
+  }
+
+  Device device() const { return device_; }
+
+ private:
+  std::string first_;
+  Device device_ = Device::cpu();
+  std::vector<std::pair<const TensorView*, const char*>> inputs_, outputs_;
+};
+
+void check_dtype(const TensorView& t, const char* name, DType want, const char* whose) {
+  if (t.dtype != want)
+    invalid(std::string(name) + ": expected dtype " + dname(want) + " (" + whose + "); given " + dname(t.dtype));
+}
+
+// grad_weight / grad_bias: the inputs' dtype, or fp32 for 16-bit inputs (master gradients).
+void check_grad_dtype(const TensorView& t, const char* name, DType dtype) {
+  if (t.dtype == dtype || (is_half(dtype) && t.dtype == DType::kF32)) return;
+  invalid(std::string(name) + ": expected dtype " + dname(dtype) + (is_half(dtype) ? " or fp32" : "") +
+          " (input's); given " + dname(t.dtype));
+}
+
+// x's leading dimensions with `last` as the last: the shape y, pre, grad_output must have.
+void check_like(const TensorView& t, const char* name, const TensorView& x, const char* x_name, int64_t last,
+                const char* last_name) {
+  bool same = t.rank == x.rank && t.rank > 0 && t.shape[t.rank - 1] == last;
+  for (int d = 0; same && d + 1 < x.rank; ++d) same = t.shape[d] == x.shape[d];
+  if (!same) {
+    std::string want = "(";
+    for (int d = 0; d + 1 < x.rank; ++d) want += std::to_string(x.shape[d]) + ", ";
+    invalid(std::string(name) + ": expected shape " + want + std::to_string(last) + ") (" + x_name +
+            "'s leading dimensions, " + last_name + "); given " + (t.rank == 0 ? "absent" : shape_string(t)));
+  }
+}
+
+// weight (N, K), row-major; returns N.
+int64_t check_weight(Operands& ops, const TensorView& w, const char* name, int64_t k, DType dtype, bool output,
+                     const std::string& x_name) {
+  if (w.rank != 2)
+    invalid(std::string(name) + ": expected rank 2 (out_features N, in_features K); given " +
+            (w.rank == 0 ? std::string("rank 0 (absent)") : "rank " + std::to_string(w.rank) + " " + shape_string(w)));
+  ops.add(w, name, output);
+  if (output)
+    check_grad_dtype(w, name, dtype);
+  else
+    check_dtype(w, name, dtype, (x_name + "'s").c_str());
+  if (w.shape[1] != k)
+    invalid(std::string(name) + ": expected shape (N, " + std::to_string(k) + ") (K = " + x_name + "'s last dimension); given " +
+            shape_string(w));
+  if (w.shape[0] < 1) invalid(std::string(name) + ": expected out_features N >= 1; given " + shape_string(w));
+  if (w.shape[0] > 0 && k > 1 && w.strides[1] != 1)
+    invalid(std::string(name) + ": expected a row-major view (unit stride along K, as torch.nn.Linear stores it); given " +
+            w.describe());
+  if (w.shape[0] > 1 && w.strides[0] < k)
+    invalid(std::string(name) + ": expected rows at least " + std::to_string(k) + " elements apart (K); given " +
+            w.describe());
+  return w.shape[0];
+}
+
+// bias / grad_bias: a contiguous vector of n.
+void check_vector(const TensorView& b, const char* name, int64_t n) {
+  if (b.rank != 1 || b.shape[0] != n || (n > 1 && b.strides[0] != 1))
+    invalid(std::string(name) + ": expected a contiguous vector of " + std::to_string(n) + " elements (N); given " +
+            b.describe());
+}
+
+void check_activation(Activation a) {
+  if (static_cast<unsigned>(a) > static_cast<unsigned>(Activation::kSilu))
+    invalid("activation: expected one of none, relu, gelu, gelu_tanh, silu; given value " +
+            std::to_string(static_cast<unsigned>(a)));
+}
+
+// The variant a call runs: auto resolved on the CPU (cpu), kept on CUDA (the GEMM family's auto);
+// its row (null for CUDA auto) and GEMM rung, checked against the dtype and the device.
+struct Plan {
+  LinearVariant variant = LinearVariant::kAuto;
+  const LinearVariantInfo* row = nullptr;
+  GemmVariant gemm = GemmVariant::kAuto;
+};
+
+Plan resolve(LinearVariant variant, DType dtype, const Device& device, const char* first) {
+  if (variant != LinearVariant::kAuto && !find_variant(kLinearVariants, variant))
+    invalid("variant: expected one of " + variant_choices(kLinearVariants) + "; given value " +
+            std::to_string(static_cast<unsigned>(variant)));
+  if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16 && dtype != DType::kF64)
+    unsupported(std::string(first) + ": expected dtype fp32, fp16, bf16 or fp64 (the cpu variant); given " + dname(dtype));
+  Plan plan;
+  plan.variant = variant == LinearVariant::kAuto && !device.is_cuda() ? LinearVariant::kCpu : variant;
+  if (plan.variant == LinearVariant::kAuto) {
+    if (dtype == DType::kF64)
+      unsupported(std::string(first) + ": expected dtype fp32, fp16 or bf16 on CUDA (fp64 runs on the cpu variant); given fp64");
+  } else {
+    plan.row = &linear_variant_info(plan.variant);
+    if (std::string why = variant_rejects_dtype(kLinearVariants, *plan.row, dtype, "linear"); !why.empty())
+      unsupported("variant: " + why);
+    if (std::string why = variant_rejects_device(*plan.row, device); !why.empty()) invalid(why);
+  }
+  plan.gemm = linear_gemm_variant(plan.variant, dtype);
+  return plan;
+}
+
+// Before any device work on CUDA: a usable device, the variant in this build, its compute capability.
+void cuda_prelude([[maybe_unused]] const Plan& plan, [[maybe_unused]] const Device& device, const char* first) {
+#if OPTIMIZED_WITH_CUDA
+  static const std::string no_cuda = cuda_unavailable_reason();
+  if (!no_cuda.empty()) unsupported(std::string(first) + ": CUDA tensors given but " + no_cuda);
+  if (!plan.row) return;
+  if (!plan.row->launch)
+    unsupported("variant: " + std::string(plan.row->name) +
+                " is not in this build (its GEMM rung's sm_90a sources were not compiled: configure with "
+                "OPTIMIZED_SM90A=ON and an sm_90a-capable nvcc)");
+  DeviceGuard guard(device.index);
+  check_compute_capability(plan.row->min_compute_capability, plan.row->arch, plan.row->name, device.index);
+#else
+  unsupported(std::string(first) + ": CUDA tensors given but this build is CPU-only (built without CUDA)");
+#endif
+}
+
+TensorView matrix_view(void* data, DType dtype, Device device, int64_t rows, int64_t cols, int64_t row_stride,
+                       int64_t col_stride) {
+  TensorView t;
+  t.data = data;
+  t.dtype = dtype;
+  t.device = device;
+  t.rank = 2;
+  t.shape[0] = rows, t.shape[1] = cols;
+  t.strides[0] = row_stride, t.strides[1] = col_stride;
+  return t;
+}
+TensorView rows_view(const TensorView& t, const Rows& r) {
+  return matrix_view(t.data, t.dtype, t.device, r.rows, r.cols, r.ld, 1);
+}
+// W (N, K) seen as W^T (K, N): the strides swapped (column-major B).
+TensorView transposed(const TensorView& w) {
+  return matrix_view(w.data, w.dtype, w.device, w.shape[1], w.shape[0], w.strides[1], w.strides[0]);
+}
+
+// One GEMM of the composition; its errors (what the GEMM rung refuses of checked operands, e.g.
+// rows TMA cannot load on persistent) name the GEMM's operands, so `what` says which they are.
+void gemm(const char* what, const TensorView& a, const TensorView& b, const TensorView& c, const GemmEpilogue& epilogue,
+          float beta, GemmVariant variant, const ExecutionContext& ctx) {
+  try {
+    matmul(a, b, c, epilogue, 1.0f, beta, variant, ctx);
+  } catch (const Error& e) {
+    throw Error(e.status(), std::string(what) + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+// ---- forward -------------------------------------------------------------------------------------
+
+void linear_forward(const TensorView& x, const TensorView& weight, const TensorView& bias, const TensorView& y,
+                    const TensorView& pre, Activation activation, LinearVariant variant, const ExecutionContext& ctx) {
+  Operands ops;
+  const Rows X = ops.rows(x, "x", "in_features K", false);
+  const DType dtype = x.dtype;
+  if (X.cols < 1) invalid("x: expected in_features K (the last dimension) >= 1; given " + shape_string(x));
+  const int64_t n = check_weight(ops, weight, "weight", X.cols, dtype, false, "x");
+  if (present(bias)) {
+    ops.add(bias, "bias", false);
+    check_dtype(bias, "bias", dtype, "x's");
+    check_vector(bias, "bias", n);
+  }
+  check_like(y, "y", x, "x", n, "out_features N");
+  const Rows Y = ops.rows(y, "y", "out_features N", true);
+  check_dtype(y, "y", dtype, "x's");
+  Rows P;
+  if (present(pre)) {
+    check_like(pre, "pre", x, "x", n, "out_features N");
+    P = ops.rows(pre, "pre", "out_features N", true);
+    check_dtype(pre, "pre", dtype, "x's");
+  }
+  check_activation(activation);
+  ops.check_overlaps();
+  const Device device = ops.device();
+  const Plan plan = resolve(variant, dtype, device, "x");
+  if (device.is_cuda()) cuda_prelude(plan, device, "x");
+  if (X.rows == 0) return;
+
+  const TensorView y2d = rows_view(y, Y), pre2d = present(pre) ? rows_view(pre, P) : TensorView{};
+  GemmEpilogue e;
+  e.bias = present(bias) ? &bias : nullptr;
+  e.activation = activation;
+  e.aux = present(pre) ? &pre2d : nullptr;
+  gemm("linear_forward (y = act(x W^T + b): matmul a = x, b = weight^T, c = y, aux = pre)", rows_view(x, X),
+       transposed(weight), y2d, e, 0.0f, plan.gemm, ctx);
+}
+
+// ---- backward ------------------------------------------------------------------------------------
+
+void linear_backward(const TensorView& grad_input, const TensorView& grad_weight, const TensorView& grad_bias,
+                     const TensorView& grad_output, const TensorView& input, const TensorView& weight,
+                     const TensorView& pre, const TensorView& bias, const LinearBackwardOptions& options,
+                     LinearVariant variant, const ExecutionContext& ctx) {
+  Operands ops;
+  const Rows X = ops.rows(input, "input", "in_features K", false);
+  const DType dtype = input.dtype;
+  if (X.cols < 1) invalid("input: expected in_features K (the last dimension) >= 1; given " + shape_string(input));
+  const int64_t n = check_weight(ops, weight, "weight", X.cols, dtype, false, "input");
+  check_like(grad_output, "grad_output", input, "input", n, "out_features N");
+  const Rows DY = ops.rows(grad_output, "grad_output", "out_features N", false);
+  check_dtype(grad_output, "grad_output", dtype, "input's");
+  Rows P;
+  if (present(pre)) {
+    check_like(pre, "pre", input, "input", n, "out_features N");
+    P = ops.rows(pre, "pre", "out_features N", false);
+    check_dtype(pre, "pre", dtype, "input's");
+  }
+  if (present(bias)) {
+    ops.add(bias, "bias", false);
+    check_dtype(bias, "bias", dtype, "input's");
+    check_vector(bias, "bias", n);
+  }
+  Rows GI;
+  if (present(grad_input)) {
+    check_like(grad_input, "grad_input", input, "input", X.cols, "in_features K");
+    GI = ops.rows(grad_input, "grad_input", "in_features K", true);
+    check_dtype(grad_input, "grad_input", dtype, "input's");
+  }
+  if (present(grad_weight)) check_weight(ops, grad_weight, "grad_weight", X.cols, dtype, true, "input");
+  if (present(grad_weight) && grad_weight.shape[0] != n)
+    invalid("grad_weight: expected shape " + shape_string(weight) + " (weight's); given " + shape_string(grad_weight));
+  if (present(grad_bias)) {
+    ops.add(grad_bias, "grad_bias", true);
+    check_grad_dtype(grad_bias, "grad_bias", dtype);
+    check_vector(grad_bias, "grad_bias", n);
+  }
+  const Activation activation = options.activation;
+  check_activation(activation);
+  ops.check_overlaps();
+  const Device device = ops.device();
+  const Plan plan = resolve(variant, dtype, device, "input");
+  if (device.is_cuda()) cuda_prelude(plan, device, "input");
+
+  const bool want_gi = present(grad_input), want_gw = present(grad_weight), want_gb = present(grad_bias);
+  const bool act = activation != Activation::kNone;
+  const int64_t m = X.rows, k = X.cols;
+  if (!want_gi && !want_gw && !want_gb) return;
+
+  // No rows: dX is empty, dW and db are sums of nothing (zeros, or unchanged with accumulate).
+  if (m == 0) {
+    if (options.accumulate) return;
+    const size_t gw_elem = dtype_size(grad_weight.dtype), gb_elem = dtype_size(grad_bias.dtype);
+    if (!device.is_cuda()) {
+      if (want_gw)
+        for (int64_t r = 0; r < n; ++r)
+          std::memset(static_cast<char*>(grad_weight.data) + r * grad_weight.strides[0] * int64_t(gw_elem), 0,
+                      static_cast<size_t>(k) * gw_elem);
+      if (want_gb) std::memset(grad_bias.data, 0, static_cast<size_t>(n) * gb_elem);
+      return;
+    }
+#if OPTIMIZED_WITH_CUDA
+    DeviceGuard guard(device.index);
+    const auto stream = static_cast<cudaStream_t>(ctx.cuda_stream);
+    if (want_gw) {
+      const size_t pitch = static_cast<size_t>(n > 1 ? grad_weight.strides[0] : k) * gw_elem;
+      check_cuda(cudaMemset2DAsync(grad_weight.data, pitch, 0, static_cast<size_t>(k) * gw_elem, static_cast<size_t>(n),
+                                   stream),
+                 "linear_backward (grad_weight zeroed, no rows)");
+    }
+    if (want_gb)
+      check_cuda(cudaMemsetAsync(grad_bias.data, 0, static_cast<size_t>(n) * gb_elem, stream),
+                 "linear_backward (grad_bias zeroed, no rows)");
+#endif
+    return;
+  }
+
+  // What the call needs: g materialized (an activation and a GEMM to feed), pre recomputed (an
+  // activation and no pre given), the family's pass (g or db).
+  const bool need_g = act && (want_gi || want_gw);
+  const bool recompute = act && !present(pre);
+  const bool pass = need_g || want_gb;
+  const size_t elem = dtype_size(dtype);
+  // Scratch rows padded to 16 bytes (TMA's row alignment on persistent; harmless elsewhere).
+  const int64_t ld_scratch = round_up(n, static_cast<int64_t>(16 / std::min<size_t>(elem, 16)));
+
+  LinearGradParams gp;
+  gp.dtype = dtype;
+  gp.act = static_cast<int>(activation);
+  gp.m = m, gp.n = n;
+  gp.dy = grad_output.data, gp.ld_dy = DY.ld;
+  if (act && present(pre)) gp.pre = pre.data, gp.ld_pre = P.ld;
+  gp.bias_grad = want_gb ? grad_bias.data : nullptr;
+  gp.bias_grad_dtype = grad_bias.dtype;
+  gp.accumulate = options.accumulate;
+
+  const TensorView x2d = rows_view(input, X);
+  // The GEMMs after the pass, on g (M, N) with rows ld_g apart.
+  auto gemms = [&](void* g_data, int64_t ld_g, const ExecutionContext& gctx) {
+    const TensorView g = matrix_view(g_data, dtype, device, m, n, ld_g, 1);
+    if (want_gi)
+      gemm("linear_backward (grad_input = g W: matmul a = g, b = weight, c = grad_input)", g, weight,
+           rows_view(grad_input, GI), GemmEpilogue{}, 0.0f, plan.gemm, gctx);
+    if (want_gw)
+      gemm("linear_backward (grad_weight = g^T x: matmul a = g^T, b = input, c = grad_weight)",
+           matrix_view(g_data, dtype, device, n, m, 1, ld_g), x2d, grad_weight, GemmEpilogue{},
+           options.accumulate ? 1.0f : 0.0f, plan.gemm, gctx);
+  };
+  // pre = x W^T + b into `data` (m, n), rows ld_scratch apart.
+  auto recompute_pre = [&](void* data, const ExecutionContext& gctx) {
+    GemmEpilogue e;
+    e.bias = present(bias) ? &bias : nullptr;
+    gemm("linear_backward (pre recomputed = x W^T + b: matmul a = input, b = weight^T, c = pre)", x2d,
+         transposed(weight), matrix_view(data, dtype, device, m, n, ld_scratch, 1), e, 0.0f, plan.gemm, gctx);
+  };
+
+  if (!device.is_cuda()) {
+    const size_t scratch_bytes = static_cast<size_t>(m * ld_scratch) * elem;
+    std::vector<double> pre_buf, g_buf;  // doubles: aligned for every dtype
+    if (recompute) {
+      pre_buf.resize(scratch_bytes / sizeof(double) + 1);
+      recompute_pre(pre_buf.data(), ctx);
+      gp.pre = pre_buf.data(), gp.ld_pre = ld_scratch;
+    }
+    if (need_g) {
+      g_buf.resize(scratch_bytes / sizeof(double) + 1);
+      gp.g = g_buf.data(), gp.ld_g = ld_scratch;
+    }
+    if (pass) plan.row->cpu(gp, ctx.cpu_threads);
+    if (need_g)
+      gemms(g_buf.data(), ld_scratch, ctx);
+    else
+      gemms(grad_output.data, DY.ld, ctx);
+    return;
+  }
+
+#if OPTIMIZED_WITH_CUDA
+  const LinearVariantInfo& row = plan.row ? *plan.row : linear_variant_info(LinearVariant::kNaive);
+  const std::string what = "linear_backward (" + std::string(plan.row ? plan.row->name : "auto") + ")";
+  DeviceGuard guard(device.index);
+  const auto stream = static_cast<cudaStream_t>(ctx.cuda_stream);
+  // The call's scratch, carved twice by the same code: counting, then from the workspace.
+  const auto carve = [&](WorkspaceArena& arena, LinearGradParams& q, Workspace* act_ws) {
+    const int64_t scratch = m * ld_scratch * static_cast<int64_t>(elem);
+    if (recompute) q.pre = arena.take<unsigned char>(scratch), q.ld_pre = ld_scratch;
+    if (need_g) q.g = arena.take<unsigned char>(scratch), q.ld_g = ld_scratch;
+    size_t act_bytes = 0;
+    if (pass) act_bytes = launcher_workspace_bytes(row, q, what + ": act_grad");
+    act_ws->data = arena.take<unsigned char>(static_cast<int64_t>(act_bytes));
+    act_ws->bytes = act_bytes;
+  };
+  WorkspaceArena counting;
+  {
+    LinearGradParams q = gp;
+    Workspace unused;
+    carve(counting, q, &unused);
+  }
+  const size_t mine = counting.peak();
+  CallWorkspace ws(ctx, mine, what, device.index, stream);
+  WorkspaceArena arena(ws.get());
+  Workspace act_ws;
+  carve(arena, gp, &act_ws);
+  if (!arena.ok()) throw Error(Status::kInternal, what + ": the workspace carve overran its own size");
+  // The GEMMs get what the caller's workspace holds past this call's scratch (or allocate their own).
+  ExecutionContext gctx = ctx;
+  gctx.workspace = {};
+  if (ctx.workspace.data && ctx.workspace.bytes > mine)
+    gctx.workspace = {static_cast<char*>(ctx.workspace.data) + mine, ctx.workspace.bytes - mine};
+  if (recompute) recompute_pre(const_cast<void*>(gp.pre), gctx);
+  if (pass) check_cuda(row.launch(gp, act_ws, stream), what + ": act_grad");
+  if (need_g)
+    gemms(gp.g, gp.ld_g, gctx);
+  else
+    gemms(grad_output.data, DY.ld, gctx);
+  ws.release(what);
+#else
+  (void)plan;
+#endif
+}
+
+}  // namespace optimized

@@ -1,0 +1,243 @@
+// Shared machinery of the linear family's tests: a case (dtype, x's leading dimensions, K, N, row
+// padding, activation, bias, pre kept or recomputed, gradient dtype, accumulate, variant), its host
+// buffers with fresh random inputs and poisoned (NaN) outputs, the views the public API takes over
+// any base pointers (host or device copies), and the checks against the float64 reference
+// (src/testing/linear_reference.h).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/test_util.h"
+#include "optimized/buffer.h"
+#include "optimized/linear.h"
+#include "testing/linear_reference.h"
+#include "testing/tolerance.h"
+
+namespace optimized::testing {
+
+struct LinearCase {
+  DType dtype = DType::kF32;
+  std::vector<int64_t> lead = {7};  // x's leading dimensions (M = their product)
+  int64_t k = 5, n = 5;
+  int64_t pad = 0;                  // extra elements between the rows of x and of grad_output
+  Activation act = Activation::kNone;
+  bool bias = true;
+  bool keep_pre = true;             // the forward writes pre and the backward reads it; else recomputed
+  DType grad_dtype = DType::kF32;   // grad_weight / grad_bias (the dtype, or fp32 for 16-bit)
+  bool same_grad_dtype = true;      // grad_dtype = dtype
+  bool accumulate = false;
+  bool want_gi = true, want_gw = true, want_gb = true;
+  LinearVariant variant = LinearVariant::kCpu;
+  int cpu_threads = 0;
+
+  DType gdt() const { return same_grad_dtype ? dtype : grad_dtype; }
+  std::string name() const {
+    std::string s = std::string(dtype_name(dtype)) + " " + std::string(linear_variant_name(variant)) + " x(";
+    for (int64_t d : lead) s += std::to_string(d) + ",";
+    s += std::to_string(k) + ") n=" + std::to_string(n) + " pad=" + std::to_string(pad) + " act=" +
+         std::string(activation_name(act)) + (bias ? " bias" : "") + (keep_pre ? " pre" : " recompute") +
+         " grads=" + std::string(dtype_name(gdt())) + (accumulate ? " accumulate" : "");
+    return s;
+  }
+};
+
+inline void fill_uniform(Buffer& b, std::mt19937_64& rng, double lo = -1.0, double hi = 1.0) {
+  std::uniform_real_distribution<double> u(lo, hi);
+  for (int64_t i = 0; i < b.count(); ++i) store_from_double(b.data(), b.dtype(), i, u(rng));
+}
+
+// The buffers of one case (host), in the order of `all()`: x, w, b, dy, y, pre, gi, gw, gb.
+struct LinearData {
+  LinearCase c;
+  int64_t m = 1, ld = 0;  // rows of x / dy, their row stride
+  Buffer x, w, b, dy, y, pre, gi, gw, gb;
+  enum : size_t { kX, kW, kB, kDy, kY, kPre, kGi, kGw, kGb };
+
+  LinearData(const LinearCase& cs, std::mt19937_64& rng) : c(cs) {
+    for (int64_t d : c.lead) m *= d;
+    ld = c.k + c.pad;
+    const int64_t ldy = c.n + c.pad;
+    x = Buffer(c.dtype, std::max<int64_t>(1, m * ld), Device::cpu());
+    w = Buffer(c.dtype, c.n * c.k, Device::cpu());
+    b = Buffer(c.dtype, c.n, Device::cpu());
+    dy = Buffer(c.dtype, std::max<int64_t>(1, m * ldy), Device::cpu());
+    y = Buffer(c.dtype, std::max<int64_t>(1, m * c.n), Device::cpu());
+    pre = Buffer(c.dtype, std::max<int64_t>(1, m * c.n), Device::cpu());
+    gi = Buffer(c.dtype, std::max<int64_t>(1, m * c.k), Device::cpu());
+    gw = Buffer(c.gdt(), c.n * c.k, Device::cpu());
+    gb = Buffer(c.gdt(), c.n, Device::cpu());
+    for (Buffer* t : {&x, &dy}) t->fill_bytes(0xFF);  // the padding: NaN, never read
+    std::uniform_real_distribution<double> u(-1.0, 1.0);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < c.k; ++j) store_from_double(x.data(), c.dtype, i * ld + j, u(rng));
+      for (int64_t j = 0; j < c.n; ++j) store_from_double(dy.data(), c.dtype, i * ldy + j, u(rng));
+    }
+    fill_uniform(w, rng, -0.5, 0.5);
+    fill_uniform(b, rng);
+    for (Buffer* t : {&y, &pre, &gi, &gw, &gb}) t->fill_bytes(0xFF);  // poisoned outputs
+  }
+  std::vector<const Buffer*> all() const { return {&x, &w, &b, &dy, &y, &pre, &gi, &gw, &gb}; }
+
+  // (lead..., last) over `base`, rows `row` apart (the leading dimensions contiguous over rows).
+  TensorView rows_view(void* base, DType dt, Device d, int64_t last, int64_t row) const {
+    std::vector<int64_t> shape = c.lead, strides(c.lead.size() + 1);
+    shape.push_back(last);
+    strides.back() = 1;
+    int64_t s = row;
+    for (size_t i = c.lead.size(); i-- > 0;) strides[i] = s, s *= c.lead[i];
+    return raw(base, dt, d, shape, strides);
+  }
+  TensorView xv(void* p, Device d) const { return rows_view(p, c.dtype, d, c.k, ld); }
+  TensorView dyv(void* p, Device d) const { return rows_view(p, c.dtype, d, c.n, c.n + c.pad); }
+  TensorView yv(void* p, Device d) const { return rows_view(p, c.dtype, d, c.n, c.n); }
+  TensorView giv(void* p, Device d) const { return rows_view(p, c.dtype, d, c.k, c.k); }
+  TensorView wv(void* p, Device d) const { return raw(p, c.dtype, d, {c.n, c.k}, {c.k, 1}); }
+  TensorView gwv(void* p, Device d) const { return raw(p, c.gdt(), d, {c.n, c.k}, {c.k, 1}); }
+  TensorView bv(void* p, Device d, DType dt) const { return raw(p, dt, d, {c.n}, {1}); }
+
+  void forward(const std::vector<void*>& p, Device d, const ExecutionContext& ctx = {}) const {
+    linear_forward(xv(p[kX], d), wv(p[kW], d), c.bias ? bv(p[kB], d, c.dtype) : TensorView{}, yv(p[kY], d),
+                   c.keep_pre ? yv(p[kPre], d) : TensorView{}, c.act, c.variant, ctx);
+  }
+  void backward(const std::vector<void*>& p, Device d, const ExecutionContext& ctx = {}) const {
+    LinearBackwardOptions o;
+    o.activation = c.act;
+    o.accumulate = c.accumulate;
+    linear_backward(c.want_gi ? giv(p[kGi], d) : TensorView{}, c.want_gw ? gwv(p[kGw], d) : TensorView{},
+                    c.want_gb ? bv(p[kGb], d, c.gdt()) : TensorView{}, dyv(p[kDy], d), xv(p[kX], d), wv(p[kW], d),
+                    c.keep_pre ? yv(p[kPre], d) : TensorView{}, c.bias ? bv(p[kB], d, c.dtype) : TensorView{}, o,
+                    c.variant, ctx);
+  }
+
+  // Dense doubles of a (rows, cols) matrix stored with row stride `row`.
+  static std::vector<double> dense(const Buffer& t, int64_t rows, int64_t cols, int64_t row) {
+    std::vector<double> out(static_cast<size_t>(rows * cols));
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) out[static_cast<size_t>(i * cols + j)] = load_as_double(t.data(), t.dtype(), i * row + j);
+    return out;
+  }
+  LinearProblemF64 problem() const {
+    LinearProblemF64 p;
+    p.m = m, p.n = c.n, p.k = c.k, p.act = c.act;
+    p.x = dense(x, m, c.k, ld);
+    p.w = dense(w, c.n, c.k, c.k);
+    if (c.bias) p.b = dense(b, 1, c.n, c.n);
+    p.dy = dense(dy, m, c.n, c.n + c.pad);
+    return p;
+  }
+};
+
+// Runs call(bases, device) on copies of the host buffers: host copies on the CPU, device copies on
+// cuda:0 (the default stream, then a synchronization). Returns the buffers afterwards.
+inline std::vector<Buffer> run_case(bool cuda, const std::vector<const Buffer*>& host,
+                                    const std::function<void(const std::vector<void*>&, Device)>& call) {
+  std::vector<Buffer> after;
+  if (!cuda) {
+    std::vector<void*> bases;
+    for (const Buffer* h : host) {
+      after.emplace_back(h->dtype(), h->count(), Device::cpu());
+      std::memcpy(after.back().data(), h->data(), h->bytes());
+      bases.push_back(after.back().data());
+    }
+    call(bases, Device::cpu());
+    return after;
+  }
+  const std::string err =
+      run_on_cuda(host, Device::cuda(0), nullptr, [&](const std::vector<void*>& b) { call(b, Device::cuda(0)); }, after);
+  EXPECT_TRUE(err.empty()) << err;
+  return after;
+}
+
+inline bool same_bytes(const Buffer& a, const Buffer& b) {
+  return a.bytes() == b.bytes() && std::memcmp(a.data(), b.data(), a.bytes()) == 0;
+}
+
+// Forward then backward of one case on the CPU or cuda:0, every output checked against the float64
+// reference, absent gradients untouched. c0: the gradients' initial values (accumulate) are random.
+inline void run_and_check(const LinearCase& cs, bool cuda, std::mt19937_64& rng) {
+  SCOPED_TRACE(cs.name());
+  LinearData d(cs, rng);
+  if (cs.accumulate) {
+    fill_uniform(d.gw, rng);
+    fill_uniform(d.gb, rng);
+  }
+  const LinearProblemF64 prob = d.problem();
+  // forward
+  std::vector<Buffer> f = run_case(cuda, d.all(), [&](const std::vector<void*>& p, Device dev) { d.forward(p, dev); });
+  if (f.size() != 9) return;
+  const std::vector<double> y = LinearData::dense(f[LinearData::kY], d.m, cs.n, cs.n);
+  const std::vector<double> pre = LinearData::dense(f[LinearData::kPre], d.m, cs.n, cs.n);
+  const CheckResult fr = check_linear_forward(prob, cs.dtype, y, cs.keep_pre ? &pre : nullptr);
+  EXPECT_TRUE(fr.passed) << "forward: " << fr.first_failure;
+  if (!cs.keep_pre) {
+    EXPECT_TRUE(same_bytes(f[LinearData::kPre], d.pre)) << "pre written though absent";
+  }
+  // backward, with the forward's pre
+  std::memcpy(d.pre.data(), f[LinearData::kPre].data(), d.pre.bytes());
+  std::vector<Buffer> bw = run_case(cuda, d.all(), [&](const std::vector<void*>& p, Device dev) { d.backward(p, dev); });
+  if (bw.size() != 9) return;
+  std::vector<double> pre_used(static_cast<size_t>(d.m * cs.n));
+  if (cs.keep_pre) {
+    pre_used = pre;
+  } else {
+    const LinearForwardF64 ref = linear_forward_f64(prob);
+    for (size_t o = 0; o < pre_used.size(); ++o) pre_used[o] = round_to(cs.dtype, ref.pre[o]);
+  }
+  const std::vector<double> c0w = cs.accumulate ? LinearData::dense(d.gw, cs.n, cs.k, cs.k) : std::vector<double>{};
+  const std::vector<double> c0b = cs.accumulate ? LinearData::dense(d.gb, 1, cs.n, cs.n) : std::vector<double>{};
+  const LinearBackwardF64 ref =
+      linear_backward_f64(prob, pre_used, !cs.keep_pre, cs.dtype, cs.dtype, cs.gdt(), cs.gdt(), c0w, c0b);
+  if (cs.want_gi) {
+    const CheckResult r = check_linear_gradient("grad_input", LinearData::dense(bw[LinearData::kGi], d.m, cs.k, cs.k),
+                                                ref.grad_input, ref.grad_input_bound, cs.k);
+    EXPECT_TRUE(r.passed) << r.first_failure;
+  } else {
+    EXPECT_TRUE(same_bytes(bw[LinearData::kGi], d.gi)) << "grad_input written though absent";
+  }
+  if (cs.want_gw) {
+    const CheckResult r = check_linear_gradient("grad_weight", LinearData::dense(bw[LinearData::kGw], cs.n, cs.k, cs.k),
+                                                ref.grad_weight, ref.grad_weight_bound, cs.k);
+    EXPECT_TRUE(r.passed) << r.first_failure;
+  } else {
+    EXPECT_TRUE(same_bytes(bw[LinearData::kGw], d.gw)) << "grad_weight written though absent";
+  }
+  if (cs.want_gb) {
+    const CheckResult r = check_linear_gradient("grad_bias", LinearData::dense(bw[LinearData::kGb], 1, cs.n, cs.n),
+                                                ref.grad_bias, ref.grad_bias_bound, cs.n);
+    EXPECT_TRUE(r.passed) << r.first_failure;
+  } else {
+    EXPECT_TRUE(same_bytes(bw[LinearData::kGb], d.gb)) << "grad_bias written though absent";
+  }
+  // Inputs untouched.
+  for (size_t i : {LinearData::kX, LinearData::kW, LinearData::kB, LinearData::kDy, LinearData::kPre})
+    EXPECT_TRUE(same_bytes(bw[i], *d.all()[i])) << "input " << i << " changed";
+}
+
+// The sweep every backend runs: odd sizes, every activation, pre kept and recomputed, padded rows.
+inline std::vector<LinearCase> sweep_cases(DType dtype, LinearVariant variant) {
+  std::vector<LinearCase> out;
+  const std::vector<std::pair<int64_t, int64_t>> kn = {{1, 1}, {5, 67}, {64, 5}, {67, 130}, {130, 64}, {130, 130}, {1, 64}, {67, 1}};
+  const std::vector<int64_t> ms = {0, 1, 7, 37};
+  int i = 0;
+  for (Activation act : {Activation::kNone, Activation::kRelu, Activation::kGeluErf, Activation::kGeluTanh, Activation::kSilu})
+    for (int64_t m : ms)
+      for (const auto& [k, n] : kn)
+        for (bool keep : {true, false}) {
+          LinearCase c;
+          c.dtype = dtype, c.variant = variant, c.act = act, c.lead = {m}, c.k = k, c.n = n, c.keep_pre = keep;
+          c.bias = (i % 3) != 2;
+          c.pad = (i % 4 == 1) ? 3 : 0;
+          ++i;
+          out.push_back(c);
+        }
+  return out;
+}
+
+}  // namespace optimized::testing
