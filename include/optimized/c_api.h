@@ -19,7 +19,8 @@
  * Sections, one per family: GEMM (optimized_matmul), the scaled fp8 GEMM (optimized_scaled_matmul),
  * the fused memory-bound ops (softmax, norms, bias + GELU, SiLU-and-mul; forward and backward), the
  * streaming loader (opaque handles: a shard writer and a loader), attention (forward and backward,
- * fixed length and varlen), the paged KV cache (append with RoPE, decode and prefill attention), and one variant query for every family (optimized_variant_name / optimized_variant_check), read from the C++ variant tables.
+ * fixed length and varlen), the paged KV cache (append with RoPE, decode and prefill attention), linear
+ * layers (forward and backward, bias and activation fused), and one variant query for every family (optimized_variant_name / optimized_variant_check), read from the C++ variant tables.
  *
  * Example (C = A @ B, fp32 on the CPU, contiguous row-major):
  *
@@ -166,12 +167,13 @@ OPTIMIZED_C_EXPORT optimized_status optimized_scaled_matmul(const optimized_tens
 
 /* ---- every family: one variant query ------------------------------------------------------
  * The families with named variants: "gemm", "fused", "loader", "scaled_gemm", "attention",
- * "kv_cache". Each query reads the family's C++ variant table (all_gemm_variants(), all_fused_variants(),
- * all_loader_variants(), all_scaled_gemm_variants(), all_attention_variants(), all_kv_cache_variants()), so a variant added in C++ is listed here without a C edit. A family
+ * "kv_cache", "linear". Each query reads the family's C++ variant table (all_gemm_variants(), all_fused_variants(),
+ * all_loader_variants(), all_scaled_gemm_variants(), all_attention_variants(), all_kv_cache_variants(),
+ * all_linear_variants()), so a variant added in C++ is listed here without a C edit. A family
  * name that is not one of these: INVALID_ARGUMENT, with a message naming the families. */
 
-/* Name of family `index` (0-based: "gemm", "fused", "loader", "scaled_gemm", "attention", "kv_cache"), or NULL past
- * the end. */
+/* Name of family `index` (0-based: "gemm", "fused", "loader", "scaled_gemm", "attention", "kv_cache",
+ * "linear"), or NULL past the end. */
 OPTIMIZED_C_EXPORT const char* optimized_family_name(int32_t index);
 
 /* *count = the number of variants of `family` ("auto" excluded). */
@@ -191,7 +193,8 @@ OPTIMIZED_C_EXPORT const char* optimized_variant_name(const char* family, int32_
  * variant takes OPTIMIZED_DTYPE_F8E4M3 and OPTIMIZED_DTYPE_F8E5M2, and refuses the others
  * (UNSUPPORTED). For "attention" `dtype` is q's (the table's dtypes: fp32 and fp64 refused by flash2,
  * fp64 by every CUDA variant). For "kv_cache" `dtype` is q's (cpu: fp32, fp16, bf16, fp64; "auto" on
- * CUDA: UNSUPPORTED, no CUDA rung yet). */
+ * CUDA: UNSUPPORTED, no CUDA rung yet). For "linear" `dtype` is x's (cpu: fp32, fp16, bf16, fp64; naive:
+ * fp32, fp16, bf16; fused, persistent: fp16, bf16; "auto" on CUDA: what naive takes). */
 OPTIMIZED_C_EXPORT optimized_status optimized_variant_check(const char* family, const char* variant,
                                                             int32_t dtype, int32_t device_type);
 
@@ -599,6 +602,48 @@ OPTIMIZED_C_EXPORT optimized_status optimized_paged_attention_prefill(const opti
                                                                       optimized_tensor* out, optimized_tensor* lse,
                                                                       const optimized_decode_options* options,
                                                                       const char* variant, void* cuda_stream);
+
+/* ---- linear layers (include/optimized/linear.h) ------------------------------------------
+ * y = act(x W^T + b) and its backward, on the GEMM with its epilogue.
+ *   x, input (..., K): leading dimensions flattened to M rows (M may be 0), uniformly strided, unit
+ *                      stride along K
+ *   weight (N, K):     row-major (torch.nn.Linear's layout); K, N >= 1
+ *   bias (N):          contiguous; NULL for none
+ *   y, pre (..., N):   x's leading dimensions; pre = x W^T + b, written when not NULL
+ * One dtype for every operand (fp32, fp16, bf16; fp64 on "cpu"), except grad_weight and grad_bias,
+ * which may be fp32 for 16-bit inputs (master gradients); products accumulate in fp32 (fp64 for
+ * fp64). The ladder (optimized_variant_name("linear", i)): "cpu", "naive", "fused" (fp16 / bf16),
+ * "persistent" (Hopper, fp16 / bf16, 16-byte aligned rows); "auto" (or NULL): cpu on the CPU, the GEMM
+ * family's choice on CUDA. Outputs may not overlap any operand. cuda_stream as for optimized_matmul.
+ * Errors name the argument (x, weight, bias, y, pre, grad_output, input, grad_input, activation,
+ * variant, ...). */
+
+/* The activation of the epilogue: the same values as the C++ optimized::Activation. */
+typedef enum optimized_activation {
+  OPTIMIZED_ACTIVATION_NONE = 0,
+  OPTIMIZED_ACTIVATION_RELU = 1,      /* max(z, 0) */
+  OPTIMIZED_ACTIVATION_GELU = 2,      /* z * Phi(z), with erf (torch's gelu, approximate='none') */
+  OPTIMIZED_ACTIVATION_GELU_TANH = 3, /* the tanh form (approximate='tanh') */
+  OPTIMIZED_ACTIVATION_SILU = 4       /* z * sigmoid(z) */
+} optimized_activation;
+
+/* y = act(x W^T + b); pre (NULL: not written) = x W^T + b. activation: an optimized_activation. */
+OPTIMIZED_C_EXPORT optimized_status optimized_linear_forward(const optimized_tensor* x, const optimized_tensor* weight,
+                                                             const optimized_tensor* bias, optimized_tensor* y,
+                                                             optimized_tensor* pre, int32_t activation,
+                                                             const char* variant, void* cuda_stream);
+
+/* With g = grad_output (no activation) or grad_output * act'(pre): grad_input = g W (..., K),
+ * grad_weight = g^T input (N, K), grad_bias = the sums of g over the rows (N, in a fixed order: the
+ * same bits every run); each NULL: not computed. pre: the forward's, or NULL with an activation to
+ * recompute it from input, weight and bias (bias then the forward's; NULL: it had none). accumulate
+ * (0 or 1): 1 adds dW and db to what grad_weight and grad_bias hold. No rows (M = 0): grad_weight and
+ * grad_bias are zeroed (left as they are with accumulate). */
+OPTIMIZED_C_EXPORT optimized_status optimized_linear_backward(
+    optimized_tensor* grad_input, optimized_tensor* grad_weight, optimized_tensor* grad_bias,
+    const optimized_tensor* grad_output, const optimized_tensor* input, const optimized_tensor* weight,
+    const optimized_tensor* pre, const optimized_tensor* bias, int32_t activation, int32_t accumulate,
+    const char* variant, void* cuda_stream);
 
 /* The message of the most recent call on this thread; "" when it succeeded. Valid until the next
  * call into the library on this thread. Never NULL. */

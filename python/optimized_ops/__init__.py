@@ -21,14 +21,17 @@ The KV cache (inference only, no autograd): ``optimized_ops.PagedKVCache`` (K/V 
 ``optimized_ops.paged_attention_decode`` (attention of the new tokens over the cache) and
 ``optimized_ops.paged_attention_prefill`` (the same for a chunk of any length: chunked prefill).
 
+Linear layers: ``optimized_ops.linear(x, weight, bias, activation="gelu")`` (bias and activation fused
+into the GEMM's epilogue; forward and backward) and the drop-in ``optimized_ops.nn.Linear``.
+
 The ops are also reachable as ``torch.ops.optimized.<op>``; without this package,
 ``torch.ops.load_library(optimized_ops.library_path())`` registers them (forward only).
 
 Every op family shows its ladder of variants, naive to best: ``optimized_ops.variants(family)``
-(``"gemm"``, the default; ``"fused"``; ``"loader"``; ``"attention"``; ``"kv_cache"``).
+(``"gemm"``, the default; ``"fused"``; ``"loader"``; ``"attention"``; ``"kv_cache"``; ``"linear"``).
 
 The package, one folder per op family with autograd and fake kernels (``gemm/``, ``fused/``,
-``attention/``, ``kv_cache/``: the
+``attention/``, ``kv_cache/``, ``linear/``: the
 functions in ``__init__.py``, the fake kernels in ``_fakes.py``, the autograd rules in
 ``_autograd.py``), the loader (``data.py``), the ``nn`` modules (``nn.py``), and what they share:
 ``_library.py`` (loading the library), ``_autograd.py`` (the autograd mechanism) and
@@ -40,12 +43,13 @@ from ._variants import variants
 from .gemm import built_with_cuda, matmul, scaled_gemm_variants, scaled_mm, variant_supports
 from .fused import (add_layer_norm, add_rms_norm, bias_gelu, fused_registers_max_width, fused_variants, gelu,
                     layer_norm, log_softmax, resolve_fused_variant, rms_norm, silu_and_mul, softmax)
-from . import nn
 from . import data  # the streaming loader: optimized_ops.data.StreamingLoader
 from .attention import (attention_head_dims, attention_variants, flash_attention, flash_attention_varlen,
                         resolve_attention_variant, scaled_dot_product_attention)
 from .kv_cache import (DecodePlan, PagedKVCache, append_kv, kv_cache_variants, paged_attention_decode,
                        paged_attention_prefill, plan_paged_decode)
+from .linear import linear, linear_variants
+from . import nn  # the drop-in modules (LayerNorm, RMSNorm, Linear): after the families they run on
 
 __version__ = "0.1.0"
 __all__ = ["library_path", "matmul", "variants", "variant_supports", "built_with_cuda", "__version__",
@@ -56,5 +60,6 @@ __all__ += ["data"]
 __all__ += ["scaled_mm", "scaled_gemm_variants"]
 __all__ += ["flash_attention", "flash_attention_varlen", "scaled_dot_product_attention", "attention_variants",
             "attention_head_dims", "resolve_attention_variant"]
+__all__ += ["linear", "linear_variants"]
 __all__ += ["PagedKVCache", "append_kv", "paged_attention_decode", "paged_attention_prefill", "kv_cache_variants",
             "DecodePlan", "plan_paged_decode"]

@@ -1,7 +1,7 @@
 """``optimized_ops.variants(family)``: the ladder of every op family, from the library's tables.
 
 Each family's module registers how to list its variants (:func:`register_family`) when it is imported:
-``gemm``, ``scaled_gemm``, ``fused``, ``attention`` and ``kv_cache`` from the ``torch.ops.optimized.<family>_variants()`` query of their glue, which
+``gemm``, ``scaled_gemm``, ``fused``, ``attention``, ``kv_cache`` and ``linear`` from the ``torch.ops.optimized.<family>_variants()`` query of their glue, which
 reads the C++ variant table; ``loader`` likewise (``optimized_ops.data``). The families are listed in
 the order the package imports them.
 """
@@ -27,8 +27,8 @@ def variants(family: str = "gemm") -> list[str]:
     ----------
     family : str
         ``"gemm"`` (the default, so that ``variants()`` still lists GEMM's rungs as it always did),
-        ``"scaled_gemm"`` (the fp8 GEMM, ``scaled_mm``), ``"fused"``, ``"loader"``, ``"attention"`` or
-        ``"kv_cache"``.
+        ``"scaled_gemm"`` (the fp8 GEMM, ``scaled_mm``), ``"fused"``, ``"loader"``, ``"attention"``,
+        ``"kv_cache"`` or ``"linear"``.
 
     Returns
     -------
@@ -39,7 +39,8 @@ def variants(family: str = "gemm") -> list[str]:
         ``["cpu", "unfused", "fused_streaming", "fused_registers"]``, ``variants("scaled_gemm")``
         ``["cpu", "naive", "wgmma_fp8"]``, ``variants("loader")``
         ``["synchronous", "pipelined"]`` (``StreamingLoader(variant=...)``), ``variants("attention")``
-        ``["cpu", "naive", "flash", "flash2"]``, ``variants("kv_cache")``
+        ``["cpu", "naive", "flash", "flash2"]``, ``variants("linear")`` ``["cpu", "naive", "fused",
+        "persistent"]``, ``variants("kv_cache")``
         ``["cpu", "contiguous_naive", "paged", "paged_split", "paged_mma"]``. Every variant is listed,
         whatever this build and machine can run.
 

@@ -1,12 +1,15 @@
-"""Drop-in ``nn`` modules on the fused kernels: :class:`LayerNorm` and :class:`RMSNorm`.
+"""Drop-in ``nn`` modules on the library's kernels: :class:`LayerNorm` and :class:`RMSNorm` (the fused
+family), :class:`Linear` (the linear family: bias and activation fused into the GEMM).
 
 Each is a subclass of its torch counterpart (:class:`torch.nn.LayerNorm`,
-:class:`torch.nn.RMSNorm`): the same constructor arguments, attributes (``normalized_shape``,
-``eps``, ``elementwise_affine``), parameters (``weight``, ``bias``), ``reset_parameters`` and
+:class:`torch.nn.RMSNorm`, :class:`torch.nn.Linear`): the same constructor arguments, attributes
+(``normalized_shape``, ``eps``, ``elementwise_affine``; ``in_features``, ``out_features``), parameters
+(``weight``, ``bias``), ``reset_parameters`` and
 state_dict keys, so checkpoints load both ways, ``isinstance(m, torch.nn.LayerNorm)`` still holds
 for code that looks for norms (weight-decay groups, wrapping policies), and a model switches by
 replacing the class. Only ``forward`` differs: it runs :func:`optimized_ops.layer_norm` /
-:func:`optimized_ops.rms_norm`, with the rung chosen by the keyword-only ``variant``.
+:func:`optimized_ops.rms_norm` / :func:`optimized_ops.linear`, with the rung chosen by the
+keyword-only ``variant``.
 
 >>> import torch, optimized_ops
 >>> ours, theirs = optimized_ops.nn.RMSNorm(512), torch.nn.RMSNorm(512)
@@ -21,13 +24,14 @@ from typing import Optional
 import torch
 
 from .fused import _VARIANTS, _normalized_shape, _ShapeLike, layer_norm, rms_norm
+from .linear import _VARIANTS as _LINEAR_VARIANTS, ACTIVATIONS as _ACTIVATIONS, linear
 
-__all__ = ["LayerNorm", "RMSNorm"]
+__all__ = ["LayerNorm", "RMSNorm", "Linear"]
 
 
-def _check_variant(variant: str) -> str:
-    if variant not in _VARIANTS:
-        raise ValueError(f"variant: expected one of {', '.join(_VARIANTS)}; given {variant!r}")
+def _check_variant(variant: str, choices=_VARIANTS) -> str:
+    if variant not in choices:
+        raise ValueError(f"variant: expected one of {', '.join(choices)}; given {variant!r}")
     return variant
 
 
@@ -122,3 +126,54 @@ class RMSNorm(torch.nn.RMSNorm):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ("" if self.variant == "auto" else f", variant={self.variant!r}")
+
+
+class Linear(torch.nn.Linear):
+    r"""A linear layer with an optional fused activation, on the linear family's kernels; a drop-in
+    for :class:`torch.nn.Linear` (followed by the activation).
+
+    .. math::  y = \mathrm{act}(x W^T + b)
+
+    Parameters
+    ----------
+    in_features, out_features : int
+        K and N (both at least 1: the kernels take no empty layer).
+    bias : bool
+        A learnable ``bias`` of ``out_features``. Default True.
+    activation : str, optional
+        ``None`` (the default) or ``"none"``, ``"relu"``, ``"gelu"``, ``"gelu_tanh"``, ``"silu"``:
+        applied in the GEMM's epilogue. Not part of the state_dict.
+    device, dtype : optional
+        Of the parameters, as in torch.
+    variant : str, keyword-only
+        The rung of the ladder (``"auto"``, ``"cpu"``, ``"naive"``, ``"fused"``, ``"persistent"``);
+        not part of the state_dict.
+
+    Notes
+    -----
+    The parameters and the input must share a dtype (as for :func:`torch.nn.functional.linear`);
+    the kernels accumulate in float32 (float64 for float64).
+
+    Examples
+    --------
+    >>> ours, theirs = optimized_ops.nn.Linear(64, 32, activation="gelu"), torch.nn.Linear(64, 32)
+    >>> theirs.load_state_dict(ours.state_dict())
+    <All keys matched successfully>
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: Optional[str] = None,
+                 device=None, dtype=None, *, variant: str = "auto") -> None:
+        act = "none" if activation is None else activation
+        if act not in _ACTIVATIONS:
+            raise ValueError(f"activation: expected None or one of {', '.join(_ACTIVATIONS)}; given {activation!r}")
+        super().__init__(in_features, out_features, bias, device, dtype)
+        self.activation = activation
+        self.variant = _check_variant(variant, _LINEAR_VARIANTS)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """``act(input @ weight.T + bias)``: input ``(*, in_features)``; a new ``(*, out_features)`` tensor."""
+        return linear(input, self.weight, self.bias, self.activation, variant=self.variant)
+
+    def extra_repr(self) -> str:
+        extra = "" if self.activation in (None, "none") else f", activation={self.activation!r}"
+        return super().extra_repr() + extra + ("" if self.variant == "auto" else f", variant={self.variant!r}")

@@ -3,8 +3,9 @@
 // thrown crosses the extern "C" boundary: each entry runs inside guarded() (catch (...)).
 //
 // One section per family: core (views, errors), GEMM, the scaled (fp8) GEMM, fused, loader, attention,
-// the KV cache, and the variant query of every family, which reads the C++ tables (all_gemm_variants(),
-// all_scaled_gemm_variants(), all_fused_variants(), the loader's names, all_attention_variants(), all_kv_cache_variants()) so that a variant added in
+// the KV cache, linear, and the variant query of every family, which reads the C++ tables (all_gemm_variants(),
+// all_scaled_gemm_variants(), all_fused_variants(), the loader's names, all_attention_variants(), all_kv_cache_variants(),
+// all_linear_variants()) so that a variant added in
 // C++ is reachable from C without an edit here (tests/c_api/test_c_api_tables.cpp checks it).
 #include "optimized/c_api.h"
 
@@ -21,6 +22,7 @@
 #include "optimized/fused.h"
 #include "optimized/gemm.h"
 #include "optimized/kv_cache.h"
+#include "optimized/linear.h"
 #include "optimized/loader.h"
 
 namespace {
@@ -331,6 +333,34 @@ void kv_cache_check(const char* variant, int32_t dtype, int32_t device_type) {
     throw optimized::Error(optimized::Status::kUnsupported, "variant: " + why);
 }
 
+// ---- linear ------------------------------------------------------------------------------------
+
+optimized::LinearVariant linear_variant(const char* variant) {
+  return variant ? optimized::parse_linear_variant(variant) : optimized::LinearVariant::kAuto;
+}
+
+optimized::Activation activation_of(int32_t activation) {
+  if (activation < OPTIMIZED_ACTIVATION_NONE || activation > OPTIMIZED_ACTIVATION_SILU)
+    invalid("activation: expected OPTIMIZED_ACTIVATION_NONE (0), _RELU (1), _GELU (2), _GELU_TANH (3) or _SILU (4); "
+            "given " + std::to_string(activation));
+  return static_cast<optimized::Activation>(activation);  // the same values (c_api.h)
+}
+
+// A linear variant runs on one kind of device, on the dtypes (of x) of its table row. "auto"
+// resolves to cpu on the CPU; on CUDA it takes what naive takes (fp32, fp16, bf16).
+void linear_check(const char* variant, int32_t dtype, int32_t device_type) {
+  if (!variant) invalid("variant: expected a name (\"auto\" or a variant); given NULL");
+  const optimized::LinearVariant v = optimized::parse_linear_variant(variant);
+  const optimized::DType d = to_dtype(dtype, "dtype");
+  const optimized::Device device = to_device(device_type, 0, "device_type");
+  const bool is_auto = v == optimized::LinearVariant::kAuto;
+  check_variant_device(variant, is_auto, optimized::linear_variant_is_cuda(v), device);
+  const optimized::LinearVariant probe =
+      !is_auto ? v : (device.is_cuda() ? optimized::LinearVariant::kNaive : optimized::LinearVariant::kCpu);
+  if (std::string why = optimized::linear_variant_rejects_dtype(probe, d); !why.empty())
+    throw optimized::Error(optimized::Status::kUnsupported, "variant: " + why);
+}
+
 // ---- every family ------------------------------------------------------------------------------
 
 struct Family {
@@ -356,6 +386,9 @@ constexpr Family kFamilies[] = {
     {"kv_cache", [] { return optimized::all_kv_cache_variants().size(); },
      [](size_t i) { return optimized::kv_cache_variant_name(optimized::all_kv_cache_variants()[i]).data(); },
      kv_cache_check},
+    {"linear", [] { return optimized::all_linear_variants().size(); },
+     [](size_t i) { return optimized::linear_variant_name(optimized::all_linear_variants()[i]).data(); },
+     linear_check},
 };
 
 const Family& family(const char* name) {
@@ -1117,6 +1150,35 @@ optimized_status optimized_paged_attention_prefill(const optimized_tensor* q, co
     optimized::paged_attention_prefill(to_view(q, "q"), kv_cache_view(cache), to_view(page_table, "page_table"),
                                        to_view(seq_lens, "seq_lens"), to_view(out, "out"), optional_view(lse, "lse"), o,
                                        kv_cache_variant(variant), context(cuda_stream));
+  });
+}
+
+// ---- linear ------------------------------------------------------------------------------------
+
+optimized_status optimized_linear_forward(const optimized_tensor* x, const optimized_tensor* weight,
+                                          const optimized_tensor* bias, optimized_tensor* y, optimized_tensor* pre,
+                                          int32_t activation, const char* variant, void* cuda_stream) {
+  return guarded("optimized_linear_forward", [&] {
+    const optimized::Activation a = activation_of(activation);
+    optimized::linear_forward(to_view(x, "x"), to_view(weight, "weight"), optional_view(bias, "bias"), to_view(y, "y"),
+                              optional_view(pre, "pre"), a, linear_variant(variant), context(cuda_stream));
+  });
+}
+
+optimized_status optimized_linear_backward(optimized_tensor* grad_input, optimized_tensor* grad_weight,
+                                           optimized_tensor* grad_bias, const optimized_tensor* grad_output,
+                                           const optimized_tensor* input, const optimized_tensor* weight,
+                                           const optimized_tensor* pre, const optimized_tensor* bias,
+                                           int32_t activation, int32_t accumulate, const char* variant,
+                                           void* cuda_stream) {
+  return guarded("optimized_linear_backward", [&] {
+    optimized::LinearBackwardOptions o;
+    o.activation = activation_of(activation);
+    o.accumulate = flag(accumulate, "accumulate");
+    optimized::linear_backward(optional_view(grad_input, "grad_input"), optional_view(grad_weight, "grad_weight"),
+                               optional_view(grad_bias, "grad_bias"), to_view(grad_output, "grad_output"),
+                               to_view(input, "input"), to_view(weight, "weight"), optional_view(pre, "pre"),
+                               optional_view(bias, "bias"), o, linear_variant(variant), context(cuda_stream));
   });
 }
 

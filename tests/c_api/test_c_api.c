@@ -381,14 +381,15 @@ static void thread_local_error(void) {
 
 static void variant_queries(void) {
   const optimized_status I = OPTIMIZED_STATUS_INVALID_ARGUMENT, U = OPTIMIZED_STATUS_UNSUPPORTED;
-  const char* const families[] = {"gemm", "fused", "loader", "scaled_gemm", "attention", "kv_cache"};
+  const char* const families[] = {"gemm", "fused", "loader", "scaled_gemm", "attention", "kv_cache", "linear"};
   int nf = 0;
   while (optimized_family_name(nf) != NULL) ++nf;
-  check(nf == 6 && strcmp(optimized_family_name(0), families[0]) == 0 &&
+  check(nf == 7 && strcmp(optimized_family_name(0), families[0]) == 0 &&
             strcmp(optimized_family_name(1), families[1]) == 0 && strcmp(optimized_family_name(2), families[2]) == 0 &&
             strcmp(optimized_family_name(3), families[3]) == 0 && strcmp(optimized_family_name(4), families[4]) == 0 &&
-            strcmp(optimized_family_name(5), families[5]) == 0 && optimized_family_name(-1) == NULL,
-        "families: gemm, fused, loader, scaled_gemm, attention, kv_cache", NULL);
+            strcmp(optimized_family_name(5), families[5]) == 0 && strcmp(optimized_family_name(6), families[6]) == 0 &&
+            optimized_family_name(-1) == NULL,
+        "families: gemm, fused, loader, scaled_gemm, attention, kv_cache, linear", NULL);
 
   for (int f = 0; f < nf; ++f) {
     const char* family = optimized_family_name(f);
@@ -497,19 +498,105 @@ static void variant_queries(void) {
   /* unknown families */
   int32_t count = 77;
   const char* name = optimized_variant_name("moe", 0);
-  check(name == NULL && strstr(optimized_last_error(), "family: expected one of gemm, fused, loader, scaled_gemm, attention, kv_cache; given 'moe'"),
+  check(name == NULL && strstr(optimized_last_error(), "family: expected one of gemm, fused, loader, scaled_gemm, attention, kv_cache, linear; given 'moe'"),
         "variant name: an unknown family is NULL with a message naming the families", optimized_last_error());
   expect_error("variant count: unknown family", optimized_variant_count("moe", &count), I,
-               "family: expected one of gemm, fused, loader, scaled_gemm, attention, kv_cache; given 'moe'");
+               "family: expected one of gemm, fused, loader, scaled_gemm, attention, kv_cache, linear; given 'moe'");
   check(count == 77, "variant count: an unknown family leaves *count alone", NULL);
   expect_error("variant count: NULL family", optimized_variant_count(NULL, &count), I,
-               "family: expected one of gemm, fused, loader, scaled_gemm, attention, kv_cache; given NULL");
+               "family: expected one of gemm, fused, loader, scaled_gemm, attention, kv_cache, linear; given NULL");
   expect_error("variant count: NULL result", optimized_variant_count("gemm", NULL), I, "count: expected a pointer");
   expect_error("variant check: unknown family",
                optimized_variant_check("GEMM", "auto", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU), I,
-               "family: expected one of gemm, fused, loader, scaled_gemm, attention, kv_cache; given 'GEMM'");
+               "family: expected one of gemm, fused, loader, scaled_gemm, attention, kv_cache, linear; given 'GEMM'");
   check(optimized_variant_name("fused", 0) != NULL && optimized_last_error()[0] == '\0',
         "variant name: success clears the message", optimized_last_error());
+}
+
+/* ---- linear layers ---------------------------------------------------------------------------- */
+
+/* One small layer worked out by hand (every value exact in fp32):
+ *   x (2 x 3) = [[1, 2, 0], [0, -1, 3]], W (2 x 3) = [[1, 0, 1], [2, 1, -1]], b = [0.5, -1]
+ *   pre = x W^T + b = [[1.5, 3], [3.5, -5]]; relu: y = [[1.5, 3], [3.5, 0]]
+ *   dy = ones: g = dy * (pre > 0) = [[1, 1], [1, 0]]
+ *   dX = g W = [[3, 1, 0], [1, 0, 1]]; dW = g^T x = [[1, 1, 3], [1, 2, 0]]; db = [2, 1] */
+static int same_floats(const float* got, const float* want, int n) {
+  for (int i = 0; i < n; ++i)
+    if (got[i] != want[i]) return 0;
+  return 1;
+}
+
+static void linear_tests(void) {
+  const optimized_status I = OPTIMIZED_STATUS_INVALID_ARGUMENT, U = OPTIMIZED_STATUS_UNSUPPORTED;
+  const float x[6] = {1, 2, 0, 0, -1, 3}, w[6] = {1, 0, 1, 2, 1, -1}, b[2] = {0.5f, -1}, dy[4] = {1, 1, 1, 1};
+  float y[4] = {-7, -7, -7, -7}, pre[4] = {-7, -7, -7, -7}, dx[6], dw[6], db[2];
+  const int64_t s_x[2] = {2, 3}, s_w[2] = {2, 3}, s_b[1] = {2}, s_y[2] = {2, 2};
+  optimized_tensor tx, tw, tb, ty, tp, tdy, tdx, tdw, tdb;
+  optimized_tensor_contiguous(&tx, (void*)x, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, s_x);
+  optimized_tensor_contiguous(&tw, (void*)w, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, s_w);
+  optimized_tensor_contiguous(&tb, (void*)b, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 1, s_b);
+  optimized_tensor_contiguous(&ty, y, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, s_y);
+  optimized_tensor_contiguous(&tp, pre, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, s_y);
+  optimized_tensor_contiguous(&tdy, (void*)dy, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, s_y);
+  optimized_tensor_contiguous(&tdx, dx, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, s_x);
+  optimized_tensor_contiguous(&tdw, dw, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, s_w);
+  optimized_tensor_contiguous(&tdb, db, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 1, s_b);
+  const float want_y[4] = {1.5f, 3, 3.5f, 0}, want_pre[4] = {1.5f, 3, 3.5f, -5};
+  const float want_dx[6] = {3, 1, 0, 1, 0, 1}, want_dw[6] = {1, 1, 3, 1, 2, 0}, want_db[2] = {2, 1};
+
+  optimized_status st = optimized_linear_forward(&tx, &tw, &tb, &ty, &tp, OPTIMIZED_ACTIVATION_RELU, "cpu", NULL);
+  check(st == OPTIMIZED_STATUS_OK && same_floats(y, want_y, 4) && same_floats(pre, want_pre, 4),
+        "linear: forward = hand-computed relu(x W^T + b), pre written", optimized_last_error());
+  for (int i = 0; i < 4; ++i) y[i] = -7;
+  st = optimized_linear_forward(&tx, &tw, &tb, &ty, NULL, OPTIMIZED_ACTIVATION_RELU, NULL, NULL);
+  check(st == OPTIMIZED_STATUS_OK && same_floats(y, want_y, 4), "linear: forward, pre NULL, variant NULL (auto)",
+        optimized_last_error());
+
+  st = optimized_linear_backward(&tdx, &tdw, &tdb, &tdy, &tx, &tw, &tp, &tb, OPTIMIZED_ACTIVATION_RELU, 0, "cpu", NULL);
+  check(st == OPTIMIZED_STATUS_OK && same_floats(dx, want_dx, 6) && same_floats(dw, want_dw, 6) &&
+            same_floats(db, want_db, 2),
+        "linear: backward = hand-computed dX, dW, db", optimized_last_error());
+  /* pre recomputed (NULL), dX not asked for, dW and db accumulated onto the previous values */
+  for (int i = 0; i < 6; ++i) dx[i] = -7;
+  st = optimized_linear_backward(NULL, &tdw, &tdb, &tdy, &tx, &tw, NULL, &tb, OPTIMIZED_ACTIVATION_RELU, 1, "auto",
+                                 NULL);
+  int doubled = st == OPTIMIZED_STATUS_OK && dx[0] == -7;
+  for (int i = 0; i < 6; ++i) doubled &= dw[i] == 2 * want_dw[i];
+  for (int i = 0; i < 2; ++i) doubled &= db[i] == 2 * want_db[i];
+  check(doubled, "linear: backward with pre recomputed, accumulate, grad_input NULL", optimized_last_error());
+
+  expect_error("linear: activation out of range",
+               optimized_linear_forward(&tx, &tw, &tb, &ty, NULL, 7, "cpu", NULL), I, "activation: expected");
+  expect_error("linear: weight's K differs",
+               optimized_linear_forward(&tdy, &tw, &tb, &ty, NULL, OPTIMIZED_ACTIVATION_NONE, "cpu", NULL), I,
+               "weight: expected shape (N, 2)");
+  expect_error("linear: accumulate not 0 or 1",
+               optimized_linear_backward(&tdx, &tdw, &tdb, &tdy, &tx, &tw, &tp, &tb, OPTIMIZED_ACTIVATION_RELU, 2,
+                                         "cpu", NULL),
+               I, "accumulate: expected 0 or 1");
+  expect_error("linear: a CUDA variant on CPU tensors",
+               optimized_linear_forward(&tx, &tw, &tb, &ty, NULL, OPTIMIZED_ACTIVATION_NONE, "naive", NULL), I,
+               "naive");
+  expect_error("linear: unknown variant",
+               optimized_linear_forward(&tx, &tw, &tb, &ty, NULL, OPTIMIZED_ACTIVATION_NONE, "fastest", NULL), I,
+               "variant: expected one of");
+
+  check(optimized_variant_check("linear", "auto", OPTIMIZED_DTYPE_F64, OPTIMIZED_DEVICE_CPU) == OPTIMIZED_STATUS_OK &&
+            optimized_variant_check("linear", "persistent", OPTIMIZED_DTYPE_BF16, OPTIMIZED_DEVICE_CUDA) ==
+                OPTIMIZED_STATUS_OK &&
+            optimized_variant_check("linear", "naive", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CUDA) == OPTIMIZED_STATUS_OK,
+        "linear: variant check accepts", optimized_last_error());
+  expect_error("linear check: fused on fp32",
+               optimized_variant_check("linear", "fused", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CUDA), U, "fused");
+  expect_error("linear check: auto fp64 on CUDA",
+               optimized_variant_check("linear", "auto", OPTIMIZED_DTYPE_F64, OPTIMIZED_DEVICE_CUDA), U, "fp64");
+  expect_error("linear check: cpu on CUDA",
+               optimized_variant_check("linear", "cpu", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CUDA), I,
+               "variant: cpu runs on the CPU");
+  check(optimized_variant_name("linear", 0) && strcmp(optimized_variant_name("linear", 0), "cpu") == 0 &&
+            optimized_variant_name("linear", 3) && strcmp(optimized_variant_name("linear", 3), "persistent") == 0 &&
+            optimized_variant_name("linear", 4) == NULL,
+        "linear: cpu, naive, fused, persistent", NULL);
 }
 
 /* ---- scaled (fp8) GEMM ----------------------------------------------------------------------- */
@@ -2435,6 +2522,7 @@ int main(void) {
   loader_tests();
   attention_tests();
   kv_cache_tests();
+  linear_tests();
 
   /* Odd shapes (1, primes), strided A, broadcast B, both dtypes, every CPU variant. */
   const gemm_case cases[] = {

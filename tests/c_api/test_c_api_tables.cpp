@@ -30,6 +30,7 @@
 #include "optimized/fused.h"
 #include "optimized/gemm.h"
 #include "optimized/kv_cache.h"
+#include "optimized/linear.h"
 #include "optimized/loader.h"
 
 namespace {
@@ -92,7 +93,7 @@ void expect_named_values_reachable(const std::vector<std::pair<E, std::string>>&
 TEST(CApiTables, FamiliesAreListed) {
   std::vector<std::string> families;
   for (int32_t i = 0; const char* f = optimized_family_name(i); ++i) families.emplace_back(f);
-  EXPECT_EQ(families, (std::vector<std::string>{"gemm", "fused", "loader", "scaled_gemm", "attention", "kv_cache"}));
+  EXPECT_EQ(families, (std::vector<std::string>{"gemm", "fused", "loader", "scaled_gemm", "attention", "kv_cache", "linear"}));
   for (const std::string& f : families) {
     int32_t count = -1;
     ASSERT_EQ(optimized_variant_count(f.c_str(), &count), OPTIMIZED_STATUS_OK) << optimized_last_error();
@@ -145,6 +146,17 @@ TEST(CApiTables, KvCacheListIsTheTable) {
   const auto named = named_values<KvCacheVariant>(kv_cache_variant_name, parse_kv_cache_variant);
   EXPECT_EQ(named.size(), table.size());
   expect_named_values_reachable(named, parse_kv_cache_variant, c_names, "kv_cache");
+}
+
+TEST(CApiTables, LinearListIsTheTable) {
+  std::vector<std::string> table;
+  for (LinearVariant v : all_linear_variants()) table.emplace_back(linear_variant_name(v));
+  const std::vector<std::string> c_names = c_list("linear");
+  EXPECT_EQ(c_names, table);
+  EXPECT_FALSE(table.empty());
+  const auto named = named_values<LinearVariant>(linear_variant_name, parse_linear_variant);
+  EXPECT_EQ(named.size(), table.size());
+  expect_named_values_reachable(named, parse_linear_variant, c_names, "linear");
 }
 
 TEST(CApiTables, ScaledGemmListIsTheTable) {

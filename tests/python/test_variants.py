@@ -46,7 +46,7 @@ def test_a_fresh_list_each_call():
 
 @pytest.mark.parametrize("family", ["moe", "GEMM", "", None, 3])
 def test_unknown_family_names_the_families(family):
-    with pytest.raises(ValueError, match=rf"optimized_ops.variants: family: expected one of gemm, scaled_gemm, fused, loader, attention, kv_cache; "
+    with pytest.raises(ValueError, match=rf"optimized_ops.variants: family: expected one of gemm, scaled_gemm, fused, loader, attention, kv_cache, linear; "
                                          rf"given {re.escape(repr(family))}$"):
         optimized_ops.variants(family)
 
