@@ -118,7 +118,7 @@ class Operands {
     if (t.strides[t.rank - 1] != 1 && dim > 1)
       invalid(std::string(name) + ": expected unit stride in the last dimension (head_dim); given " + t.describe());
     if (output) arg::check_distinct_elements(t, name);
-    (output ? outputs_ : inputs_).push_back({&t, name});
+    set_.record(t, name, output);
     AttentionStrides st;
     if (varlen_) st.row = t.strides[0], st.head = t.strides[1];
     else st.batch = t.strides[0], st.row = t.strides[1], st.head = t.strides[2];
@@ -155,7 +155,7 @@ class Operands {
     p.lse = t.data;
     if (varlen_) p.lse_head = t.strides[0];
     else p.lse_batch = t.strides[0], p.lse_head = t.strides[1];
-    (output ? outputs_ : inputs_).push_back({&t, "lse"});
+    set_.record(t, "lse", output);
   }
 
   // cu_seqlens: int32 (B + 1), contiguous, q's device.
@@ -176,7 +176,7 @@ class Operands {
     else if (batch != d_.batch)
       invalid(std::string(name) + ": expected shape (" + std::to_string(d_.batch + 1) +
               ") (the same number of sequences as cu_seqlens_q); given " + shape_string(t));
-    inputs_.push_back({&t, name});
+    set_.record(t, name, false);
     return static_cast<const int32_t*>(t.data);
   }
 
@@ -184,50 +184,34 @@ class Operands {
   Dims& dims() { return d_; }
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
-  void add_input(const TensorView& t, const char* name) { inputs_.push_back({&t, name}); }
+  void add_input(const TensorView& t, const char* name) { set_.record(t, name, false); }
 
   // Outputs may not overlap any other operand (no in-place attention).
-  void check_overlaps() const {
-    for (size_t i = 0; i < outputs_.size(); ++i) {
-      const auto& [out, out_name] = outputs_[i];
-      const ViewExtent o = view_extent(*out, out_name);
-      if (o.bytes == 0) continue;
-      auto clash = [&](const TensorView& other, const char* other_name) {
-        const ViewExtent b = view_extent(other, other_name);
-        if (b.bytes > 0 && o.begin < b.end && b.begin < o.end)
-          invalid(std::string(out_name) + ": expected an output that does not overlap " + other_name +
-                  "; given overlapping memory");
-      };
-      for (const auto& [in, in_name] : inputs_) clash(*in, in_name);
-      for (size_t j = 0; j < outputs_.size(); ++j)
-        if (j != i) clash(*outputs_[j].first, outputs_[j].second);
-    }
-  }
+  void check_overlaps() const { set_.check_overlaps(); }
 
   void check_workspace(const Workspace& ws) const {
     if (!ws.data || ws.bytes == 0) return;
     const auto w0 = reinterpret_cast<uintptr_t>(ws.data), w1 = w0 + ws.bytes;
-    for (const auto* list : {&inputs_, &outputs_})
-      for (const auto& [t, name] : *list) {
-        const ViewExtent e = view_extent(*t, name);
-        if (e.bytes > 0 && w0 < e.end && e.begin < w1)
-          invalid(std::string("workspace: expected memory that does not overlap ") + name + "; given overlapping memory");
-      }
+    set_.for_each([&](const TensorView& t, const char* name) {
+      const ViewExtent e = view_extent(t, name);
+      if (e.bytes > 0 && w0 < e.end && e.begin < w1)
+        invalid(std::string("workspace: expected memory that does not overlap ") + name + "; given overlapping memory");
+    });
   }
 
   // Whether every data operand's rows start on 16-byte boundaries (flash2's cp.async).
   bool rows_aligned() const {
     const int64_t elem = static_cast<int64_t>(dtype_size(dtype_));
-    for (const auto* list : {&inputs_, &outputs_})
-      for (const auto& [t, name] : *list) {
-        if (std::strcmp(name, "lse") == 0 || std::strncmp(name, "cu_seqlens", 10) == 0 ||
-            std::strcmp(name, "alibi_slopes") == 0 || std::strcmp(name, "mask") == 0)
-          continue;
-        if (reinterpret_cast<uintptr_t>(t->data) % 16 != 0) return false;
-        for (int i = 0; i + 1 < t->rank; ++i)
-          if (t->shape[i] > 1 && (t->strides[i] * elem) % 16 != 0) return false;
-      }
-    return true;
+    bool aligned = true;
+    set_.for_each([&](const TensorView& t, const char* name) {
+      if (std::strcmp(name, "lse") == 0 || std::strncmp(name, "cu_seqlens", 10) == 0 ||
+          std::strcmp(name, "alibi_slopes") == 0 || std::strcmp(name, "mask") == 0)
+        return;
+      if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) aligned = false;
+      for (int i = 0; i + 1 < t.rank; ++i)
+        if (t.shape[i] > 1 && (t.strides[i] * elem) % 16 != 0) aligned = false;
+    });
+    return aligned;
   }
 
  private:
@@ -236,7 +220,7 @@ class Operands {
   DType dtype_ = DType::kF16;
   Device device_ = Device::cpu();
   Dims d_;
-  std::vector<std::pair<const TensorView*, const char*>> inputs_, outputs_;
+  arg::OperandSet set_;  // the operands recorded (checked above), for the overlap checks
 };
 
 // Options -> params: scale, window (causal folded in), softcap, ALiBi, mask.

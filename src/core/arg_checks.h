@@ -1,6 +1,7 @@
-// What the families' public entries (fused.cpp, attention.cpp, kv_cache.cpp, the GEMM operands)
-// share to check arguments and word their errors: the Error shorthands, "absent" optional views,
-// numbers and shapes as message text, and two checks of a single view. Host only, internal.
+// What the families' public entries (fused.cpp, attention.cpp, kv_cache.cpp, linear.cpp, the GEMM
+// operands) share to check arguments and word their errors: the Error shorthands, "absent" optional
+// views, numbers and shapes as message text, two checks of a single view, and the operands of one
+// call (OperandSet: one device, outputs that overlap nothing else). Host only, internal.
 #pragma once
 
 #include <algorithm>
@@ -62,5 +63,65 @@ inline void check_distinct_elements(const TensorView& t, const char* name) {
     span = stride * (size - 1) + span;
   }
 }
+
+// The operands of one call, for the checks they share: add() checks one view -- its extent,
+// non-null data, the call's device (the first operand added fixes it), alignment to the element
+// size, and for an output distinct elements -- and records it; check_overlaps() then refuses an
+// output that overlaps any other operand (`exempt`: pairs of names allowed to share memory).
+class OperandSet {
+ public:
+  void add(const TensorView& t, const char* name, bool output) {
+    const ViewExtent extent = view_extent(t, name);
+    if (!t.data && extent.numel > 0) invalid(std::string(name) + ": expected a non-null data pointer; given null");
+    if (first_.empty()) {
+      first_ = name;
+      device_ = t.device;
+      if (device_.is_cuda() && device_.index < 0)
+        invalid(std::string(name) + ": expected a CUDA ordinal >= 0; given " + device_name(device_));
+    } else if (!(t.device == device_)) {
+      invalid(std::string(name) + ": expected device " + device_name(device_) + " (" + first_ + "'s); given " +
+              device_name(t.device));
+    }
+    check_element_aligned(t, name);
+    if (output) check_distinct_elements(t, name);
+    record(t, name, output);
+  }
+  // Records a view checked elsewhere, for check_overlaps.
+  void record(const TensorView& t, const char* name, bool output) {
+    (output ? outputs_ : inputs_).push_back({&t, name});
+  }
+
+  void check_overlaps(bool (*exempt)(const char*, const char*) = nullptr) const {
+    for (size_t i = 0; i < outputs_.size(); ++i) {
+      const auto& [out, out_name] = outputs_[i];
+      const ViewExtent o = view_extent(*out, out_name);
+      if (o.bytes == 0) continue;
+      auto clash = [&](const TensorView& other, const char* other_name) {
+        if (exempt && exempt(out_name, other_name)) return;
+        const ViewExtent b = view_extent(other, other_name);
+        if (b.bytes > 0 && o.begin < b.end && b.begin < o.end)
+          invalid(std::string(out_name) + ": expected an output that does not overlap " + other_name +
+                  "; given overlapping memory");
+      };
+      for (const auto& [in, in_name] : inputs_) clash(*in, in_name);
+      for (size_t j = 0; j < outputs_.size(); ++j)
+        if (j != i) clash(*outputs_[j].first, outputs_[j].second);
+    }
+  }
+
+  Device device() const { return device_; }
+
+  // f(view, name) for every operand recorded, inputs first.
+  template <class F>
+  void for_each(F&& f) const {
+    for (const auto* list : {&inputs_, &outputs_})
+      for (const auto& [t, name] : *list) f(*t, name);
+  }
+
+ private:
+  std::string first_;
+  Device device_ = Device::cpu();
+  std::vector<std::pair<const TensorView*, const char*>> inputs_, outputs_;
+};
 
 }  // namespace optimized::arg

@@ -55,28 +55,16 @@ std::string dname(DType d) { return std::string(dtype_name(d)); }
 bool float_data(DType d) { return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16 || d == DType::kF64; }
 
 // Collects the operands of one call: one device for all, outputs distinct from every other operand.
-class Operands {
+// The call's operands (core/arg_checks.h's OperandSet: device, extent, alignment, overlaps), each
+// first checked for its rank; k_pages and v_pages may share one allocation (interleaved, as vLLM's
+// (num_pages, 2, ...) cache) and are not checked against each other.
+class Operands : public arg::OperandSet {
  public:
-  // Checks what every operand shares: present with rank `rank` (`layout` describes it), sizes,
-  // extent, non-null data, the call's device (the first operand fixes it), alignment.
   void view(const TensorView& t, const char* name, int rank, const char* layout, bool output) {
     if (t.rank != rank)
       invalid(std::string(name) + ": expected rank " + std::to_string(rank) + " " + layout + "; given rank " +
               std::to_string(t.rank) + (t.rank == 0 ? " (absent)" : " " + shape_string(t)));
-    const ViewExtent extent = view_extent(t, name);
-    if (!t.data && extent.numel > 0) invalid(std::string(name) + ": expected a non-null data pointer; given null");
-    if (first_.empty()) {
-      first_ = name;
-      device_ = t.device;
-      if (device_.is_cuda() && device_.index < 0)
-        invalid(std::string(name) + ": expected a CUDA ordinal >= 0; given " + device_name(device_));
-    } else if (!(t.device == device_)) {
-      invalid(std::string(name) + ": expected device " + device_name(device_) + " (" + first_ + "'s); given " +
-              device_name(t.device));
-    }
-    arg::check_element_aligned(t, name);
-    if (output) arg::check_distinct_elements(t, name);
-    (output ? outputs_ : inputs_).push_back({&t, name});
+    add(t, name, output);
   }
 
   void unit_last(const TensorView& t, const char* name, const char* what) {
@@ -84,36 +72,13 @@ class Operands {
       invalid(std::string(name) + ": expected unit stride in the last dimension (" + what + "); given " + t.describe());
   }
 
-  // Outputs may not overlap any other operand. k_pages and v_pages may share one allocation
-  // (interleaved, as vLLM's (num_pages, 2, ...) cache) and are not checked against each other.
-  void check_overlaps() const {
-    for (size_t i = 0; i < outputs_.size(); ++i) {
-      const auto& [out, out_name] = outputs_[i];
-      const ViewExtent o = view_extent(*out, out_name);
-      if (o.bytes == 0) continue;
-      auto clash = [&](const TensorView& other, const char* other_name) {
-        if (pages_pair(out_name, other_name)) return;
-        const ViewExtent b = view_extent(other, other_name);
-        if (b.bytes > 0 && o.begin < b.end && b.begin < o.end)
-          invalid(std::string(out_name) + ": expected an output that does not overlap " + other_name +
-                  "; given overlapping memory");
-      };
-      for (const auto& [in, in_name] : inputs_) clash(*in, in_name);
-      for (size_t j = 0; j < outputs_.size(); ++j)
-        if (j != i) clash(*outputs_[j].first, outputs_[j].second);
-    }
-  }
-
-  Device device() const { return device_; }
+  void check_overlaps() const { OperandSet::check_overlaps(&pages_pair); }
 
  private:
   static bool pages_pair(const char* a, const char* b) {
     const std::string x = a, y = b;
     return (x == "k_pages" && y == "v_pages") || (x == "v_pages" && y == "k_pages");
   }
-  std::string first_;
-  Device device_ = Device::cpu();
-  std::vector<std::pair<const TensorView*, const char*>> inputs_, outputs_;
 };
 
 // The cache: k_pages / v_pages (num_pages, page_size, H_kv, D), one shape and dtype; fp8 scales.

@@ -63,28 +63,10 @@ struct Rows {
   int64_t rows = 0, cols = 0, ld = 0;
 };
 
-// The operands of one call: one device for all, outputs distinct from every other operand.
-class Operands {
+// The call's operands (core/arg_checks.h's OperandSet: one device, extent, alignment, outputs
+// that overlap nothing else) and the rows view the family takes.
+class Operands : public arg::OperandSet {
  public:
-  // What every operand shares: the view's extent, non-null data, the call's device (the first
-  // operand fixes it), alignment to the element size; outputs: distinct elements.
-  void add(const TensorView& t, const char* name, bool output) {
-    const ViewExtent extent = view_extent(t, name);
-    if (!t.data && extent.numel > 0) invalid(std::string(name) + ": expected a non-null data pointer; given null");
-    if (first_.empty()) {
-      first_ = name;
-      device_ = t.device;
-      if (device_.is_cuda() && device_.index < 0)
-        invalid(std::string(name) + ": expected a CUDA ordinal >= 0; given " + device_name(device_));
-    } else if (!(t.device == device_)) {
-      invalid(std::string(name) + ": expected device " + device_name(device_) + " (" + first_ + "'s); given " +
-              device_name(t.device));
-    }
-    arg::check_element_aligned(t, name);
-    if (output) arg::check_distinct_elements(t, name);
-    (output ? outputs_ : inputs_).push_back({&t, name});
-  }
-
   // `t` (..., width) as uniformly strided rows: unit stride along the last dimension, leading
   // dimensions that flatten (each outer one's stride continues the inner ones), rows >= width apart.
   Rows rows(const TensorView& t, const char* name, const char* width, bool output) {
@@ -114,31 +96,6 @@ class Operands {
     r.ld = ld;
     return r;
   }
-
-  // Outputs may not overlap any other operand.
-  void check_overlaps() const {
-    for (size_t i = 0; i < outputs_.size(); ++i) {
-      const auto& [out, out_name] = outputs_[i];
-      const ViewExtent o = view_extent(*out, out_name);
-      if (o.bytes == 0) continue;
-      auto clash = [&](const TensorView& other, const char* other_name) {
-        const ViewExtent b = view_extent(other, other_name);
-        if (b.bytes > 0 && o.begin < b.end && b.begin < o.end)
-          invalid(std::string(out_name) + ": expected an output that does not overlap " + other_name +
-                  "; given overlapping memory");
-      };
-      for (const auto& [in, in_name] : inputs_) clash(*in, in_name);
-      for (size_t j = 0; j < outputs_.size(); ++j)
-        if (j != i) clash(*outputs_[j].first, outputs_[j].second);
-    }
-  }
-
-  Device device() const { return device_; }
-
- private:
-  std::string first_;
-  Device device_ = Device::cpu();
-  std::vector<std::pair<const TensorView*, const char*>> inputs_, outputs_;
 };
 
 void check_dtype(const TensorView& t, const char* name, DType want, const char* whose) {
