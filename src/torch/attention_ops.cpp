@@ -56,37 +56,14 @@ using OptTensor = std::optional<at::Tensor>;
 at::Tensor or_undefined(const OptTensor& t) { return t ? *t : at::Tensor(); }
 
 // One op of the family: its messages ("optimized::<op>: <argument>: ...") and its C++ API calls.
-struct Op {
-  const char* name;  // "attention_fwd"
-
-  std::string prefix(const char* arg) const { return arg_prefix(name, arg); }
-
-  void tensor(const at::Tensor& t, const char* arg) const { check_tensor(t, name, arg); }
-  void optional(const at::Tensor& t, const char* arg) const {
-    if (t.defined()) check_tensor(t, name, arg);
-  }
-
+struct Op : GlueOp {
   // The rank the glue needs to allocate the outputs (the C++ API checks the sizes).
   void rank(const at::Tensor& t, const char* arg, int64_t rank, const char* layout) const {
     TORCH_CHECK_VALUE(t.dim() == rank, prefix(arg) + "expected " + str(rank) + " dimensions " + layout + "; given " +
                                            str(t.dim()) + " (shape " + str(t.sizes()) + ")");
   }
 
-  // The C++ view of a tensor; absent (rank 0) when undefined. Built in the order of the arguments
-  // (std::array{...} evaluates left to right), so that a dtype the C++ API has no type for is
-  // reported for the first operand that has it.
-  TensorView view(const at::Tensor& t, const char* arg) const {
-    return t.defined() ? view_of(t, name, arg) : TensorView{};
-  }
-
-  template <class F>
-  decltype(auto) api(F&& f) const {
-    return call_api(op_name(name), std::forward<F>(f));
-  }
-
-  AttentionVariant variant(c10::string_view v) const {
-    return api([&] { return parse_attention_variant(std::string_view(v.data(), v.size())); });
-  }
+  AttentionVariant variant(c10::string_view v) const { return parse(v, &parse_attention_variant); }
 
   // The op's scratch from torch's caching allocator (CUDA): what attention_workspace_bytes says for
   // this call, handed over as the context's workspace, so that the C++ API allocates nothing itself

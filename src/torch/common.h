@@ -178,6 +178,40 @@ inline void* current_cuda_stream(const at::Device& device) {
 
 // Where a call runs: on a CUDA device, under a device guard, on its current stream; on the CPU,
 // with torch's intra-op thread count (torch.set_num_threads).
+// One op of a family's glue: its messages ("optimized::<op>: <argument>: ...") and its C++ API
+// calls. The families' op structs (Op, KvOp, LinearOp) derive from it and add their own checks.
+struct GlueOp {
+  const char* name;  // "layer_norm_fwd", "paged_attention_decode", ...
+
+  std::string prefix(const char* arg) const { return arg_prefix(name, arg); }
+
+  // A tensor argument the glue can view: defined, strided.
+  void tensor(const at::Tensor& t, const char* arg) const { check_tensor(t, name, arg); }
+  // An optional one (absent: undefined): strided when given.
+  void optional(const at::Tensor& t, const char* arg) const {
+    if (t.defined()) check_tensor(t, name, arg);
+  }
+
+  // The C++ view of a tensor; absent (rank 0) when undefined. Built in the order of the arguments
+  // (std::array{...} evaluates left to right), so that a dtype the C++ API has no type for is
+  // reported for the first operand that has it.
+  TensorView view(const at::Tensor& t, const char* arg) const {
+    return t.defined() ? view_of(t, name, arg) : TensorView{};
+  }
+
+  // f() with the C++ API's errors raised as torch's, prefixed with the op.
+  template <class F>
+  decltype(auto) api(F&& f) const {
+    return call_api(op_name(name), std::forward<F>(f));
+  }
+
+  // A name parsed by the C++ API's parser (a variant, an activation), its Error raised as torch's.
+  template <class E>
+  E parse(c10::string_view text, E (*parser)(std::string_view)) const {
+    return api([&] { return parser(std::string_view(text.data(), text.size())); });
+  }
+};
+
 struct Launch {
   c10::OptionalDeviceGuard guard;
   ExecutionContext ctx;

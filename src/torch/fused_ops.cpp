@@ -49,18 +49,7 @@ OptTensor opt(const at::Tensor& t) { return t.defined() ? OptTensor(t) : std::nu
 at::Tensor or_undefined(const OptTensor& t) { return t ? *t : at::Tensor(); }
 
 // One op of the family: its messages ("optimized::<op>: <argument>: ...") and its C++ API calls.
-struct Op {
-  const char* name;  // "layer_norm_fwd"
-
-  std::string prefix(const char* arg) const { return arg_prefix(name, arg); }
-
-  // A tensor argument the glue can view: defined, strided.
-  void tensor(const at::Tensor& t, const char* arg) const { check_tensor(t, name, arg); }
-  // An optional one (absent: undefined): strided when given.
-  void optional(const at::Tensor& t, const char* arg) const {
-    if (t.defined()) check_tensor(t, name, arg);
-  }
-
+struct Op : GlueOp {
   // An operand that must have `shape`, named by `what` ("same as y", "normalized_shape").
   void shape(const at::Tensor& t, const char* arg, at::IntArrayRef shape, const std::string& what) const {
     if (t.defined())
@@ -68,18 +57,6 @@ struct Op {
                                                 str(t.sizes()));
   }
 
-  // The C++ view of a tensor from as_rows / as_vector or a fresh output; absent when undefined.
-  // Built in the order of the arguments (std::array{...} evaluates left to right), so that a dtype
-  // the C++ API has no type for is reported for the first operand that has it.
-  TensorView view(const at::Tensor& t, const char* arg) const {
-    return t.defined() ? view_of(t, name, arg) : TensorView{};
-  }
-
-  // f() with the C++ API's errors raised as torch's, prefixed with the op.
-  template <class F>
-  decltype(auto) api(F&& f) const {
-    return call_api(op_name(name), std::forward<F>(f));
-  }
 
   // The op's scratch from torch's caching allocator (CUDA): what fused_workspace_bytes says for these
   // rows, handed over as the context's workspace, so that the C++ API allocates nothing itself.

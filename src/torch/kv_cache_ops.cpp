@@ -48,28 +48,8 @@ using OptTensor = std::optional<at::Tensor>;
 at::Tensor or_undefined(const OptTensor& t) { return t ? *t : at::Tensor(); }
 
 // One op of the family: its messages ("optimized::<op>: <argument>: ...") and its C++ API calls.
-struct KvOp {
-  const char* name;  // "kv_cache_append"
-
-  std::string prefix(const char* arg) const { return arg_prefix(name, arg); }
-
-  void tensor(const at::Tensor& t, const char* arg) const { check_tensor(t, name, arg); }
-  void optional(const at::Tensor& t, const char* arg) const {
-    if (t.defined()) check_tensor(t, name, arg);
-  }
-
-  TensorView view(const at::Tensor& t, const char* arg) const {
-    return t.defined() ? view_of(t, name, arg) : TensorView{};
-  }
-
-  template <class F>
-  decltype(auto) api(F&& f) const {
-    return call_api(op_name(name), std::forward<F>(f));
-  }
-
-  KvCacheVariant variant(c10::string_view v) const {
-    return api([&] { return parse_kv_cache_variant(std::string_view(v.data(), v.size())); });
-  }
+struct KvOp : GlueOp {
+  KvCacheVariant variant(c10::string_view v) const { return parse(v, &parse_kv_cache_variant); }
 };
 
 bool last_dim_contiguous(const at::Tensor& t) { return t.dim() == 0 || t.size(-1) <= 1 || t.stride(-1) == 1; }

@@ -54,34 +54,9 @@ OptTensor opt(const at::Tensor& t) { return t.defined() ? OptTensor(t) : std::nu
 at::Tensor or_undefined(const OptTensor& t) { return t ? *t : at::Tensor(); }
 
 // One op of the family: its messages ("optimized::<op>: <argument>: ...") and its C++ API calls.
-struct LinearOp {
-  const char* name;  // "linear_forward"
-
-  std::string prefix(const char* arg) const { return arg_prefix(name, arg); }
-
-  void tensor(const at::Tensor& t, const char* arg) const { check_tensor(t, name, arg); }
-  void optional(const at::Tensor& t, const char* arg) const {
-    if (t.defined()) check_tensor(t, name, arg);
-  }
-
-  // The C++ view of a tensor; absent when undefined. Built in the order of the arguments
-  // (std::array{...} evaluates left to right), so that a dtype the C++ API has no type for is
-  // reported for the first operand that has it.
-  TensorView view(const at::Tensor& t, const char* arg) const {
-    return t.defined() ? view_of(t, name, arg) : TensorView{};
-  }
-
-  template <class F>
-  decltype(auto) api(F&& f) const {
-    return call_api(op_name(name), std::forward<F>(f));
-  }
-
-  LinearVariant variant(c10::string_view v) const {
-    return api([&] { return parse_linear_variant(std::string_view(v.data(), v.size())); });
-  }
-  Activation activation(c10::string_view a) const {
-    return api([&] { return parse_activation(std::string_view(a.data(), a.size())); });
-  }
+struct LinearOp : GlueOp {
+  LinearVariant variant(c10::string_view v) const { return parse(v, &parse_linear_variant); }
+  Activation activation(c10::string_view a) const { return parse(a, &parse_activation); }
 
   // x (..., K): at least one dimension (K is its last).
   void features(const at::Tensor& x, const char* arg, const char* shape) const {
