@@ -9,6 +9,7 @@
     python bench/benchmark_all.py --ops attention [--seqlens 1024,4096,16384] [--head-dims 64,128] [--causal both]
                                   [--varlen auto] [--peers flash,cudnn,efficient,math]  # bench/benchmark_attention.py
     python bench/benchmark_all.py --ops kv_cache [--cases decode,page_size,fp8,append,graph]  # bench/benchmark_kv_cache.py
+    python bench/benchmark_all.py --ops linear [--linear-cases seed,layer,skinny] [--no-compile]  # bench/benchmark_linear.py
     python bench/benchmark_all.py attention-memory [--memory-seqlens 8192,16384]   # the peak-memory table
     python bench/benchmark_all.py plot RESULT.json      # the PNGs again, from a JSON file
     python bench/benchmark_all.py loader [--gib 8 ...]  # the loader's standalone run (bench/loader_bench.py)
@@ -17,7 +18,8 @@ The families are registered in bench/runner.py (the harness and the registry) by
 bench/benchmark_matmul.py (every GEMM variant vs torch.matmul), bench/benchmark_fused.py (the fused
 memory-bound ops vs torch eager and torch.compile), bench/benchmark_attention.py (the attention ladder vs
 scaled_dot_product_attention's backends, and its peak-memory table), bench/benchmark_kv_cache.py (paged decode
-attention vs SDPA on contiguous K/V, append, the CUDA-graph step), bench/loader_bench.py (the streaming loader vs
+attention vs SDPA on contiguous K/V, append, the CUDA-graph step), bench/benchmark_linear.py (linear layers vs
+torch eager F.linear + GELU, torch.compile and the GEMMs alone), bench/loader_bench.py (the streaming loader vs
 DataLoader and the disk, a run of its own over a dataset on disk). This file imports them and runs
 the runner: --shapes, --dtypes and --variants apply to the families being run; without them each
 family has its own defaults. See bench/runner.py for the measurement and the output files.
@@ -34,6 +36,7 @@ import benchmark_matmul  # noqa: E402,F401 - registers matmul
 import benchmark_fused  # noqa: E402,F401 - registers fused
 import benchmark_attention  # noqa: E402,F401 - registers attention (and attention-memory, standalone)
 import benchmark_kv_cache  # noqa: E402,F401 - registers kv_cache
+import benchmark_linear  # noqa: E402,F401 - registers linear
 import loader_bench  # noqa: E402,F401 - registers loader (standalone)
 
 main = runner.main
