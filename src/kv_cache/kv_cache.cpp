@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/arg_checks.h"
+#include "core/workspace.h"
 #include "kv_cache/kv_cache_config.h"
 #include "kv_cache/kv_cache_params.h"
 #include "kv_cache/kv_cache_variants.h"
@@ -229,10 +230,10 @@ std::string mma_rejects(DType dtype, int64_t head_dim, const KvCachePages* c) {
   return {};
 }
 
-// Resolves the variant and refuses what it cannot run; returns the row to run (CPU) or throws.
-// auto on CUDA: paged_mma where it runs (mma_fits), paged_split elsewhere.
-const KvCacheVariantInfo& resolve(KvCacheVariant variant, DType dtype, Device device, const char* data_name,
-                                  bool mma_fits = false) {
+// Resolves the variant and refuses a device or build it cannot run on (dtypes: check_variant_dtype,
+// for decode); returns the row to run. auto on CUDA: paged_mma where it runs (mma_fits), paged_split
+// elsewhere.
+const KvCacheVariantInfo& resolve(KvCacheVariant variant, Device device, bool mma_fits = false) {
   if (variant == KvCacheVariant::kAuto) {
     if (device.is_cuda()) {
 #if !OPTIMIZED_WITH_CUDA
@@ -250,9 +251,13 @@ const KvCacheVariantInfo& resolve(KvCacheVariant variant, DType dtype, Device de
   if (row.backend == Backend::kCuda)
     unsupported("variant: " + std::string(row.name) + " needs a CUDA build; this build has none");
 #endif
-  if (std::string why = kv_cache_variant_rejects_dtype(variant, dtype); !why.empty())
-    unsupported(std::string(data_name) + ": " + why);
   return row;
+}
+
+// The decode rungs' dtypes (append runs one kernel for every CUDA variant and checks its own).
+void check_variant_dtype(const KvCacheVariantInfo& row, DType dtype, const char* data_name) {
+  if (std::string why = kv_cache_variant_rejects_dtype(row.variant, dtype); !why.empty())
+    unsupported(std::string(data_name) + ": " + why);
 }
 
 // The CUDA rungs hold fp32 rows of head_dim in shared memory: up to kv_cache_config::kMaxHeadDim.
@@ -356,10 +361,7 @@ void append_kv(const PagedKVCacheView& cache, const TensorView& k, const TensorV
         }
     }
   }
-  // One append kernel takes fp16 / bf16 / fp32 whichever CUDA variant is named: paged_mma's dtype
-  // limit (16-bit q for the tensor cores) is its decode's, so its name appends as paged_split's.
-  const KvCacheVariant append_variant = variant == KvCacheVariant::kPagedMma ? KvCacheVariant::kPagedSplit : variant;
-  const KvCacheVariantInfo& row = resolve(append_variant, p.dtype, device, "k");
+  const KvCacheVariantInfo& row = resolve(variant, device);
   if (B * S == 0) return;
   if (row.backend == Backend::kCpu) return row.cpu.append(p, ctx.cpu_threads);
 #if OPTIMIZED_WITH_CUDA
@@ -446,16 +448,16 @@ void prefill_through_attention(const TensorView& q, const TensorView& out, const
   const KvCachePages& c = p.cache;
   const std::string what = "paged_attention_prefill (auto: gather + attention_forward)";
   const int64_t rows = p.batch * len;
-  const int64_t elems = rows * c.heads_kv * c.head_dim, es = static_cast<int64_t>(dtype_size(p.dtype));
-  auto round256 = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
-  const int64_t kv_bytes = round256(elems * es), mask_bytes = round256(rows);
-  const size_t total = static_cast<size_t>(2 * kv_bytes + mask_bytes);
+  const int64_t kv_bytes = rows * c.heads_kv * c.head_dim * static_cast<int64_t>(dtype_size(p.dtype));
   KvGatherParams g;
   g.cache = c, g.table = p.table, g.seq_lens = p.seq_lens, g.dtype = p.dtype, g.batch = p.batch, g.len = len;
-  auto carve = [&](void* base) {
-    char* at = static_cast<char*>(base);
-    g.k_out = at, g.v_out = at + kv_bytes, g.mask = reinterpret_cast<unsigned char*>(at + 2 * kv_bytes);
+  auto carve = [&](WorkspaceArena& arena) {
+    g.k_out = arena.take<unsigned char>(kv_bytes), g.v_out = arena.take<unsigned char>(kv_bytes);
+    g.mask = arena.take<unsigned char>(rows);
   };
+  WorkspaceArena sizing;
+  carve(sizing);
+  const size_t total = sizing.peak();
   auto attend = [&](const ExecutionContext& actx) {
     const TensorView k(g.k_out, p.dtype, device, {p.batch, len, c.heads_kv, c.head_dim});
     const TensorView v(g.v_out, p.dtype, device, {p.batch, len, c.heads_kv, c.head_dim});
@@ -474,7 +476,8 @@ void prefill_through_attention(const TensorView& q, const TensorView& out, const
     DeviceGuard guard(device.index);
     const auto stream = static_cast<cudaStream_t>(ctx.cuda_stream);
     CallWorkspace ws(ctx, total, what, device.index, stream);
-    carve(ws.get().data);
+    WorkspaceArena arena(ws.get());
+    carve(arena);
     check_cuda(cuda::kv_cache_gather(g, stream), what + ": gather");
     ExecutionContext actx = ctx;
     actx.workspace = {};  // (ours holds the buffers; attention takes its own when it needs one)
@@ -484,7 +487,8 @@ void prefill_through_attention(const TensorView& q, const TensorView& out, const
     return;
   }
   std::vector<std::max_align_t> host((total + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t));
-  carve(host.data());
+  WorkspaceArena arena(Workspace{host.data(), total});
+  carve(arena);
   cpu_kv_gather(g, ctx.cpu_threads);
   attend(ctx);
 }
@@ -600,7 +604,8 @@ void decode_impl(const TensorView& q, const PagedKVCacheView& cache, const Tenso
       }
   }
   const std::string mma_why = mma_rejects(p.dtype, c.head_dim, &c);
-  const KvCacheVariantInfo& row = resolve(variant, p.dtype, device, "q", mma_why.empty());
+  const KvCacheVariantInfo& row = resolve(variant, device, mma_why.empty());
+  check_variant_dtype(row, p.dtype, "q");
   if (row.variant == KvCacheVariant::kPagedMma && !mma_why.empty()) unsupported("variant: " + std::string(row.name) + ": " + mma_why);
   if (plan) check_fits_plan(*plan, row, p, c, device);
   if (B == 0 || Hq == 0) return;
@@ -675,7 +680,8 @@ DecodePlan plan_paged_decode(int64_t batch, int64_t heads_q, int64_t heads_kv, i
   if (device.is_cuda() && dtype == DType::kF64)
     unsupported("dtype: fp64 runs on the cpu variant only; given fp64 on " + device_name(device));
   const std::string mma_why = mma_rejects(dtype, head_dim, nullptr);
-  const KvCacheVariantInfo& row = resolve(variant, dtype, device, "dtype", mma_why.empty());
+  const KvCacheVariantInfo& row = resolve(variant, device, mma_why.empty());
+  check_variant_dtype(row, dtype, "dtype");
   if (row.variant == KvCacheVariant::kPagedMma && !mma_why.empty()) unsupported("variant: " + std::string(row.name) + ": " + mma_why);
   DecodePlan plan;
   plan.variant = row.variant;

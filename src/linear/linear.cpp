@@ -154,6 +154,23 @@ void check_vector(const TensorView& b, const char* name, int64_t n) {
             b.describe());
 }
 
+// A data operand shaped like x with `last` as its last dimension, x's dtype: its rows.
+Rows rows_like(Operands& ops, const TensorView& t, const char* name, const TensorView& x, const char* x_name,
+               int64_t last, const char* last_name, bool output) {
+  check_like(t, name, x, x_name, last, last_name);
+  const Rows r = ops.rows(t, name, last_name, output);
+  check_dtype(t, name, x.dtype, (std::string(x_name) + "'s").c_str());
+  return r;
+}
+
+// The bias (N), x's dtype, when present.
+void check_bias(Operands& ops, const TensorView& bias, const TensorView& x, const char* x_name, int64_t n) {
+  if (!present(bias)) return;
+  ops.add(bias, "bias", false);
+  check_dtype(bias, "bias", x.dtype, (std::string(x_name) + "'s").c_str());
+  check_vector(bias, "bias", n);
+}
+
 void check_activation(Activation a) {
   if (static_cast<unsigned>(a) > static_cast<unsigned>(Activation::kSilu))
     invalid("activation: expected one of none, relu, gelu, gelu_tanh, silu; given value " +
@@ -247,20 +264,9 @@ void linear_forward(const TensorView& x, const TensorView& weight, const TensorV
   const DType dtype = x.dtype;
   if (X.cols < 1) invalid("x: expected in_features K (the last dimension) >= 1; given " + shape_string(x));
   const int64_t n = check_weight(ops, weight, "weight", X.cols, dtype, false, "x");
-  if (present(bias)) {
-    ops.add(bias, "bias", false);
-    check_dtype(bias, "bias", dtype, "x's");
-    check_vector(bias, "bias", n);
-  }
-  check_like(y, "y", x, "x", n, "out_features N");
-  const Rows Y = ops.rows(y, "y", "out_features N", true);
-  check_dtype(y, "y", dtype, "x's");
-  Rows P;
-  if (present(pre)) {
-    check_like(pre, "pre", x, "x", n, "out_features N");
-    P = ops.rows(pre, "pre", "out_features N", true);
-    check_dtype(pre, "pre", dtype, "x's");
-  }
+  check_bias(ops, bias, x, "x", n);
+  const Rows Y = rows_like(ops, y, "y", x, "x", n, "out_features N", true);
+  const Rows P = present(pre) ? rows_like(ops, pre, "pre", x, "x", n, "out_features N", true) : Rows{};
   check_activation(activation);
   ops.check_overlaps();
   const Device device = ops.device();
@@ -288,26 +294,12 @@ void linear_backward(const TensorView& grad_input, const TensorView& grad_weight
   const DType dtype = input.dtype;
   if (X.cols < 1) invalid("input: expected in_features K (the last dimension) >= 1; given " + shape_string(input));
   const int64_t n = check_weight(ops, weight, "weight", X.cols, dtype, false, "input");
-  check_like(grad_output, "grad_output", input, "input", n, "out_features N");
-  const Rows DY = ops.rows(grad_output, "grad_output", "out_features N", false);
-  check_dtype(grad_output, "grad_output", dtype, "input's");
-  Rows P;
-  if (present(pre)) {
-    check_like(pre, "pre", input, "input", n, "out_features N");
-    P = ops.rows(pre, "pre", "out_features N", false);
-    check_dtype(pre, "pre", dtype, "input's");
-  }
-  if (present(bias)) {
-    ops.add(bias, "bias", false);
-    check_dtype(bias, "bias", dtype, "input's");
-    check_vector(bias, "bias", n);
-  }
-  Rows GI;
-  if (present(grad_input)) {
-    check_like(grad_input, "grad_input", input, "input", X.cols, "in_features K");
-    GI = ops.rows(grad_input, "grad_input", "in_features K", true);
-    check_dtype(grad_input, "grad_input", dtype, "input's");
-  }
+  const Rows DY = rows_like(ops, grad_output, "grad_output", input, "input", n, "out_features N", false);
+  const Rows P = present(pre) ? rows_like(ops, pre, "pre", input, "input", n, "out_features N", false) : Rows{};
+  check_bias(ops, bias, input, "input", n);
+  const Rows GI = present(grad_input)
+                      ? rows_like(ops, grad_input, "grad_input", input, "input", X.cols, "in_features K", true)
+                      : Rows{};
   if (present(grad_weight)) check_weight(ops, grad_weight, "grad_weight", X.cols, dtype, true, "input");
   if (present(grad_weight) && grad_weight.shape[0] != n)
     invalid("grad_weight: expected shape " + shape_string(weight) + " (weight's); given " + shape_string(grad_weight));

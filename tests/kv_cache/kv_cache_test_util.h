@@ -95,6 +95,38 @@ struct HostCache {
 // new tokens each at positions b * 5 + s * 3 (the last token of sequence 0 padding), H = 2 kv and
 // Hq = 4 query heads, random k / v / q; the params the API builds, the float64 reference of the
 // append and the cache's K bytes before it.
+// A decode (or prefill) made on host copies, as check_kv_decode reads it: q and out (B, q_len,
+// heads_q, head_dim) with heads `row` elements apart (0: head_dim), lse (B, heads_q, q_len)
+// contiguous, the cache's pages and table; alibi (H_q) or, alibi_per_batch, (B, H_q).
+struct HostDecode {
+  DType dtype = DType::kF32;
+  int64_t q_len = 1, heads_q = 1, row = 0;
+  const Buffer* q = nullptr;
+  const Buffer* out = nullptr;
+  const Buffer* lse = nullptr;
+  const Buffer* lens = nullptr;
+  int64_t window = -1;
+  double softcap = 0;
+  const Buffer* alibi = nullptr;
+  bool alibi_per_batch = false;
+};
+
+// Expects the call's out and lse to match the float64 reference (scale 1 / sqrt(head_dim)).
+inline void expect_decode_matches(const HostCache& cache, const HostDecode& d) {
+  const int64_t D = cache.head_dim, row = d.row ? d.row : D, Q = d.q_len, Hq = d.heads_q;
+  KvDecodeParams p;
+  p.cache = cache.pages(), p.table = cache.table_params();
+  p.dtype = d.dtype, p.batch = cache.batch, p.q_len = Q, p.heads_q = Hq;
+  p.q = d.q->data(), p.q_b = Q * Hq * row, p.q_t = Hq * row, p.q_h = row;
+  p.out = d.out->data(), p.out_b = p.q_b, p.out_t = p.q_t, p.out_h = p.q_h;
+  p.lse = static_cast<float*>(d.lse->data()), p.lse_b = Hq * Q, p.lse_h = Q;
+  p.seq_lens = static_cast<const int32_t*>(d.lens->data());
+  p.scale = 1.0 / std::sqrt(double(D)), p.window_left = d.window, p.softcap = d.softcap;
+  if (d.alibi) p.alibi = static_cast<const float*>(d.alibi->data()), p.alibi_b = d.alibi_per_batch ? Hq : 0;
+  const CheckResult r = check_kv_decode(p);
+  EXPECT_TRUE(r.passed) << r.first_failure;
+}
+
 struct AppendCase {
   static constexpr int64_t B = 3, H = 2, Hq = 4, P = 7;
   int64_t S, D;

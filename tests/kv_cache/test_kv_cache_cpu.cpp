@@ -41,18 +41,8 @@ void run_decode(const DecodeCase& cs) {
   if (cs.alibi == 2) o.alibi_slopes = alibi.view({B, cs.hq});
   if (cs.prefill) paged_attention_prefill(qv, cache.view(), cache.table_view(), lens.view({B}), ov, lse.view({B, cs.hq, Q}), o);
   else paged_attention_decode(qv, cache.view(), cache.table_view(), lens.view({B}), ov, lse.view({B, cs.hq, Q}), o);
-  KvDecodeParams p;
-  p.cache = cache.pages();
-  p.table = cache.table_params();
-  p.dtype = cs.dtype, p.batch = B, p.q_len = Q, p.heads_q = cs.hq;
-  p.q = q.data(), p.q_b = Q * cs.hq * row, p.q_t = cs.hq * row, p.q_h = row;
-  p.out = out.data(), p.out_b = p.q_b, p.out_t = p.q_t, p.out_h = p.q_h;
-  p.lse = static_cast<float*>(lse.data()), p.lse_b = cs.hq * Q, p.lse_h = Q;
-  p.seq_lens = static_cast<const int32_t*>(lens.data());
-  p.scale = 1.0 / std::sqrt(double(cs.d)), p.window_left = cs.window, p.softcap = cs.softcap;
-  if (cs.alibi) p.alibi = static_cast<const float*>(alibi.data()), p.alibi_b = cs.alibi == 2 ? cs.hq : 0;
-  const CheckResult r = check_kv_decode(p);
-  EXPECT_TRUE(r.passed) << r.first_failure;
+  expect_decode_matches(cache, {cs.dtype, Q, cs.hq, row, &q, &out, &lse, &lens, cs.window, cs.softcap,
+                               cs.alibi ? &alibi : nullptr, cs.alibi == 2});
 }
 
 TEST(KvCacheCpu, PageSizes) {
@@ -207,15 +197,7 @@ TEST(KvCacheCpu, UncheckedBadPageMasked) {
   o.validate = false;
   paged_attention_decode(q.view({1, 2, 4, 16}), cache.view(), cache.table_view(), lens.view({1}), out.view({1, 2, 4, 16}),
                          lse.view({1, 4, 2}), o);
-  KvDecodeParams p;
-  p.cache = cache.pages(), p.table = cache.table_params(), p.dtype = DType::kF32, p.batch = 1, p.q_len = 2, p.heads_q = 4;
-  p.q = q.data(), p.q_b = 2 * 4 * 16, p.q_t = 64, p.q_h = 16;
-  p.out = out.data(), p.out_b = p.q_b, p.out_t = 64, p.out_h = 16;
-  p.lse = static_cast<float*>(lse.data()), p.lse_b = 8, p.lse_h = 2;
-  p.seq_lens = static_cast<const int32_t*>(lens.data());
-  p.scale = 0.25;
-  const CheckResult r = check_kv_decode(p);
-  EXPECT_TRUE(r.passed) << r.first_failure;
+  expect_decode_matches(cache, {DType::kF32, 2, 4, 0, &q, &out, &lse, &lens});
 }
 
 }  // namespace

@@ -117,17 +117,8 @@ void run_decode(const DecodeCase& cs, KvCacheVariant variant) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   dout.copy_to_host(out.data());
   dlse.copy_to_host(lse.data());
-  KvDecodeParams p;
-  p.cache = cache.pages(), p.table = cache.table_params();
-  p.dtype = cs.dtype, p.batch = B, p.q_len = Q, p.heads_q = cs.hq;
-  p.q = q.data(), p.q_b = Q * cs.hq * cs.d, p.q_t = cs.hq * cs.d, p.q_h = cs.d;
-  p.out = out.data(), p.out_b = p.q_b, p.out_t = p.q_t, p.out_h = p.q_h;
-  p.lse = static_cast<float*>(lse.data()), p.lse_b = cs.hq * Q, p.lse_h = Q;
-  p.seq_lens = static_cast<const int32_t*>(lens.data());
-  p.scale = 1.0 / std::sqrt(double(cs.d)), p.window_left = cs.window, p.softcap = cs.softcap;
-  if (cs.alibi) p.alibi = static_cast<const float*>(alibi.data()), p.alibi_b = cs.alibi == 2 ? cs.hq : 0;
-  const CheckResult r = check_kv_decode(p);
-  EXPECT_TRUE(r.passed) << r.first_failure;
+  expect_decode_matches(cache, {cs.dtype, Q, cs.hq, 0, &q, &out, &lse, &lens, cs.window, cs.softcap,
+                               cs.alibi ? &alibi : nullptr, cs.alibi == 2});
 }
 
 class CudaKvCache : public ::testing::TestWithParam<KvCacheVariant> {
@@ -286,15 +277,7 @@ TEST_P(CudaKvCache, UncheckedBadPagesMasked) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     dout.copy_to_host(out.data());
     dlse.copy_to_host(lse.data());
-    KvDecodeParams p;
-    p.cache = cache.pages(), p.table = cache.table_params(), p.dtype = dt, p.batch = 1, p.q_len = 2, p.heads_q = 4;
-    p.q = q.data(), p.q_b = 2 * 4 * D, p.q_t = 4 * D, p.q_h = D;
-    p.out = out.data(), p.out_b = p.q_b, p.out_t = 4 * D, p.out_h = D;
-    p.lse = static_cast<float*>(lse.data()), p.lse_b = 8, p.lse_h = 2;
-    p.seq_lens = static_cast<const int32_t*>(lens.data());
-    p.scale = 1.0 / std::sqrt(double(D));
-    const CheckResult r = check_kv_decode(p);
-    EXPECT_TRUE(r.passed) << r.first_failure;
+    expect_decode_matches(cache, {dt, 2, 4, 0, &q, &out, &lse, &lens});
   }
 }
 
@@ -394,16 +377,7 @@ TEST_P(CudaKvCache, GraphReplayGrowingSteps) {
       std::memcpy(out.data(), out_g.data(), out.bytes());
       Buffer lse(DType::kF32, B * Hq, Device::cpu());
       std::memcpy(lse.data(), lse_g.data(), lse.bytes());
-      KvDecodeParams p;
-      p.cache = host.pages(), p.table = host.table_params();
-      p.dtype = DType::kF16, p.batch = B, p.q_len = 1, p.heads_q = Hq;
-      p.q = q_rot.data(), p.q_b = Hq * D, p.q_t = Hq * D, p.q_h = D;
-      p.out = out.data(), p.out_b = p.q_b, p.out_t = p.q_t, p.out_h = D;
-      p.lse = static_cast<float*>(lse.data()), p.lse_b = Hq, p.lse_h = 1;
-      p.seq_lens = static_cast<const int32_t*>(hlens.data());
-      p.scale = 1.0 / std::sqrt(double(D));
-      const CheckResult r = check_kv_decode(p);
-      EXPECT_TRUE(r.passed) << r.first_failure;
+      expect_decode_matches(host, {DType::kF16, 1, Hq, 0, &q_rot, &out, &lse, &hlens});
     }
   }
   cudaGraphExecDestroy(exec);

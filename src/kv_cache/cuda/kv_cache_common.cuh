@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/common.cuh"
 #include "kernels/dtype.cuh"
 #include "kernels/reduce.cuh"
 #include "kv_cache/kv_cache_params.h"
@@ -68,7 +69,7 @@ __device__ __forceinline__ KeyChunk block_key_chunk(const KvDecodeParams& p, int
     if (qr.hi > qr.lo) klo = qr.lo < klo ? qr.lo : klo, khi = qr.hi > khi ? qr.hi : khi;
   }
   const int64_t n = khi > klo ? khi - klo : 0;
-  const int64_t chunk = (((n + splits - 1) / splits + tile - 1) / tile) * tile;
+  const int64_t chunk = ceil_div(ceil_div(n, splits), tile) * tile;
   const int64_t lo = klo + split * chunk;
   return {lo, lo + chunk < khi ? lo + chunk : khi};
 }

@@ -88,8 +88,7 @@ struct MmaShape {
   using Tile = SmemTile<kKeys, D>;  // 16 rows of D 16-bit elements, swizzled (Q, and fp8 converted)
   static constexpr int kStages = cfg::mma_stages(D, kFp8);
   static constexpr int kRowBytes = D * static_cast<int>(sizeof(C));  // a cache row
-  static constexpr int kRawStride = kRowBytes;
-  static constexpr int kRawTileBytes = kKeys * kRawStride;  // K or V of a tile as stored
+  static constexpr int kRawTileBytes = kKeys * kRowBytes;  // K or V of a tile as stored
   static constexpr int kStageBytes = 2 * kRawTileBytes;     // K, then V
   static constexpr int kWarpBytes = kStages * kStageBytes + (kFp8 ? 2 * Tile::kBytes : 0);
   static constexpr int kQBytes = Tile::kBytes;
@@ -110,16 +109,16 @@ __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint16_t v) {
   return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
-// A warp converts a raw fp8 tile (kKeys rows of D bytes, kStride bytes apart) into a swizzled f16
+// A warp converts a raw fp8 tile (kKeys rows of D bytes, row-major) into a swizzled f16
 // tile.
-template <int D, int kStride>
+template <int D>
 __device__ __forceinline__ void convert_fp8_tile(const unsigned char* raw, uint32_t tile, int lane) {
   using Tile = SmemTile<kKeys, D>;
   constexpr int kChunks = kKeys * D / 16;  // 16-byte chunks of the raw tile
 #pragma unroll
   for (int q = lane; q < kChunks; q += 32) {
     const int r = q / (D / 16), c16 = q % (D / 16);
-    const uint4 v = *reinterpret_cast<const uint4*>(raw + r * kStride + c16 * 16);
+    const uint4 v = *reinterpret_cast<const uint4*>(raw + r * D + c16 * 16);
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
     uint32_t o[8];
 #pragma unroll
@@ -264,7 +263,7 @@ __global__ void __launch_bounds__(kThreads)
         const int r = lane / kCpr + pass * kRowsPerPass;
         const int pg = __shfl_sync(0xffffffffu, ps.page, r);
         const int sl = __shfl_sync(0xffffffffu, ps.slot, r);
-        const uint32_t off = S::kFp8 ? static_cast<uint32_t>(r * S::kRawStride + cc * 16) : Tile::offset(r, cc);
+        const uint32_t off = S::kFp8 ? static_cast<uint32_t>(r * D + cc * 16) : Tile::offset(r, cc);
         if (pg >= 0) {
           const int64_t ko = (static_cast<int64_t>(pg) * c.k_page + sl * c.k_slot + g * c.k_head) * sizeof(C);
           const int64_t vo = (static_cast<int64_t>(pg) * c.v_page + sl * c.v_slot + g * c.v_head) * sizeof(C);
@@ -300,8 +299,8 @@ __global__ void __launch_bounds__(kThreads)
     if constexpr (S::kFp8) {
       const uint32_t ck = wbase + kStages * S::kStageBytes, cv = ck + Tile::kBytes;
       const unsigned char* raw = smem + (kt - sbase);
-      convert_fp8_tile<D, S::kRawStride>(raw, ck, lane);
-      convert_fp8_tile<D, S::kRawStride>(raw + S::kRawTileBytes, cv, lane);
+      convert_fp8_tile<D>(raw, ck, lane);
+      convert_fp8_tile<D>(raw + S::kRawTileBytes, cv, lane);
       __syncwarp();
       kt = ck, vt = cv;
     }
@@ -480,9 +479,16 @@ cudaError_t splits_for(const KvDecodeParams& p, int64_t max_seq_len, int64_t* sp
   if (cudaError_t e = current_device_facts(&facts); e != cudaSuccess) return e;
   int per_sm = 0;
   const cudaError_t e = dispatch_mma(p.dtype, p.cache.dtype, p.cache.head_dim, [&]<typename T, typename C, int D>() {
+    // The occupancy of an instance on a device never changes: asked once (every unplanned decode
+    // and every plan needs it, on the host path of a step).
+    static std::atomic<int> known[64] = {};
+    std::atomic<int>& slot = known[facts->ordinal & 63];
+    if ((per_sm = slot.load(std::memory_order_relaxed)) > 0) return cudaSuccess;
     if (cudaError_t e2 = opt_in<T, C, D>(*facts); e2 != cudaSuccess) return e2;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, paged_mma_kernel<T, C, D>, kThreads,
-                                                         MmaShape<D, C>::kSmemBytes);
+    const cudaError_t e3 = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, paged_mma_kernel<T, C, D>, kThreads,
+                                                                         MmaShape<D, C>::kSmemBytes);
+    if (e3 == cudaSuccess && per_sm > 0) slot.store(per_sm, std::memory_order_relaxed);
+    return e3;
   });
   if (e != cudaSuccess) return e;
   const int64_t row_groups = ceil_div(p.group() * p.q_len, int64_t{kRows});
