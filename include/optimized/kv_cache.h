@@ -116,14 +116,17 @@ void paged_attention_decode(const TensorView& q, const PagedKVCacheView& cache, 
 // negative positions, which see no key (out 0, lse -inf): chunks of different lengths share one
 // padded q. Every variant runs it (one block per 16 (paged_mma) or 32 query rows of a kv head, each
 // reading the keys its rows see; the split rule as decode's). auto, for chunks of 64 or more queries
-// (on CUDA with fp16 / bf16 q and a head dim of attention_head_dims()), gathers every sequence's K/V
-// out of its pages into contiguous buffers of q's dtype (right-aligned, fp8 dequantized) and runs
-// attention_forward (flash2 on CUDA, its cpu rung on the host; causal bottom-right, a bool mask of
-// the rows that hold a key): the buffers (2 * B * len * H_kv * D elements and a byte a row; len =
-// the longest sequence when validate reads seq_lens back, else max_pages * page_size) come from
+// whose q and out pack into (B * S_new, H_q, D) rows (B = 1, or a batch stride of S_new rows as in a
+// contiguous tensor; fp16 / bf16 q and a head dim of attention_head_dims() on CUDA; not fp64),
+// gathers every sequence's K/V out of its pages into packed buffers of q's dtype (fp8 dequantized)
+// and runs attention_varlen_forward on them (flash2 on CUDA, its cpu rung on the host; causal
+// bottom-right); other calls run paged_mma (CUDA) or cpu. The buffers (2 * B * len * H_kv * D
+// elements, the offsets, and an fp32 (H_q, B * S_new) lse when lse is asked for with B > 1; len = the
+// longest sequence when validate reads seq_lens back, else max_pages * page_size) come from
 // ctx.workspace or the library's stream-ordered pool (host memory on the CPU). validate refuses only a
 // seq_len < 0 or beyond the pages (not one < S_new); unchecked, such a seq_len is clipped to the
-// pages on the gather path, which then places the chunk's queries at the last pages' positions.
+// pages, and the gather reads a page index outside the cache as a key and value of zeros (the rungs
+// skip it: unchecked garbage differs by route, never reads out of bounds).
 void paged_attention_prefill(const TensorView& q, const PagedKVCacheView& cache, const TensorView& page_table,
                              const TensorView& seq_lens, const TensorView& out, const TensorView& lse = {},
                              const DecodeOptions& options = {}, KvCacheVariant variant = KvCacheVariant::kAuto,

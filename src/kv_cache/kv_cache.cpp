@@ -426,41 +426,64 @@ int64_t device_splits(const KvCacheVariantInfo& row, int device, const KvDecodeP
 // Whether prefill with variant auto runs on the attention family's forward
 // (kv_cache_config::kPrefillAttentionMinChunk): a chunk that long, and on CUDA fp16 / bf16 q with a
 // head dim flash2 is compiled for (the CPU's attention rung takes every dtype and head dim).
-// `len`: the gather's rows per sequence (prefill_through_attention).
-bool prefill_on_attention(const KvDecodeParams& p, Device device, int64_t len) {
+// `len`: the gather's rows per sequence (prefill_through_attention). q and out must pack into
+// varlen's (B * S_new, H_q, D) rows (one sequence, or a batch stride of S_new rows, as a contiguous
+// tensor has); the packed rows fit varlen's 32-bit offsets.
+bool prefill_on_attention(const KvDecodeParams& p, const TensorView& q, const TensorView& out, Device device,
+                          int64_t len) {
   if (p.q_len < kv_cache_config::kPrefillAttentionMinChunk) return false;
   if (len < 1) return false;  // no key anywhere: the rung writes the zeros
-  if (!device.is_cuda()) return true;
+  constexpr int64_t k31 = int64_t{1} << 31;
+  if (p.batch * len >= k31 || p.batch * p.q_len >= k31) return false;
+  if (p.batch > 1 && (q.strides[0] != p.q_len * q.strides[1] || out.strides[0] != p.q_len * out.strides[1]))
+    return false;
+  if (!device.is_cuda()) return p.dtype != DType::kF64;  // (fp64's lse is fp32 here, attention's fp64)
   if (p.dtype != DType::kF16 && p.dtype != DType::kBF16) return false;
   for (int d : attention_head_dims())
     if (d == p.cache.head_dim) return true;
   return false;
 }
 
-// Prefill on attention_forward (flash2 on CUDA, its cpu rung on the host): the sequences' K/V
-// gathered right-aligned into contiguous buffers of q's dtype, `len` rows per sequence (the longest
-// sequence when validate read seq_lens back, else the page table's capacity), with the mask of the
-// rows that hold a key (a call workspace on CUDA, host memory on the CPU), then attention_forward,
-// causal bottom-right, with decode's options: the chunk's query t of sequence b sits at buffer row
-// len - S_new + t, as at position seq_len - S_new + t of its sequence.
+// Prefill on attention_varlen_forward (flash2 on CUDA, its cpu rung on the host): the sequences'
+// K/V gathered into packed buffers of q's dtype (B * len rows at most; on the host, where seq_lens is
+// read, exactly their sum) with cu_seqlens written beside them (a call workspace on CUDA, host memory
+// on the CPU), q and out packed as (B * S_new, H_q, D) views, then causal bottom-right attention with
+// decode's options: varlen puts the chunk's query t of sequence b at t + L_b - S_new, its position.
+// lse: varlen writes (H_q, B * S_new); for B > 1 into a buffer unpacked into the caller's view after.
 void prefill_through_attention(const TensorView& q, const TensorView& out, const TensorView& lse, const DecodeOptions& o,
                                const KvDecodeParams& p, Device device, const ExecutionContext& ctx, int64_t len) {
   const KvCachePages& c = p.cache;
-  const std::string what = "paged_attention_prefill (auto: gather + attention_forward)";
-  const int64_t rows = p.batch * len;
-  const int64_t kv_bytes = rows * c.heads_kv * c.head_dim * static_cast<int64_t>(dtype_size(p.dtype));
+  const std::string what = "paged_attention_prefill (auto: gather + attention_varlen_forward)";
+  const int64_t B = p.batch, S = p.q_len, Hq = p.heads_q, D = c.head_dim;
+  int64_t kv_rows = B * len;
+  if (!device.is_cuda()) {  // the CPU's varlen checks the offsets: the buffers hold exactly the keys
+    kv_rows = 0;
+    for (int64_t b = 0; b < B; ++b) kv_rows += std::clamp<int64_t>(p.seq_lens[b], 0, len);
+  }
+  const bool lse_buffer = present(lse) && B > 1;
   KvGatherParams g;
-  g.cache = c, g.table = p.table, g.seq_lens = p.seq_lens, g.dtype = p.dtype, g.batch = p.batch, g.len = len;
+  g.cache = c, g.table = p.table, g.seq_lens = p.seq_lens, g.dtype = p.dtype, g.batch = B, g.len = len, g.q_len = S;
+  float* lse_packed = nullptr;
   auto carve = [&](WorkspaceArena& arena) {
-    g.k_out = arena.take<unsigned char>(kv_bytes), g.v_out = arena.take<unsigned char>(kv_bytes);
-    g.mask = arena.take<unsigned char>(rows);
+    const int64_t kv_elems = kv_rows * c.heads_kv * D;
+    g.k_out = arena.take<unsigned char>(kv_elems * static_cast<int64_t>(dtype_size(p.dtype)));
+    g.v_out = arena.take<unsigned char>(kv_elems * static_cast<int64_t>(dtype_size(p.dtype)));
+    g.cu_q = arena.take<int32_t>(B + 1), g.cu_k = arena.take<int32_t>(B + 1);
+    if (lse_buffer) lse_packed = arena.take<float>(Hq * B * S);
   };
   WorkspaceArena sizing;
   carve(sizing);
   const size_t total = sizing.peak();
   auto attend = [&](const ExecutionContext& actx) {
-    const TensorView k(g.k_out, p.dtype, device, {p.batch, len, c.heads_kv, c.head_dim});
-    const TensorView v(g.v_out, p.dtype, device, {p.batch, len, c.heads_kv, c.head_dim});
+    const TensorView k(g.k_out, p.dtype, device, {kv_rows, c.heads_kv, D});
+    const TensorView v(g.v_out, p.dtype, device, {kv_rows, c.heads_kv, D});
+    const TensorView qv(q.data, q.dtype, device, {B * S, Hq, D}, {q.strides[1], q.strides[2], 1});
+    const TensorView ov(out.data, out.dtype, device, {B * S, Hq, D}, {out.strides[1], out.strides[2], 1});
+    const TensorView cu_q(g.cu_q, DType::kI32, device, {B + 1});
+    const TensorView cu_k(g.cu_k, DType::kI32, device, {B + 1});
+    TensorView lv;
+    if (lse_buffer) lv = TensorView(lse_packed, DType::kF32, device, {Hq, B * S});
+    else if (present(lse)) lv = TensorView(lse.data, DType::kF32, device, {Hq, S}, {lse.strides[1], 1});
     AttentionOptions ao;
     ao.softmax_scale = p.scale;
     ao.causal = true;
@@ -468,8 +491,8 @@ void prefill_through_attention(const TensorView& q, const TensorView& out, const
     ao.window_left = p.window_left;
     ao.softcap = p.softcap;
     ao.alibi_slopes = o.alibi_slopes;
-    ao.mask = TensorView(g.mask, DType::kBool, device, {p.batch, 1, 1, len}, {len, 0, 0, 1});
-    attention_forward(q, k, v, out, lse, ao, AttentionVariant::kAuto, actx);
+    ao.check_cu_seqlens = false;  // written by the gather, bounded by construction
+    attention_varlen_forward(qv, k, v, cu_q, cu_k, S, len, ov, lv, ao, AttentionVariant::kAuto, actx);
   };
   if (device.is_cuda()) {
 #if OPTIMIZED_WITH_CUDA
@@ -482,6 +505,8 @@ void prefill_through_attention(const TensorView& q, const TensorView& out, const
     ExecutionContext actx = ctx;
     actx.workspace = {};  // (ours holds the buffers; attention takes its own when it needs one)
     attend(actx);
+    if (lse_buffer)
+      check_cuda(cuda::kv_cache_lse_unpack(lse_packed, p.lse, B, Hq, S, p.lse_b, p.lse_h, stream), what + ": lse");
     ws.release(what);
 #endif
     return;
@@ -491,6 +516,9 @@ void prefill_through_attention(const TensorView& q, const TensorView& out, const
   carve(arena);
   cpu_kv_gather(g, ctx.cpu_threads);
   attend(ctx);
+  if (lse_buffer)
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t r = 0; r < B * S; ++r) p.lse[(r / S) * p.lse_b + h * p.lse_h + r % S] = lse_packed[h * B * S + r];
 }
 
 void decode_impl(const TensorView& q, const PagedKVCacheView& cache, const TensorView& page_table,
@@ -609,7 +637,7 @@ void decode_impl(const TensorView& q, const PagedKVCacheView& cache, const Tenso
   if (row.variant == KvCacheVariant::kPagedMma && !mma_why.empty()) unsupported("variant: " + std::string(row.name) + ": " + mma_why);
   if (plan) check_fits_plan(*plan, row, p, c, device);
   if (B == 0 || Hq == 0) return;
-  if (prefill && variant == KvCacheVariant::kAuto && prefill_on_attention(p, device, gather_len))
+  if (prefill && variant == KvCacheVariant::kAuto && prefill_on_attention(p, q, out, device, gather_len))
     return prefill_through_attention(q, out, lse, o, p, device, ctx, gather_len);
   if (row.backend == Backend::kCpu) return row.cpu.decode(p, ctx.cpu_threads);
 #if OPTIMIZED_WITH_CUDA

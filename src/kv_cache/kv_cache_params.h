@@ -69,18 +69,22 @@ struct KvDecodeParams {
   OPTIMIZED_HOST_DEVICE int64_t group() const { return heads_q / cache.heads_kv; }
 };
 
-// The gather of prefill's attention path (cuda/gather.cu): every sequence's K/V out of its pages
-// into contiguous (batch, len, H_kv, D) buffers of `dtype`, right-aligned, and a bool mask (batch,
-// len) of the rows that hold a key.
+// The gather of prefill's attention path (cuda/gather.cu, cpu_kv_gather): every sequence's K/V out
+// of its pages, packed for attention_varlen_forward: sequence b's key j at row cu_k[b] + j of
+// (rows, H_kv, D) buffers of `dtype`, L_b = seq_lens[b] clipped to [0, len], cu_k[b] = L_0 + ... +
+// L_{b-1}; and cu_q[b] = b * q_len (q packed as (batch * q_len, H_q, D)). A key whose page is outside
+// the table or the cache (unchecked mode) is gathered as zeros.
 struct KvGatherParams {
   KvCachePages cache;
   KvPageTable table;
   const int32_t* seq_lens = nullptr;  // (batch)
   DType dtype = DType::kF16;          // of the buffers (q's)
-  int64_t batch = 0, len = 0;         // len: the page table's capacity, max_pages * page_size
+  int64_t batch = 0, len = 0;         // len: rows per sequence at most (<= max_pages * page_size)
+  int64_t q_len = 0;
   void* k_out = nullptr;
   void* v_out = nullptr;
-  unsigned char* mask = nullptr;
+  int32_t* cu_q = nullptr;  // (batch + 1), written
+  int32_t* cu_k = nullptr;  // (batch + 1), written
 };
 
 }  // namespace optimized

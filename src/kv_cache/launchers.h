@@ -4,7 +4,8 @@
 // dtype or fp8 e4m3 with scales), head_dim <= kv_cache_config::kMaxHeadDim, batch >= 1.
 //
 //   kv_cache_append            (cuda/append.cu): append_kv for every CUDA variant
-//   kv_cache_gather            (cuda/gather.cu): pages -> contiguous K/V + mask, prefill's attention path
+//   kv_cache_gather            (cuda/gather.cu): pages -> packed K/V + cu_seqlens, prefill's attention path
+//   kv_cache_lse_unpack        (cuda/gather.cu): varlen's (H_q, B * q_len) lse -> the caller's (B, H_q, q_len)
 //   kv_cache_contiguous_naive  (cuda/contiguous_naive.cu): one block per (sequence, query head, query)
 //   kv_cache_paged             (cuda/paged.cu): one block per (sequence, kv head[, row group]), GQA packed
 //   kv_cache_paged_split       (cuda/paged_split.cu): paged over p.splits key chunks + an LSE merge
@@ -28,6 +29,9 @@ namespace optimized::cuda {
 
 cudaError_t kv_cache_append(const KvAppendParams& p, const Workspace& workspace, cudaStream_t stream);
 cudaError_t kv_cache_gather(const KvGatherParams& g, cudaStream_t stream);
+// lse[b * lse_b + h * lse_h + t] = packed[h * (batch * q_len) + b * q_len + t].
+cudaError_t kv_cache_lse_unpack(const float* packed, float* lse, int64_t batch, int64_t heads, int64_t q_len,
+                                int64_t lse_b, int64_t lse_h, cudaStream_t stream);
 
 cudaError_t kv_cache_contiguous_naive(const KvDecodeParams& p, const Workspace& workspace, cudaStream_t stream);
 cudaError_t kv_cache_paged(const KvDecodeParams& p, const Workspace& workspace, cudaStream_t stream);

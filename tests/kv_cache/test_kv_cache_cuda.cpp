@@ -30,6 +30,7 @@ struct DecodeCase {
   int alibi = 0;
   bool planned = false;
   bool prefill = false;  // paged_attention_prefill
+  bool validate = true;  // false: seq_lens and the page table are not read back (prefill's gather sized by capacity)
 };
 
 Buffer to_device(const Buffer& h) {
@@ -110,6 +111,7 @@ void run_decode(const DecodeCase& cs, KvCacheVariant variant) {
     o.validate = false;
     paged_attention_decode(qv, cv, dt.view({B, cache.max_pages}), dl.view({B}), ov, dlse.view({B, cs.hq, Q}), o, plan, ctx);
   } else if (cs.prefill) {
+    o.validate = cs.validate;
     paged_attention_prefill(qv, cv, dt.view({B, cache.max_pages}), dl.view({B}), ov, dlse.view({B, cs.hq, Q}), o, variant);
   } else {
     paged_attention_decode(qv, cv, dt.view({B, cache.max_pages}), dl.view({B}), ov, dlse.view({B, cs.hq, Q}), o, variant);
@@ -197,6 +199,21 @@ TEST_P(CudaKvCache, PrefillChunks) {
   DecodeCase fp8;  // fp8 pages dequantized by the gather (auto) or the rungs
   fp8.prefill = true, fp8.q_len = 70, fp8.lens = {500, 90}, fp8.hq = 8, fp8.hkv = 2, fp8.cache = DType::kF8E4M3;
   run_decode(fp8, GetParam());
+  fp8.dtype = DType::kF16;  // auto: the gather dequantizes into f16 buffers for flash2
+  run_decode(fp8, GetParam());
+  // auto's varlen route with short (60 < 100) and empty sequences, one sequence of exactly the chunk,
+  // validated (buffers sized by the longest) and not (sized by the pages' capacity, offsets on the device).
+  DecodeCase ragged;
+  ragged.prefill = true, ragged.q_len = 100, ragged.lens = {400, 60, 0, 100}, ragged.hq = 4, ragged.hkv = 4;
+  ragged.dtype = ragged.cache = DType::kBF16, ragged.page_size = 32;
+  for (bool validate : {true, false}) {
+    SCOPED_TRACE(validate);
+    ragged.validate = validate;
+    run_decode(ragged, GetParam());
+  }
+  DecodeCase one;  // one sequence: lse written straight into the caller's view
+  one.prefill = true, one.q_len = 64, one.lens = {129}, one.d = 256, one.hq = 2, one.hkv = 1;
+  run_decode(one, GetParam());
 }
 
 // The head dims and GQA packings of the tensor-core rung, over several splits (plan) and one.

@@ -229,28 +229,33 @@ void decode(const KvDecodeParams& p, int threads) {
   }
 }
 
-// The gather of prefill's attention path, as cuda/gather.cu: row r of sequence b holds key
-// j = r - (len - L_b) (L_b = seq_lens[b] clipped to the pages), mask true where that key has a page;
-// other rows zero. fp8 dequantized (e4m3 * scale), then rounded to the buffers' dtype.
+// The gather of prefill's attention path, as cuda/gather.cu: the offsets cu_q / cu_k, then key j of
+// sequence b (j < L_b = seq_lens[b] clipped to [0, len]) at packed row cu_k[b] + j, zeros where the
+// key has no page. fp8 dequantized (e4m3 * scale), then rounded to the buffers' dtype.
 template <class D>
 void gather(const KvGatherParams& g, int threads) {
   using A = typename D::Acc;
   const KvCachePages& c = g.cache;
-  const int64_t rows = g.batch * g.len, Dh = c.head_dim, HD = c.heads_kv * Dh;
-  const int64_t capacity = g.table.max_pages * c.page_size;
+  const int64_t Dh = c.head_dim, HD = c.heads_kv * Dh;
+  auto clipped = [&](int64_t b) { return std::clamp<int64_t>(g.seq_lens[b], 0, g.len); };
+  int64_t total = 0;
+  for (int64_t b = 0; b <= g.batch; ++b) {
+    g.cu_q[b] = static_cast<int32_t>(b * g.q_len);  // the caller keeps batch * len, batch * q_len < 2^31
+    g.cu_k[b] = static_cast<int32_t>(total);
+    if (b < g.batch) total += clipped(b);
+  }
+  const int64_t rows = g.batch * g.len;
   const int nth = cpu_thread_count(threads, rows);
 #pragma omp parallel num_threads(nth)
   {
     std::vector<A> x(static_cast<size_t>(Dh));
 #pragma omp for schedule(static)
     for (int64_t row = 0; row < rows; ++row) {
-      const int64_t b = row / g.len, r = row % g.len;
-      const int64_t L = std::clamp<int64_t>(g.seq_lens[b], 0, capacity);
-      const int64_t j = r - (g.len - L);
-      const int64_t page = j >= 0 ? page_of(c, g.table, b, j) : -1;
-      auto* ko = static_cast<typename D::T*>(g.k_out) + row * HD;
-      auto* vo = static_cast<typename D::T*>(g.v_out) + row * HD;
-      g.mask[row] = page >= 0;
+      const int64_t b = row / g.len, j = row % g.len;
+      if (j >= clipped(b)) continue;
+      const int64_t page = page_of(c, g.table, b, j);
+      auto* ko = static_cast<typename D::T*>(g.k_out) + (g.cu_k[b] + j) * HD;
+      auto* vo = static_cast<typename D::T*>(g.v_out) + (g.cu_k[b] + j) * HD;
       for (int64_t h = 0; h < c.heads_kv; ++h) {
         for (int pass = 0; pass < 2; ++pass) {
           auto* dst = (pass == 0 ? ko : vo) + h * Dh;
@@ -285,7 +290,7 @@ void cpu_kv_append(const KvAppendParams& params, int threads) {
 }
 
 void cpu_kv_gather(const KvGatherParams& params, int threads) {
-  if (params.batch <= 0 || params.len <= 0) return;
+  if (params.batch <= 0) return;
   switch (params.dtype) {
     case DType::kF16: return gather<F16>(params, threads);
     case DType::kBF16: return gather<BF16>(params, threads);

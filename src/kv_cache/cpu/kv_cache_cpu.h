@@ -4,7 +4,7 @@
 //   cpu_kv_decode: threads over (sequence b, kv head g): the group's query heads and q_len queries
 //                  over the sequence's visible keys, each K / V row read once through the page table.
 //   cpu_kv_gather: prefill's attention path on the host (cuda/gather.cu's twin): every sequence's
-//                  K / V out of its pages into contiguous buffers, right-aligned, and the row mask.
+//                  K / V out of its pages into packed varlen buffers, and their cu_seqlens.
 // fp32 math for fp32 / fp16 / bf16 (and fp8 pages), fp64 for fp64.
 #pragma once
 
