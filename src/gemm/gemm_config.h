@@ -41,9 +41,11 @@ constexpr GemmMmaPipelineConfig gemm_mma_pipeline_config_sm90() {
 // configurations and a split of K by shape:
 //  * big: 128 x 256 block tiles, two consumer warpgroups, clusters of 2 sharing B (the large
 //    shapes: docs/perf-notes/gemm.md, "wgmma_persistent");
-//  * small_m (M <= 64): 64 x 128 tiles, one consumer warpgroup, no cluster. Decode shapes are
-//    bound by reading B; a 128-row tile would compute mostly padding and a 256-wide one leaves too
-//    few tiles to keep every SM reading.
+//  * small_m: 64 x 128 tiles, one consumer warpgroup, no cluster: M <= 64, and larger M whose
+//    big tiles fill less than one wave of clusters when the model below (kGemmHopperSmallKblock)
+//    says the small tiles, split, finish first. Decode shapes are bound by reading B; a 128-row
+//    tile would compute mostly padding and a 256-wide one leaves too few tiles to keep every SM
+//    reading.
 //  * splits: when the tiles do not fill the SMs, K is cut into `splits` ranges, each its own unit
 //    of work; the last unit of a tile to finish sums the fp32 partials in split order
 //    (deterministic). The model, in k-blocks of time: waves * (k-blocks per unit + 2 when split,
@@ -61,14 +63,22 @@ struct GemmHopperPlan {
 };
 constexpr int kGemmHopperMaxSplits = 16;
 
+// The small configuration's k-block (64 x 128 x 64 on one consumer warpgroup) in the big one's
+// k-blocks of time (128 x 256 x 64 on two): a quarter of the work at about 70% of the rate per SM
+// (a guess, checked by the linear benchmark's seed and skinny shapes, docs/perf-notes/linear.md).
+constexpr double kGemmHopperSmallKblock = 0.35;
+
 constexpr GemmHopperPlan gemm_hopper_plan_sm90(int64_t m, int64_t n, int64_t k, int64_t batch, int sm_count) {
-  const bool small_m = m <= 64;
-  const int64_t bm = small_m ? 64 : 128, bn = small_m ? 128 : 256, cluster = small_m ? 1 : 2;
-  const int64_t slots = sm_count / cluster > 0 ? sm_count / cluster : 1;
-  const int64_t units = ((m + bm * cluster - 1) / (bm * cluster)) * ((n + bn - 1) / bn) * batch;
   const int64_t k_blocks = (k + 63) / 64;
-  if (!small_m) return {small_m, 1};
-  const double slot_kblocks = static_cast<double>(m < bm ? m : bm) * static_cast<double>(bn) * 4.0 / (128.0 * 1024.0);
+  // The big tiles, unsplit: clusters of two 128 x 256 tiles.
+  const int64_t big_slots = sm_count / 2 > 0 ? sm_count / 2 : 1;
+  const int64_t big_units = ((m + 255) / 256) * ((n + 255) / 256) * batch;
+  if (m > 64 && big_units >= big_slots) return {false, 1};  // a full wave of clusters or more
+  const double big_cost = static_cast<double>((big_units + big_slots - 1) / big_slots) * static_cast<double>(k_blocks);
+  // The small tiles (64 x 128, no cluster), split when that keeps more SMs busy.
+  const int64_t slots = sm_count > 0 ? sm_count : 1;
+  const int64_t units = ((m + 63) / 64) * ((n + 127) / 128) * batch;
+  const double slot_kblocks = static_cast<double>(m < 64 ? m : 64) * 128.0 * 4.0 / (128.0 * 1024.0);
   int best = 1;
   double best_cost = static_cast<double>((units + slots - 1) / slots) * static_cast<double>(k_blocks);
   for (int s = 2; s <= kGemmHopperMaxSplits && 4 * s <= k_blocks; ++s) {
@@ -77,7 +87,8 @@ constexpr GemmHopperPlan gemm_hopper_plan_sm90(int64_t m, int64_t n, int64_t k, 
                         s * slot_kblocks;
     if (cost < best_cost) best = s, best_cost = cost;
   }
-  return {small_m, best};
+  if (m > 64 && kGemmHopperSmallKblock * best_cost >= big_cost) return {false, 1};
+  return {true, best};
 }
 
 // Operands TMA cannot describe (rows not 16-byte aligned: odd K or N): kAuto may still run

@@ -381,6 +381,35 @@ TEST_P(CudaEpilogue, TilesAndPaths) {
   }
 }
 
+// The Hopper rung's register epilogue (a bias along N, an activation, aux; a 16-bit C whose rows
+// TMA can store: N a multiple of 8): every activation with and without aux, alpha != 1, column
+// counts that end inside a 64-column chunk (the bias read stops at N, TMA clips the boxes), big
+// tiles with a partial last tile row, batches and a column-major B, and shapes whose big tiles fill
+// under a wave (the small tiles with split-K: 256 x 1024 x 1024, 96 x 520 x 640).
+TEST_P(CudaEpilogue, RegisterEpilogue) {
+  const Activation acts[] = {Activation::kNone, Activation::kRelu, Activation::kGeluErf, Activation::kGeluTanh,
+                             Activation::kSilu};
+  int i = 0;
+  for (const Mnk s : std::vector<Mnk>{{300, 512, 256}, {130, 264, 72}, {256, 1024, 1024}, {96, 520, 640}, {1, 8, 8}}) {
+    for (const Activation act : acts) {
+      for (bool aux : {false, true}) {
+        EpiCase cs = base(s.m, s.n, s.k);
+        cs.act = act, cs.aux = aux;
+        cs.bias = (++i % 3 == 0) ? Bias::kNone : Bias::kN;
+        if (i % 4 == 0) cs.alpha = -0.5f;
+        if (i % 5 == 0) cs.b_col_major = true;
+        if (i % 7 == 0) cs.pad = 8;  // C and aux rows padded: TMA writes none of the padding
+        SCOPED_TRACE(std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) + " act " +
+                     std::to_string(static_cast<int>(act)) + (aux ? " aux" : ""));
+        expect_epilogue_ok(cs);
+      }
+    }
+  }
+  EpiCase cs = base(70, 96, 64);
+  cs.batch = 3, cs.bias = Bias::kN, cs.act = Activation::kGeluErf, cs.aux = true;
+  expect_epilogue_ok(cs);
+}
+
 TEST_P(CudaEpilogue, BatchedLayoutsAndStreams) {
   EpiCase cs = base(70, 90, 60);
   cs.batch = 3, cs.bias = Bias::kN, cs.act = Activation::kSilu, cs.aux = true, cs.residual = true;

@@ -25,6 +25,10 @@ struct HopperGemmArgs {
   bool a_batched, b_batched;  // false: batch stride 0, every batch reads batch 0 of the map
   bool c_pairs;               // two neighbouring columns of C (and aux, residual, bias) are one access
   bool c_tma;                 // the TMA-store epilogue may run: beta == 0, 16-bit C and C's map was made
+  // The register epilogue may run (c_tma, and an epilogue of a bias along N, an activation and an
+  // aux written through its own map, nothing else): the consumers apply it to their accumulators
+  // and store C (and aux) by TMA, reading nothing but the bias.
+  bool epi_regs = false;
   float alpha, beta;
   GemmEpilogueParams epi;     // bias, activation, aux, residual, column sums (GemmParams::epi)
   // Column sums: the warps' rows of partials, (batch, tiles_m * block_m / 16, N) fp32.
@@ -56,9 +60,11 @@ inline size_t hopper_split_bytes(const GemmParams& p, int block_m, int block_n, 
 // block_m x 64k (args->tiles_m: M's tiles of block_m rows). The launcher has checked gemm_hopper_rejects(p) (gemm.cpp) is empty; the
 // driver can still refuse a map (cudaErrorInvalidValue). map_c (optional): C's map (box 64 x 64)
 // for a TMA-store epilogue, made when beta == 0 (TMA stores, it does not read C), N is a multiple
-// of 8 and TMA can describe C; args->c_tma says whether it was.
+// of 8 and TMA can describe C; args->c_tma says whether it was. map_aux (optional, with map_c):
+// aux's map, made when the epilogue is one the register epilogue takes (HopperGemmArgs::epi_regs).
 inline cudaError_t make_hopper_args(const GemmParams& p, int block_m, CUtensorMap* map_a, CUtensorMap* map_b,
-                                    HopperGemmArgs* args, CUtensorMap* map_c = nullptr) {
+                                    HopperGemmArgs* args, CUtensorMap* map_c = nullptr,
+                                    CUtensorMap* map_aux = nullptr) {
   const TmaMatrix a{p.a, p.a_stored_rows(), p.a_stored_cols(), p.lda, p.batch, p.batch_stride_a, 2};
   const TmaMatrix b{p.b, p.b_stored_rows(), p.b_stored_cols(), p.ldb, p.batch, p.batch_stride_b, 2};
   if (cudaError_t e = make_tma_map_sw128(map_a, a, 64, p.trans_a ? 64 : block_m); e != cudaSuccess) return e;
@@ -83,6 +89,14 @@ inline cudaError_t make_hopper_args(const GemmParams& p, int block_m, CUtensorMa
   if (map_c && p.beta == 0.0f && p.n % 8 == 0 && p.c_dtype == p.dtype) {
     const TmaMatrix c{p.c, p.m, p.n, p.ldc, p.batch, p.batch_stride_c, 2};
     if (tma_rejects(c, "c").empty() && make_tma_map_sw128(map_c, c, 64, 64) == cudaSuccess) args->c_tma = true;
+  }
+  const GemmEpilogueParams& e = p.epi;
+  if (args->c_tma && map_aux && !e.act_grad && !e.residual && !e.column_sums && !(e.bias && e.bias_along_m)) {
+    args->epi_regs = true;
+    if (e.aux) {
+      const TmaMatrix aux{e.aux, p.m, p.n, e.ld_aux, p.batch, e.batch_stride_aux, 2};
+      args->epi_regs = tma_rejects(aux, "aux").empty() && make_tma_map_sw128(map_aux, aux, 64, 64) == cudaSuccess;
+    }
   }
   return cudaSuccess;
 }

@@ -176,9 +176,10 @@ template <typename T, typename TC, bool kSmallM, bool kTransA, bool kTransB>
 cudaError_t launch(const GemmParams& p, int splits, const Workspace& workspace, cudaStream_t stream) {
   using C = Config<kSmallM, kTransA, kTransB>;
   using Tile = typename C::Tile;
-  CUtensorMap map_a, map_b, map_c{};
+  CUtensorMap map_a, map_b, map_c{}, map_aux{};
   HopperGemmArgs args;
-  if (cudaError_t e = make_hopper_args(p, Tile::kBM, &map_a, &map_b, &args, &map_c); e != cudaSuccess) return e;
+  if (cudaError_t e = make_hopper_args(p, Tile::kBM, &map_a, &map_b, &args, &map_c, &map_aux); e != cudaSuccess)
+    return e;
   const void* kernel = kernel_ptr<T, TC, kSmallM, kTransA, kTransB>();
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
       e != cudaSuccess)
@@ -206,7 +207,7 @@ cudaError_t launch(const GemmParams& p, int splits, const Workspace& workspace, 
   if (cudaError_t e = grid.size_grid(kernel, sched.total()); e != cudaSuccess) return e;
   if (cudaError_t e = cudaLaunchKernelEx(
           &grid.config, &gemm_wgmma_ws_kernel<T, TC, Tile, C::kConsumers, typename C::Scheduler, C::kCluster, true>,
-          map_a, map_b, map_c, args, sched);
+          map_a, map_b, map_c, map_aux, args, sched);
       e != cudaSuccess)
     return e;
   return p.epi.column_sums ? finish_column_sums(p, args.column_partials, partial_rows<kSmallM>(p), stream)

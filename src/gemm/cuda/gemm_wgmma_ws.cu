@@ -41,7 +41,7 @@ const std::string& kernel_name() {
 template <typename T, bool kTransA, bool kTransB>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   using Tile = TileFor<kTransA, kTransB>;
-  CUtensorMap map_a, map_b, map_c{};
+  CUtensorMap map_a, map_b, map_c{}, map_aux{};
   HopperGemmArgs args;
   if (cudaError_t e = make_hopper_args(p, Tile::kBM, &map_a, &map_b, &args); e != cudaSuccess) return e;
   if (cudaError_t e = cudaFuncSetAttribute(kernel_ptr<T, kTransA, kTransB>(),
@@ -53,7 +53,7 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
     sched.z_base = z0;
     const dim3 grid(static_cast<unsigned>(sched.tiles_m * sched.tiles_n), 1, count);
     gemm_wgmma_ws_kernel<T, T, Tile, kConsumers, Scheduler><<<grid, Shape::kThreads, Tile::kSmemBytes, stream>>>(
-        map_a, map_b, map_c, args, sched);
+        map_a, map_b, map_c, map_aux, args, sched);
   });
 }
 

@@ -40,10 +40,17 @@ __device__ __forceinline__ void store_wgmma_tile(const float (&acc)[kN / 2], int
   }
 }
 
+// Where a thread's two neighbouring 16-bit columns of 16-byte unit `unit` of row `row` sit in a
+// 64 x 64 chunk staged for a TMA store with the 128-byte swizzle (128-byte rows; unit u of row r at
+// unit u ^ (r % 8)): lane % 4 picks the 4 bytes inside the unit, as wgmma's fragment layout does.
+__device__ __forceinline__ uint32_t sw128_pair_offset(int row, int unit, int lane) {
+  return row * 128 + ((unit ^ (row % 8)) * 16) + 4 * (lane % 4);
+}
+
 // The 64 x 64 chunk q (columns 64q .. 64q + 63) of a warpgroup's 64 x kN accumulator, times alpha
-// and rounded to T, into `buf` (8 KiB, 1024-byte aligned) as one TMA box of 128-byte rows with the
-// 128-byte swizzle (the 16-byte unit u of row r sits at unit u ^ (r % 8)), ready for a TMA store.
-// A warp's store covers 8 rows x 16 bytes, which the swizzle spreads over all 32 banks.
+// and rounded to T, into `buf` (8 KiB, 1024-byte aligned) as one TMA box (sw128_pair_offset), ready
+// for a TMA store. A warp's store covers 8 rows x 16 bytes, which the swizzle spreads over all 32
+// banks.
 template <int kN, typename T>
 __device__ __forceinline__ void stage_wgmma_chunk_sw128(const float (&acc)[kN / 2], int q, unsigned char* buf,
                                                         float alpha) {
@@ -60,8 +67,7 @@ __device__ __forceinline__ void stage_wgmma_chunk_sw128(const float (&acc)[kN / 
       T* pv = reinterpret_cast<T*>(&packed);
       pv[0] = from_float<T>(alpha * acc[4 * j + 2 * h]);
       pv[1] = from_float<T>(alpha * acc[4 * j + 2 * h + 1]);
-      const uint32_t offset = row * 128 + ((u ^ (row % 8)) * 16) + 4 * (lane % 4);
-      *reinterpret_cast<uint32_t*>(buf + offset) = packed;
+      *reinterpret_cast<uint32_t*>(buf + sw128_pair_offset(row, u, lane)) = packed;
     }
   }
 }

@@ -1,13 +1,16 @@
 // The linear family's CUDA kernel: g = dy * act'(pre) and the bias gradient, for every CUDA rung
 // (launchers.h). One version (the GEMMs around it are where the ladder is):
 //
-//   act_grad_kernel      block = 32 columns x 8 row slices (threads of a warp walk along a row:
-//                        coalesced reads of dy and pre, coalesced writes of g); block (x, y) owns
-//                        columns [32 x, 32 x + 32) of a group of rows_per_group rows; thread (slice
-//                        s, column j) takes rows s, s + 8, ... of the group in that order, computes
-//                        v = dy * act'(pre) in fp32 (kernels::activate_grad, the GEMM epilogue's),
-//                        writes round(v) into g and sums v; slice 0 adds the 8 slice sums in slice
-//                        order into the group's row of partials.
+//   act_grad_kernel      block = 32 column groups x 8 row slices (threads of a warp walk along a
+//                        row: coalesced reads of dy and pre, coalesced writes of g); a thread's
+//                        group is kVec neighbouring columns (16 bytes: 8 of fp16 / bf16, 4 of fp32,
+//                        when n, the leading dimensions and the pointers are 16-byte aligned; else
+//                        1); block (x, y) owns 32 kVec columns of a group of rows_per_group rows;
+//                        thread (slice s, group j) takes rows s, s + 8, ... of the group in that
+//                        order, computes v = dy * act'(pre) in fp32 (kernels::activate_grad, the
+//                        GEMM epilogue's), writes round(v) into g and sums v per column; the block
+//                        then adds the 8 slice sums of each column in slice order into the
+//                        group's row of partials.
 //   finish_column_sums   (kernels/epilogue/column_sums.cuh) adds the groups' partials in a fixed tree.
 //   store_bias_grad      bias_grad[j] = round(sum_j (+ bias_grad[j] with accumulate)).
 //
@@ -49,33 +52,50 @@ RowGroups row_groups(int64_t m) {
   return r;
 }
 
-// grid: (ceil(n / 32), groups); block: (32, 8).
-template <typename T>
+// grid: (ceil(n / (32 kVec)), groups); block: (32, 8). kVec neighbouring columns a thread (one
+// 16-byte access of dy, pre and g when n, the leading dimensions and the pointers allow it, else 1).
+template <typename T, int kVec>
 __global__ void __launch_bounds__(kCols * kSlices)
     act_grad_kernel(const T* __restrict__ dy, int64_t ld_dy, const T* __restrict__ pre, int64_t ld_pre,
                     T* __restrict__ g, int64_t ld_g, int act, int64_t m, int64_t n, int64_t rows_per_group,
                     float* __restrict__ partials) {
-  __shared__ float slice_sums[kSlices][kCols];
-  const int64_t col = int64_t(blockIdx.x) * kCols + threadIdx.x;
+  constexpr int kBlockCols = kCols * kVec;
+  __shared__ float slice_sums[kSlices][kBlockCols];
+  const int64_t col = (int64_t(blockIdx.x) * kCols + threadIdx.x) * kVec;  // kVec > 1: n % kVec == 0
   const int64_t r0 = int64_t(blockIdx.y) * rows_per_group;
   const int64_t r1 = min(m, r0 + rows_per_group);
-  float s = 0.0f;
+  float s[kVec];
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) s[e] = 0.0f;
   if (col < n) {
+#pragma unroll 4
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kSlices) {
-      float v = to_float(dy[r * ld_dy + col]);
-      if (act != kActNone) v *= activate_grad(act, to_float(pre[r * ld_pre + col]));
-      if (g) g[r * ld_g + col] = from_float<T>(v);
-      s += v;
+      const Vec<T, kVec> d = load_vec<T, kVec>(dy + r * ld_dy + col);
+      Vec<T, kVec> x;
+      if (act != kActNone) x = load_vec<T, kVec>(pre + r * ld_pre + col);
+      Vec<T, kVec> o;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        float v = to_float(d.v[e]);
+        if (act != kActNone) v *= activate_grad(act, to_float(x.v[e]));
+        o.v[e] = from_float<T>(v);
+        s[e] += v;
+      }
+      if (g) store_vec<T, kVec>(g + r * ld_g + col, o);
     }
   }
   if (!partials) return;  // uniform over the grid
-  slice_sums[threadIdx.y][threadIdx.x] = s;
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) slice_sums[threadIdx.y][threadIdx.x * kVec + e] = s[e];
   __syncthreads();
-  if (threadIdx.y == 0 && col < n) {
+  // The block's columns, one a thread (slices added in slice order).
+  for (int c = threadIdx.y * kCols + threadIdx.x; c < kBlockCols; c += kCols * kSlices) {
+    const int64_t cc = int64_t(blockIdx.x) * kBlockCols + c;
+    if (cc >= n) continue;
     float total = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kSlices; ++i) total += slice_sums[i][threadIdx.x];
-    partials[int64_t(blockIdx.y) * n + col] = total;
+    for (int i = 0; i < kSlices; ++i) total += slice_sums[i][c];
+    partials[int64_t(blockIdx.y) * n + cc] = total;
   }
 }
 
@@ -120,9 +140,19 @@ cudaError_t linear_act_grad(const LinearGradParams& p, const Workspace& workspac
   if (col_blocks > 0x7fffffff) return cudaErrorInvalidValue;
   const dim3 block(kCols, kSlices);
   cudaError_t e = dispatch_float_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    act_grad_kernel<T><<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(groups.groups)), block, 0,
-                         stream>>>(static_cast<const T*>(p.dy), p.ld_dy, static_cast<const T*>(p.pre), p.ld_pre,
-                                   static_cast<T*>(p.g), p.ld_g, p.act, p.m, p.n, groups.rows, ws.partials);
+    constexpr int kVec = 16 / sizeof(T);
+    const auto aligned = [](const void* ptr, int64_t ld) {
+      return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && ld % kVec == 0;
+    };
+    const bool vector = p.n % kVec == 0 && aligned(p.dy, p.ld_dy) && (p.act == kActNone || aligned(p.pre, p.ld_pre)) &&
+                        (!p.g || aligned(p.g, p.ld_g));
+    const auto args = [&](auto kernel, int64_t blocks) {
+      kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(groups.groups)), block, 0, stream>>>(
+          static_cast<const T*>(p.dy), p.ld_dy, static_cast<const T*>(p.pre), p.ld_pre, static_cast<T*>(p.g), p.ld_g,
+          p.act, p.m, p.n, groups.rows, ws.partials);
+    };
+    if (vector) args(act_grad_kernel<T, kVec>, (p.n + kCols * kVec - 1) / (kCols * kVec));
+    else args(act_grad_kernel<T, 1>, col_blocks);
     return cudaGetLastError();
   });
   if (e != cudaSuccess || !p.bias_grad) return e;
