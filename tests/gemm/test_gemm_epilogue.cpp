@@ -384,8 +384,9 @@ TEST_P(CudaEpilogue, TilesAndPaths) {
 // The Hopper rung's register epilogue (a bias along N, an activation, aux; a 16-bit C whose rows
 // TMA can store: N a multiple of 8): every activation with and without aux, alpha != 1, column
 // counts that end inside a 64-column chunk (the bias read stops at N, TMA clips the boxes), big
-// tiles with a partial last tile row, batches and a column-major B, and shapes whose big tiles fill
-// under a wave (the small tiles with split-K: 256 x 1024 x 1024, 96 x 520 x 640).
+// tiles with a partial last tile row, batches and a column-major B, shapes whose big tiles fill
+// under a wave (the small tiles with split-K: 256 x 1024 x 1024, 96 x 520 x 640), and over a wave
+// (2080 x 2104: the big tiles, several per block).
 TEST_P(CudaEpilogue, RegisterEpilogue) {
   const Activation acts[] = {Activation::kNone, Activation::kRelu, Activation::kGeluErf, Activation::kGeluTanh,
                              Activation::kSilu};
@@ -408,6 +409,13 @@ TEST_P(CudaEpilogue, RegisterEpilogue) {
   EpiCase cs = base(70, 96, 64);
   cs.batch = 3, cs.bias = Bias::kN, cs.act = Activation::kGeluErf, cs.aux = true;
   expect_epilogue_ok(cs);
+  // A wave of big tiles or more (several tiles per persistent block), M and N past the last full
+  // tile.
+  EpiCase big = base(2080, 2104, 72);
+  big.bias = Bias::kN, big.act = Activation::kGeluErf, big.aux = true;
+  expect_epilogue_ok(big);
+  big.bias = Bias::kNone, big.act = Activation::kSilu, big.aux = false, big.alpha = -0.5f, big.b_col_major = true;
+  expect_epilogue_ok(big);
 }
 
 TEST_P(CudaEpilogue, BatchedLayoutsAndStreams) {
