@@ -147,6 +147,25 @@ TEST_P(CudaGemm, AlphaBeta) {
   expect_case(cs);
 }
 
+// The Hopper rung's tile configurations by shape (gemm_config.h's plan): the small tiles with
+// split-K (256 x 1024 x 1024), the small tiles over two waves at M > 64 (100 x 9000 x 192, 130 x
+// 8200 x 512: a partial tile row and column), the big tiles unsplit (1100 x 4000 x 72); each with
+// a column-major B, and with alpha / beta. wgmma_persistent only (the rung with the plan; the others
+// take these as any shape, and their float64 references cost minutes over every rung).
+TEST_P(CudaGemm, HopperTileConfigs) {
+  if (std::get<0>(GetParam()) != GemmVariant::kCudaWgmmaPersistent)
+    GTEST_SKIP() << "the persistent Hopper rung's tile configurations";
+  for (Mnk s : {Mnk{256, 1024, 1024}, Mnk{100, 9000, 192}, Mnk{130, 8200, 512}, Mnk{1100, 4000, 72}}) {
+    for (bool trans_b : {false, true}) {
+      GemmCase cs = base(s.m, s.n, s.k, GemmLayout{false, trans_b, false});
+      expect_case(cs);
+      cs.alpha = 0.5f;
+      cs.beta = -1.25f;
+      expect_case(cs);
+    }
+  }
+}
+
 TEST_P(CudaGemm, BetaZeroDoesNotReadNanC) {
   for (Mnk s : {Mnk{17, 33, 65}, Mnk{256, 256, 256}}) {
     GemmCase cs = base(s.m, s.n, s.k);

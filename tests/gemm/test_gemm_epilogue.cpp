@@ -366,9 +366,10 @@ TEST_P(CudaEpilogue, OddSizes) {
 TEST_P(CudaEpilogue, TilesAndPaths) {
   // Several tiles in both directions, tile rows that leave a cluster's second block below the last
   // one (300 rows: 3 tiles of 128), N a multiple of 8 (the TMA-store path) and not (direct stores),
-  // C fp32 (direct stores), the small-M configuration with split-K, and both layouts of B.
+  // C fp32 (direct stores), the small-M configuration with split-K, the small tiles at M > 64 over
+  // two waves (100 x 9000), and both layouts of B.
   for (const Mnk s : std::vector<Mnk>{{300, 512, 256}, {300, 513, 264}, {257, 384, 128}, {32, 1024, 4096},
-                                      {8, 2048, 1024}}) {
+                                      {8, 2048, 1024}, {100, 9000, 192}}) {
     for (bool c_fp32 : {false, true}) {
       if (c_fp32 && !half()) continue;
       EpiCase cs = base(s.m, s.n, s.k);
@@ -385,13 +386,14 @@ TEST_P(CudaEpilogue, TilesAndPaths) {
 // TMA can store: N a multiple of 8): every activation with and without aux, alpha != 1, column
 // counts that end inside a 64-column chunk (the bias read stops at N, TMA clips the boxes), big
 // tiles with a partial last tile row, batches and a column-major B, shapes whose big tiles fill
-// under a wave (the small tiles with split-K: 256 x 1024 x 1024, 96 x 520 x 640), and over a wave
-// (2080 x 2104: the big tiles, several per block).
+// under a wave (the small tiles with split-K: 256 x 1024 x 1024, 96 x 520 x 640; over two waves of
+// them: 100 x 9000 x 192), and over a wave (2080 x 2104: the big tiles, several per block).
 TEST_P(CudaEpilogue, RegisterEpilogue) {
   const Activation acts[] = {Activation::kNone, Activation::kRelu, Activation::kGeluErf, Activation::kGeluTanh,
                              Activation::kSilu};
   int i = 0;
-  for (const Mnk s : std::vector<Mnk>{{300, 512, 256}, {130, 264, 72}, {256, 1024, 1024}, {96, 520, 640}, {1, 8, 8}}) {
+  for (const Mnk s : std::vector<Mnk>{{300, 512, 256}, {130, 264, 72}, {256, 1024, 1024}, {96, 520, 640}, {1, 8, 8},
+                                      {100, 9000, 192}}) {
     for (const Activation act : acts) {
       for (bool aux : {false, true}) {
         EpiCase cs = base(s.m, s.n, s.k);
