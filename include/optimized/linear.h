@@ -24,7 +24,9 @@
 // Variants, from naive to best: cpu (the CPU GEMM with its epilogue, and loops for g and db),
 // naive (one thread per output: the GEMM family's naive rung with its epilogue), fused (GEMM with
 // bias and activation in the epilogue: the mma.sync pipeline), persistent (Hopper: the persistent
-// warp-specialized wgmma GEMM, epilogue overlapped), auto (the GEMM family's choice). The backward
+// warp-specialized wgmma GEMM; bias, activation and pre applied to the accumulators and stored by
+// TMA, the next tile's loads running meanwhile; the tensor cores still wait for that epilogue:
+// docs/perf-notes/linear.md), auto (the GEMM family's choice). The backward
 // runs the same GEMM rung for dgrad and wgrad, g and db in one pass over dy and pre.
 #pragma once
 
