@@ -55,8 +55,10 @@ constexpr GemmMmaPipelineConfig gemm_mma_pipeline_config_sm90() {
 //    Measured (bf16, H100): 1024x1024x8192 at 16 splits without the slot term spent longer
 //    summing than computing (0.27x cuBLAS); with it, 1024^3 at 4 splits of the big tiles took
 //    0.105 ms against 0.020 unsplit (16 MiB of 128 x 256 partials for a 2 GFLOP product), so
-//    the big configuration does not split until that path is profiled and fixed; the small-M
-//    one (slots of M <= 64 rows) does.
+//    the big configuration does not split; the small one does (slots of at most 64 x 128). Much
+//    of that summing time was latency, since fixed (the summing block's loads had been a
+//    load-then-add chain per element: gemm_wgmma_ws.cuh, reduce_splits); splitting the big
+//    tiles again has not been re-measured.
 struct GemmHopperPlan {
   bool small_m;
   int splits;
