@@ -426,17 +426,27 @@ int64_t device_splits(const KvCacheVariantInfo& row, int device, const KvDecodeP
 // Whether prefill with variant auto runs on the attention family's forward
 // (kv_cache_config::kPrefillAttentionMinChunk): a chunk that long, and on CUDA fp16 / bf16 q with a
 // head dim flash2 is compiled for (the CPU's attention rung takes every dtype and head dim).
-// `len`: the gather's rows per sequence (prefill_through_attention). q and out must pack into
-// varlen's (B * S_new, H_q, D) rows (one sequence, or a batch stride of S_new rows, as a contiguous
-// tensor has); the packed rows fit varlen's 32-bit offsets.
+// Whether t (B, S, H, D) already is varlen's (B * S, H, D) rows: one sequence, or a batch stride of
+// S rows (any row and head strides).
+bool packed(const TensorView& t) { return t.shape[0] == 1 || t.strides[0] == t.shape[1] * t.strides[1]; }
+// Whether t can be copied into them by one strided 2-D copy: each sequence's (S, H, D) block
+// contiguous, blocks apart by at least their size (a slice of a longer prompt along S).
+bool blocks_contiguous(const TensorView& t) {
+  return t.strides[2] == t.shape[3] && t.strides[1] == t.shape[2] * t.shape[3] &&
+         t.strides[0] >= t.shape[1] * t.strides[1];
+}
+
+// `len`: the gather's rows per sequence (prefill_through_attention). q and out must be varlen's
+// packed (B * S_new, H_q, D) rows or copyable into them (packed / blocks_contiguous); the packed
+// rows fit varlen's 32-bit offsets.
 bool prefill_on_attention(const KvDecodeParams& p, const TensorView& q, const TensorView& out, Device device,
                           int64_t len) {
   if (p.q_len < kv_cache_config::kPrefillAttentionMinChunk) return false;
   if (len < 1) return false;  // no key anywhere: the rung writes the zeros
   constexpr int64_t k31 = int64_t{1} << 31;
   if (p.batch * len >= k31 || p.batch * p.q_len >= k31) return false;
-  if (p.batch > 1 && (q.strides[0] != p.q_len * q.strides[1] || out.strides[0] != p.q_len * out.strides[1]))
-    return false;
+  for (const TensorView* t : {&q, &out})
+    if (!packed(*t) && !blocks_contiguous(*t)) return false;
   if (!device.is_cuda()) return p.dtype != DType::kF64;  // (fp64's lse is fp32 here, attention's fp64)
   if (p.dtype != DType::kF16 && p.dtype != DType::kBF16) return false;
   for (int d : attention_head_dims())
@@ -450,6 +460,8 @@ bool prefill_on_attention(const KvDecodeParams& p, const TensorView& q, const Te
 // on the CPU), q and out packed as (B * S_new, H_q, D) views, then causal bottom-right attention with
 // decode's options: varlen puts the chunk's query t of sequence b at t + L_b - S_new, its position.
 // lse: varlen writes (H_q, B * S_new); for B > 1 into a buffer unpacked into the caller's view after.
+// A q or out whose sequences' blocks are not back to back (a slice of a longer prompt) is copied
+// into (q) or out of (out) a packed buffer: one strided 2-D copy of B blocks each.
 void prefill_through_attention(const TensorView& q, const TensorView& out, const TensorView& lse, const DecodeOptions& o,
                                const KvDecodeParams& p, Device device, const ExecutionContext& ctx, int64_t len) {
   const KvCachePages& c = p.cache;
@@ -461,6 +473,10 @@ void prefill_through_attention(const TensorView& q, const TensorView& out, const
     for (int64_t b = 0; b < B; ++b) kv_rows += std::clamp<int64_t>(p.seq_lens[b], 0, len);
   }
   const bool lse_buffer = present(lse) && B > 1;
+  const int64_t block_bytes = S * Hq * D * static_cast<int64_t>(dtype_size(p.dtype));  // one sequence's q / out
+  const bool q_buffer = !packed(q), out_buffer = !packed(out);
+  void* q_rows = nullptr;  // the packed copies, when taken
+  void* out_rows = nullptr;
   KvGatherParams g;
   g.cache = c, g.table = p.table, g.seq_lens = p.seq_lens, g.dtype = p.dtype, g.batch = B, g.len = len, g.q_len = S;
   float* lse_packed = nullptr;
@@ -470,6 +486,8 @@ void prefill_through_attention(const TensorView& q, const TensorView& out, const
     g.v_out = arena.take<unsigned char>(kv_elems * static_cast<int64_t>(dtype_size(p.dtype)));
     g.cu_q = arena.take<int32_t>(B + 1), g.cu_k = arena.take<int32_t>(B + 1);
     if (lse_buffer) lse_packed = arena.take<float>(Hq * B * S);
+    if (q_buffer) q_rows = arena.take<unsigned char>(B * block_bytes);
+    if (out_buffer) out_rows = arena.take<unsigned char>(B * block_bytes);
   };
   WorkspaceArena sizing;
   carve(sizing);
@@ -477,8 +495,11 @@ void prefill_through_attention(const TensorView& q, const TensorView& out, const
   auto attend = [&](const ExecutionContext& actx) {
     const TensorView k(g.k_out, p.dtype, device, {kv_rows, c.heads_kv, D});
     const TensorView v(g.v_out, p.dtype, device, {kv_rows, c.heads_kv, D});
-    const TensorView qv(q.data, q.dtype, device, {B * S, Hq, D}, {q.strides[1], q.strides[2], 1});
-    const TensorView ov(out.data, out.dtype, device, {B * S, Hq, D}, {out.strides[1], out.strides[2], 1});
+    const auto rows = [&](const TensorView& t, void* data, bool copy) {  // t's rows, or their packed copy
+      return copy ? TensorView(data, t.dtype, device, {B * S, Hq, D})
+                  : TensorView(t.data, t.dtype, device, {B * S, Hq, D}, {t.strides[1], t.strides[2], 1});
+    };
+    const TensorView qv = rows(q, q_rows, q_buffer), ov = rows(out, out_rows, out_buffer);
     const TensorView cu_q(g.cu_q, DType::kI32, device, {B + 1});
     const TensorView cu_k(g.cu_k, DType::kI32, device, {B + 1});
     TensorView lv;
@@ -501,10 +522,19 @@ void prefill_through_attention(const TensorView& q, const TensorView& out, const
     CallWorkspace ws(ctx, total, what, device.index, stream);
     WorkspaceArena arena(ws.get());
     carve(arena);
+    const auto es = static_cast<int64_t>(dtype_size(p.dtype));
+    if (q_buffer)
+      check_cuda(cudaMemcpy2DAsync(q_rows, block_bytes, q.data, q.strides[0] * es, block_bytes, B,
+                                   cudaMemcpyDeviceToDevice, stream),
+                 what + ": packing q");
     check_cuda(cuda::kv_cache_gather(g, stream), what + ": gather");
     ExecutionContext actx = ctx;
     actx.workspace = {};  // (ours holds the buffers; attention takes its own when it needs one)
     attend(actx);
+    if (out_buffer)
+      check_cuda(cudaMemcpy2DAsync(out.data, out.strides[0] * es, out_rows, block_bytes, block_bytes, B,
+                                   cudaMemcpyDeviceToDevice, stream),
+                 what + ": unpacking out");
     if (lse_buffer)
       check_cuda(cuda::kv_cache_lse_unpack(lse_packed, p.lse, B, Hq, S, p.lse_b, p.lse_h, stream), what + ": lse");
     ws.release(what);
@@ -514,8 +544,15 @@ void prefill_through_attention(const TensorView& q, const TensorView& out, const
   std::vector<std::max_align_t> host((total + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t));
   WorkspaceArena arena(Workspace{host.data(), total});
   carve(arena);
+  const auto es = static_cast<int64_t>(dtype_size(p.dtype));
+  for (int64_t b = 0; q_buffer && b < B; ++b)
+    std::memcpy(static_cast<char*>(q_rows) + b * block_bytes, static_cast<const char*>(q.data) + b * q.strides[0] * es,
+                static_cast<size_t>(block_bytes));
   cpu_kv_gather(g, ctx.cpu_threads);
   attend(ctx);
+  for (int64_t b = 0; out_buffer && b < B; ++b)
+    std::memcpy(static_cast<char*>(out.data) + b * out.strides[0] * es, static_cast<const char*>(out_rows) + b * block_bytes,
+                static_cast<size_t>(block_bytes));
   if (lse_buffer)
     for (int64_t h = 0; h < Hq; ++h)
       for (int64_t r = 0; r < B * S; ++r) p.lse[(r / S) * p.lse_b + h * p.lse_h + r % S] = lse_packed[h * B * S + r];

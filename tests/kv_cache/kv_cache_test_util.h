@@ -96,8 +96,9 @@ struct HostCache {
 // Hq = 4 query heads, random k / v / q; the params the API builds, the float64 reference of the
 // append and the cache's K bytes before it.
 // A decode (or prefill) made on host copies, as check_kv_decode reads it: q and out (B, q_len,
-// heads_q, head_dim) with heads `row` elements apart (0: head_dim), lse (B, heads_q, q_len)
-// contiguous, the cache's pages and table; alibi (H_q) or, alibi_per_batch, (B, H_q).
+// heads_q, head_dim) with heads `row` elements apart (0: head_dim) and `gap` rows of padding after
+// each sequence's q_len, lse (B, heads_q, q_len) contiguous, the cache's pages and table; alibi
+// (H_q) or, alibi_per_batch, (B, H_q).
 struct HostDecode {
   DType dtype = DType::kF32;
   int64_t q_len = 1, heads_q = 1, row = 0;
@@ -109,6 +110,7 @@ struct HostDecode {
   double softcap = 0;
   const Buffer* alibi = nullptr;
   bool alibi_per_batch = false;
+  int64_t gap = 0;
 };
 
 // Expects the call's out and lse to match the float64 reference (scale 1 / sqrt(head_dim)).
@@ -117,7 +119,7 @@ inline void expect_decode_matches(const HostCache& cache, const HostDecode& d) {
   KvDecodeParams p;
   p.cache = cache.pages(), p.table = cache.table_params();
   p.dtype = d.dtype, p.batch = cache.batch, p.q_len = Q, p.heads_q = Hq;
-  p.q = d.q->data(), p.q_b = Q * Hq * row, p.q_t = Hq * row, p.q_h = row;
+  p.q = d.q->data(), p.q_b = (Q + d.gap) * Hq * row, p.q_t = Hq * row, p.q_h = row;
   p.out = d.out->data(), p.out_b = p.q_b, p.out_t = p.q_t, p.out_h = p.q_h;
   p.lse = static_cast<float*>(d.lse->data()), p.lse_b = Hq * Q, p.lse_h = Q;
   p.seq_lens = static_cast<const int32_t*>(d.lens->data());

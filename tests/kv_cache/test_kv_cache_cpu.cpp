@@ -16,6 +16,7 @@ struct DecodeCase {
   double softcap = 0;
   int alibi = 0;  // 1: (H_q), 2: (B, H_q)
   int64_t pad = 0;  // strided q / out
+  int64_t gap = 0;  // rows between sequences of q / out (a slice of a longer prompt)
   bool prefill = false;  // paged_attention_prefill (any q_len; seq_lens below it allowed)
 };
 
@@ -23,8 +24,8 @@ void run_decode(const DecodeCase& cs) {
   auto rng = test_rng();
   std::vector<int64_t> cap = cs.lens;
   HostCache cache(cs.cache, cs.page_size, cs.hkv, cs.d, cap, rng);
-  const int64_t B = cache.batch, Q = cs.q_len, row = cs.d + cs.pad;
-  Buffer q(cs.dtype, B * Q * cs.hq * row, Device::cpu()), out(cs.dtype, q.count(), Device::cpu());
+  const int64_t B = cache.batch, Q = cs.q_len, row = cs.d + cs.pad, seq = (Q + cs.gap) * cs.hq * row;
+  Buffer q(cs.dtype, B * seq, Device::cpu()), out(cs.dtype, q.count(), Device::cpu());
   fill_random(q, rng, -1.5, 1.5);
   out.fill_bytes(0xFF);  // poison
   Buffer lse(DType::kF32, B * cs.hq * Q, Device::cpu()), lens(DType::kI32, B, Device::cpu()),
@@ -32,8 +33,8 @@ void run_decode(const DecodeCase& cs) {
   lse.fill_bytes(0xFF);
   for (int64_t b = 0; b < B; ++b) static_cast<int32_t*>(lens.data())[b] = static_cast<int32_t>(cs.lens[b]);
   fill_random(alibi, rng, 0.0, 0.5);
-  const TensorView qv = q.view({B, Q, cs.hq, cs.d}, {Q * cs.hq * row, cs.hq * row, row, 1});
-  const TensorView ov = out.view({B, Q, cs.hq, cs.d}, {Q * cs.hq * row, cs.hq * row, row, 1});
+  const TensorView qv = q.view({B, Q, cs.hq, cs.d}, {seq, cs.hq * row, row, 1});
+  const TensorView ov = out.view({B, Q, cs.hq, cs.d}, {seq, cs.hq * row, row, 1});
   DecodeOptions o;
   o.window_left = cs.window;
   o.softcap = cs.softcap;
@@ -42,7 +43,7 @@ void run_decode(const DecodeCase& cs) {
   if (cs.prefill) paged_attention_prefill(qv, cache.view(), cache.table_view(), lens.view({B}), ov, lse.view({B, cs.hq, Q}), o);
   else paged_attention_decode(qv, cache.view(), cache.table_view(), lens.view({B}), ov, lse.view({B, cs.hq, Q}), o);
   expect_decode_matches(cache, {cs.dtype, Q, cs.hq, row, &q, &out, &lse, &lens, cs.window, cs.softcap,
-                               cs.alibi ? &alibi : nullptr, cs.alibi == 2});
+                               cs.alibi ? &alibi : nullptr, cs.alibi == 2, cs.gap});
 }
 
 TEST(KvCacheCpu, PageSizes) {
@@ -91,6 +92,8 @@ TEST(KvCacheCpu, PrefillChunks) {
     SCOPED_TRACE(ql);
     run_decode(cs);
     cs.window = 11, cs.softcap = 3.0, cs.alibi = 2;
+    run_decode(cs);
+    cs.gap = 5;  // q and out sliced out of longer prompts: auto copies them into packed rows and back
     run_decode(cs);
   }
 }

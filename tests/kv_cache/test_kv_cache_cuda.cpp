@@ -31,6 +31,7 @@ struct DecodeCase {
   bool planned = false;
   bool prefill = false;  // paged_attention_prefill
   bool validate = true;  // false: seq_lens and the page table are not read back (prefill's gather sized by capacity)
+  int64_t gap = 0;       // rows between sequences of q / out (a slice of a longer prompt)
 };
 
 Buffer to_device(const Buffer& h) {
@@ -70,8 +71,8 @@ void run_decode(const DecodeCase& cs, KvCacheVariant variant) {
   const bool refused = variant == KvCacheVariant::kPagedMma && !mma_takes(cs);
   auto rng = test_rng();
   HostCache cache(cs.cache, cs.page_size, cs.hkv, cs.d, cs.lens, rng);
-  const int64_t B = cache.batch, Q = cs.q_len;
-  Buffer q(cs.dtype, B * Q * cs.hq * cs.d, Device::cpu()), out(cs.dtype, q.count(), Device::cpu());
+  const int64_t B = cache.batch, Q = cs.q_len, seq = (Q + cs.gap) * cs.hq * cs.d;
+  Buffer q(cs.dtype, B * seq, Device::cpu()), out(cs.dtype, q.count(), Device::cpu());
   fill_random(q, rng, -1.5, 1.5);
   Buffer lse(DType::kF32, B * cs.hq * Q, Device::cpu()), lens(DType::kI32, B, Device::cpu()),
       alibi(DType::kF32, B * cs.hq, Device::cpu());
@@ -93,7 +94,8 @@ void run_decode(const DecodeCase& cs, KvCacheVariant variant) {
   o.window_left = cs.window, o.softcap = cs.softcap;
   if (cs.alibi == 1) o.alibi_slopes = da.view({cs.hq});
   if (cs.alibi == 2) o.alibi_slopes = da.view({B, cs.hq});
-  const TensorView qv = dq.view({B, Q, cs.hq, cs.d}), ov = dout.view({B, Q, cs.hq, cs.d});
+  const TensorView qv = dq.view({B, Q, cs.hq, cs.d}, {seq, cs.hq * cs.d, cs.d, 1});
+  const TensorView ov = dout.view({B, Q, cs.hq, cs.d}, {seq, cs.hq * cs.d, cs.d, 1});
   if (refused) {  // paged_mma: a clear Error, the output left alone
     EXPECT_THROW(paged_attention_decode(qv, cv, dt.view({B, cache.max_pages}), dl.view({B}), ov, dlse.view({B, cs.hq, Q}),
                                         o, variant),
@@ -120,7 +122,7 @@ void run_decode(const DecodeCase& cs, KvCacheVariant variant) {
   dout.copy_to_host(out.data());
   dlse.copy_to_host(lse.data());
   expect_decode_matches(cache, {cs.dtype, Q, cs.hq, 0, &q, &out, &lse, &lens, cs.window, cs.softcap,
-                               cs.alibi ? &alibi : nullptr, cs.alibi == 2});
+                               cs.alibi ? &alibi : nullptr, cs.alibi == 2, cs.gap});
 }
 
 class CudaKvCache : public ::testing::TestWithParam<KvCacheVariant> {
@@ -211,6 +213,8 @@ TEST_P(CudaKvCache, PrefillChunks) {
     ragged.validate = validate;
     run_decode(ragged, GetParam());
   }
+  ragged.gap = 7;  // q and out sliced out of longer prompts: auto packs them (2-D copies) and back
+  run_decode(ragged, GetParam());
   DecodeCase one;  // one sequence: lse written straight into the caller's view
   one.prefill = true, one.q_len = 64, one.lens = {129}, one.d = 256, one.hq = 2, one.hkv = 1;
   run_decode(one, GetParam());

@@ -194,27 +194,21 @@ inline void run_and_check(const LinearCase& cs, bool cuda, std::mt19937_64& rng)
   const std::vector<double> c0b = cs.accumulate ? LinearData::dense(d.gb, 1, cs.n, cs.n) : std::vector<double>{};
   const LinearBackwardF64 ref =
       linear_backward_f64(prob, pre_used, !cs.keep_pre, cs.dtype, cs.dtype, cs.gdt(), cs.gdt(), c0w, c0b);
-  if (cs.want_gi) {
-    const CheckResult r = check_linear_gradient("grad_input", LinearData::dense(bw[LinearData::kGi], d.m, cs.k, cs.k),
-                                                ref.grad_input, ref.grad_input_bound, cs.k);
+  // Each gradient against the reference when asked for, else its buffer untouched.
+  const auto check = [&](bool want, const char* name, size_t slot, const Buffer& before, int64_t rows,
+                         int64_t cols, const std::vector<double>& expect, const std::vector<double>& bound,
+                         int64_t reduction) {
+    if (!want) {
+      EXPECT_TRUE(same_bytes(bw[slot], before)) << name << " written though absent";
+      return;
+    }
+    const CheckResult r = check_linear_gradient(name, LinearData::dense(bw[slot], rows, cols, cols), expect, bound,
+                                                reduction);
     EXPECT_TRUE(r.passed) << r.first_failure;
-  } else {
-    EXPECT_TRUE(same_bytes(bw[LinearData::kGi], d.gi)) << "grad_input written though absent";
-  }
-  if (cs.want_gw) {
-    const CheckResult r = check_linear_gradient("grad_weight", LinearData::dense(bw[LinearData::kGw], cs.n, cs.k, cs.k),
-                                                ref.grad_weight, ref.grad_weight_bound, cs.k);
-    EXPECT_TRUE(r.passed) << r.first_failure;
-  } else {
-    EXPECT_TRUE(same_bytes(bw[LinearData::kGw], d.gw)) << "grad_weight written though absent";
-  }
-  if (cs.want_gb) {
-    const CheckResult r = check_linear_gradient("grad_bias", LinearData::dense(bw[LinearData::kGb], 1, cs.n, cs.n),
-                                                ref.grad_bias, ref.grad_bias_bound, cs.n);
-    EXPECT_TRUE(r.passed) << r.first_failure;
-  } else {
-    EXPECT_TRUE(same_bytes(bw[LinearData::kGb], d.gb)) << "grad_bias written though absent";
-  }
+  };
+  check(cs.want_gi, "grad_input", LinearData::kGi, d.gi, d.m, cs.k, ref.grad_input, ref.grad_input_bound, cs.k);
+  check(cs.want_gw, "grad_weight", LinearData::kGw, d.gw, cs.n, cs.k, ref.grad_weight, ref.grad_weight_bound, cs.k);
+  check(cs.want_gb, "grad_bias", LinearData::kGb, d.gb, 1, cs.n, ref.grad_bias, ref.grad_bias_bound, cs.n);
   // Inputs untouched.
   for (size_t i : {LinearData::kX, LinearData::kW, LinearData::kB, LinearData::kDy, LinearData::kPre})
     EXPECT_TRUE(same_bytes(bw[i], *d.all()[i])) << "input " << i << " changed";

@@ -422,10 +422,6 @@ def paged_attention_decode(q: torch.Tensor, cache: PagedKVCache, page_table: tor
     return (out, lse) if return_lse else out
 
 
-# kv_cache_config::kPrefillAttentionMinChunk: auto's prefill takes the gather + flash route from here.
-_PREFILL_ATTENTION_MIN_CHUNK = 64
-
-
 def paged_attention_prefill(q: torch.Tensor, cache: PagedKVCache, page_table: torch.Tensor, seq_lens: torch.Tensor,
                             *, softmax_scale: Optional[float] = None, softcap: float = 0.0,
                             window_size: Sequence[int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
@@ -445,8 +441,9 @@ def paged_attention_prefill(q: torch.Tensor, cache: PagedKVCache, page_table: to
     ``flash_attention``'s varlen kernels (float16 / bfloat16 on CUDA): the sequences' K/V are gathered
     out of the pages into packed buffers first (2 x B x len x H_kv x D elements at most; len = the
     longest sequence with ``validate=True``, else the page table's capacity, max_pages x page_size).
-    That route reads q as packed ``(B * S_new, H_q, D)`` rows: a q whose batch stride is not
-    ``S_new`` rows (a slice of a longer prompt, say) is copied contiguous first.
+    That route reads q and writes out as packed ``(B * S_new, H_q, D)`` rows: a q sliced out of a
+    longer prompt is copied into such rows first (a q whose heads are not contiguous runs the
+    ``paged_mma`` rung instead).
 
     Returns
     -------
@@ -455,9 +452,6 @@ def paged_attention_prefill(q: torch.Tensor, cache: PagedKVCache, page_table: to
         ``(B, H_q, S_new)``.
     """
     left = _check_call("paged_attention_prefill", q, cache, window_size)
-    if (variant == "auto" and q.dim() == 4 and q.shape[0] > 1 and q.shape[1] >= _PREFILL_ATTENTION_MIN_CHUNK
-            and q.stride(0) != q.shape[1] * q.stride(1)):
-        q = q.contiguous()  # the gather route packs q's rows (see above); the rungs would take the view
     out, lse = _ops.paged_attention_prefill.default(
         q, cache.k_pages, cache.v_pages, _int32(page_table), _int32(seq_lens), k_scale=cache.k_scale,
         v_scale=cache.v_scale, softmax_scale=softmax_scale, window_left=left, softcap=float(softcap),
