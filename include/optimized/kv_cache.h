@@ -116,12 +116,14 @@ void paged_attention_decode(const TensorView& q, const PagedKVCacheView& cache, 
 // negative positions, which see no key (out 0, lse -inf): chunks of different lengths share one
 // padded q. Every variant runs it (one block per 16 (paged_mma) or 32 query rows of a kv head, each
 // reading the keys its rows see; the split rule as decode's). auto, for chunks of 64 or more queries
-// whose q and out pack into (B * S_new, H_q, D) rows (B = 1, or a batch stride of S_new rows as in a
-// contiguous tensor; fp16 / bf16 q and a head dim of attention_head_dims() on CUDA; not fp64),
-// gathers every sequence's K/V out of its pages into packed buffers of q's dtype (fp8 dequantized)
-// and runs attention_varlen_forward on them (flash2 on CUDA, its cpu rung on the host; causal
-// bottom-right); other calls run paged_mma (CUDA) or cpu. The buffers (2 * B * len * H_kv * D
-// elements, the offsets, and an fp32 (H_q, B * S_new) lse when lse is asked for with B > 1; len = the
+// whose q and out are (B * S_new, H_q, D) rows (B = 1, or a batch stride of S_new rows as in a
+// contiguous tensor) or hold each sequence's (S_new, H_q, D) block contiguously (a slice of a longer
+// prompt: copied into packed rows and back), with fp16 / bf16 q and a head dim of
+// attention_head_dims() on CUDA (not fp64), gathers every sequence's K/V out of its pages into
+// packed buffers of q's dtype (fp8 dequantized) and runs attention_varlen_forward on them (flash2
+// on CUDA, its cpu rung on the host; causal bottom-right); other calls run paged_mma (CUDA) or cpu.
+// The buffers (2 * B * len * H_kv * D elements, the offsets, the packed copies of q and out when
+// taken, and an fp32 (H_q, B * S_new) lse when lse is asked for with B > 1; len = the
 // longest sequence when validate reads seq_lens back, else max_pages * page_size) come from
 // ctx.workspace or the library's stream-ordered pool (host memory on the CPU). validate refuses only a
 // seq_len < 0 or beyond the pages (not one < S_new); unchecked, such a seq_len is clipped to the
