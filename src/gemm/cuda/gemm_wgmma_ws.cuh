@@ -146,13 +146,8 @@ __device__ __forceinline__ void store_tile_tma_epilogue(const float (&acc)[kN / 
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            uint32_t packed;
-            T* pv = reinterpret_cast<T*>(&packed);
-            pv[0] = from_float<T>(v[4 * u + 2 * h]);
-            pv[1] = from_float<T>(v[4 * u + 2 * h + 1]);
-            *reinterpret_cast<uint32_t*>(buf + kernels::sw128_pair_offset(row0 + 8 * h, 4 * half + u, lane)) = packed;
-          }
+          for (int h = 0; h < 2; ++h)
+            kernels::stage_pair_sw128<T>(buf, row0 + 8 * h, 4 * half + u, lane, v[4 * u + 2 * h], v[4 * u + 2 * h + 1]);
         }
       };
       if (aux) stage(aux_chunk);

@@ -47,6 +47,17 @@ __device__ __forceinline__ uint32_t sw128_pair_offset(int row, int unit, int lan
   return row * 128 + ((unit ^ (row % 8)) * 16) + 4 * (lane % 4);
 }
 
+// Those two columns, v0 and v1 rounded to T, written into the staged chunk `buf`.
+template <typename T>
+__device__ __forceinline__ void stage_pair_sw128(unsigned char* buf, int row, int unit, int lane, float v0, float v1) {
+  static_assert(sizeof(T) == 2, "64 elements per 128-byte row: 16-bit C");
+  uint32_t packed;
+  T* pv = reinterpret_cast<T*>(&packed);
+  pv[0] = from_float<T>(v0);
+  pv[1] = from_float<T>(v1);
+  *reinterpret_cast<uint32_t*>(buf + sw128_pair_offset(row, unit, lane)) = packed;
+}
+
 // The 64 x 64 chunk q (columns 64q .. 64q + 63) of a warpgroup's 64 x kN accumulator, times alpha
 // and rounded to T, into `buf` (8 KiB, 1024-byte aligned) as one TMA box (sw128_pair_offset), ready
 // for a TMA store. A warp's store covers 8 rows x 16 bytes, which the swizzle spreads over all 32
@@ -54,21 +65,14 @@ __device__ __forceinline__ uint32_t sw128_pair_offset(int row, int unit, int lan
 template <int kN, typename T>
 __device__ __forceinline__ void stage_wgmma_chunk_sw128(const float (&acc)[kN / 2], int q, unsigned char* buf,
                                                         float alpha) {
-  static_assert(sizeof(T) == 2, "64 elements per 128-byte row: 16-bit C");
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
   const int row0 = 16 * warp + lane / 4;
 #pragma unroll
   for (int u = 0; u < 8; ++u) {  // the 16-byte unit (8 columns) of the chunk's row
     const int j = 8 * q + u;     // the accumulator's n8 block
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = row0 + 8 * h;
-      uint32_t packed;
-      T* pv = reinterpret_cast<T*>(&packed);
-      pv[0] = from_float<T>(alpha * acc[4 * j + 2 * h]);
-      pv[1] = from_float<T>(alpha * acc[4 * j + 2 * h + 1]);
-      *reinterpret_cast<uint32_t*>(buf + sw128_pair_offset(row, u, lane)) = packed;
-    }
+    for (int h = 0; h < 2; ++h)
+      stage_pair_sw128<T>(buf, row0 + 8 * h, u, lane, alpha * acc[4 * j + 2 * h], alpha * acc[4 * j + 2 * h + 1]);
   }
 }
 

@@ -146,13 +146,13 @@ cudaError_t linear_act_grad(const LinearGradParams& p, const Workspace& workspac
     };
     const bool vector = p.n % kVec == 0 && aligned(p.dy, p.ld_dy) && (p.act == kActNone || aligned(p.pre, p.ld_pre)) &&
                         (!p.g || aligned(p.g, p.ld_g));
-    const auto args = [&](auto kernel, int64_t blocks) {
+    const auto launch = [&](auto kernel, int64_t blocks) {
       kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(groups.groups)), block, 0, stream>>>(
           static_cast<const T*>(p.dy), p.ld_dy, static_cast<const T*>(p.pre), p.ld_pre, static_cast<T*>(p.g), p.ld_g,
           p.act, p.m, p.n, groups.rows, ws.partials);
     };
-    if (vector) args(act_grad_kernel<T, kVec>, (p.n + kCols * kVec - 1) / (kCols * kVec));
-    else args(act_grad_kernel<T, 1>, col_blocks);
+    if (vector) launch(act_grad_kernel<T, kVec>, (p.n + kCols * kVec - 1) / (kCols * kVec));
+    else launch(act_grad_kernel<T, 1>, col_blocks);
     return cudaGetLastError();
   });
   if (e != cudaSuccess || !p.bias_grad) return e;
