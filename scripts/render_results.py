@@ -433,48 +433,42 @@ def kv_cache_tables(results):
                         "vs_copy_same_size", "vs same-size copy",
                         lambda r: "" if r.get("vs_copy") is None or r["backend"] != "cuda"
                         else ("met" if r["vs_copy"] >= 0.85 else "**missed**"))}
+    def case_table(title, head, rows, lead, cells):
+        """title, the table's header (head: its column titles, then the alignment row), and a line per
+        row: lead(r)'s cells, then cells(r)'s for an ok row, else its status and blanks."""
+        out.extend([title + ":", ""] + head)
+        for r in rows:
+            first = lead(r)
+            if r["status"] != "ok":
+                n = len(head[0].split("|")) - 2 - len(first)  # the cells after the lead
+                out.append("| " + " | ".join(first + [f"{r['status']}: {r.get('reason', '')}"]) + " |" + " |" * (n - 1))
+            else:
+                out.append("| " + " | ".join(first + cells(r)) + " |")
+        out.append("")
+
     for case, (title, key, name, target) in extra.items():
-        rows = by_case.get(case, [])
-        if not rows:
-            continue
-        out += [title + ":", "",
-                f"| variant | dtype | cache | B x L | page | median us | GB/s | tokens/s | vs copy | {name} | target |",
-                "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
-        for r in rows:
-            if r["status"] != "ok":
-                out.append(f"| {r['variant']} | {r['dtype']} | {r.get('cache_dtype')} | {r['shape_label']} "
-                           f"| {r.get('page_size')} | {r['status']}: {r.get('reason', '')} | | | | | |")
-                continue
-            out.append(f"| {r['variant']} | {r['dtype']} | {r.get('cache_dtype')} | {r['shape_label']} "
-                       f"| {r.get('page_size')} | {fmt(r['time_ms']['median'] * 1e3)} | {fmt(r.get('gbps'))} "
-                       f"| {fmt(r.get('tokens_per_s'))} | {_x(r.get('vs_copy'))} | {_x(r.get(key))} | {target(r)} |")
-        out.append("")
-    rows = by_case.get("prefill", [])
-    if rows:
-        out += ["Prefill over the cache (chunk over a cached prefix; the peer: flash_attention on contiguous K/V):", "",
-                "| variant | dtype | B x prefix+chunk | page | median us | TFLOP/s | vs flash_attention |",
-                "|---|---|---|---:|---:|---:|---:|"]
-        for r in rows:
-            if r["status"] != "ok":
-                out.append(f"| {r['variant']} | {r['dtype']} | {r['shape_label']} | {r.get('page_size')} "
-                           f"| {r['status']}: {r.get('reason', '')} | | |")
-                continue
-            out.append(f"| {r['variant']} | {r['dtype']} | {r['shape_label']} | {r.get('page_size')} "
-                       f"| {fmt(r['time_ms']['median'] * 1e3)} | {fmt(r.get('tflops'))} | {_x(r.get('vs_baseline'))} |")
-        out.append("")
-    rows = by_case.get("graph", [])
-    if rows:
-        out += ["One decode step (CUDA graph replay vs eager; us):", "",
-                "| impl | B x L | events us (cold L2) | wall us/step | plan us | vs sdpa (events) | vs sdpa (wall) |",
-                "|---|---|---:|---:|---:|---:|---:|"]
-        for r in rows:
-            if r["status"] != "ok":
-                out.append(f"| {r['variant']} | {r['shape_label']} | {r['status']}: {r.get('reason', '')} | | | | |")
-                continue
-            out.append(f"| {r['variant']} | {r['shape_label']} | {fmt(r['time_ms']['median'] * 1e3)} "
-                       f"| {fmt(r.get('wall_us'))} | {fmt(r.get('plan_us'))} | {_x(r.get('vs_baseline'))} "
-                       f"| {_x(r.get('vs_baseline_wall'))} |")
-        out.append("")
+        if by_case.get(case):
+            case_table(title,
+                       [f"| variant | dtype | cache | B x L | page | median us | GB/s | tokens/s | vs copy | {name} | target |",
+                        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"], by_case[case],
+                       lambda r: [r["variant"], r["dtype"], str(r.get("cache_dtype")), r["shape_label"],
+                                  str(r.get("page_size"))],
+                       lambda r, key=key, target=target: [
+                           fmt(r["time_ms"]["median"] * 1e3), fmt(r.get("gbps")), fmt(r.get("tokens_per_s")),
+                           _x(r.get("vs_copy")), _x(r.get(key)), target(r)])
+    if by_case.get("prefill"):
+        case_table("Prefill over the cache (chunk over a cached prefix; the peer: flash_attention on contiguous K/V)",
+                   ["| variant | dtype | B x prefix+chunk | page | median us | TFLOP/s | vs flash_attention |",
+                    "|---|---|---|---:|---:|---:|---:|"], by_case["prefill"],
+                   lambda r: [r["variant"], r["dtype"], r["shape_label"], str(r.get("page_size"))],
+                   lambda r: [fmt(r["time_ms"]["median"] * 1e3), fmt(r.get("tflops")), _x(r.get("vs_baseline"))])
+    if by_case.get("graph"):
+        case_table("One decode step (CUDA graph replay vs eager; us)",
+                   ["| impl | B x L | events us (cold L2) | wall us/step | plan us | vs sdpa (events) | vs sdpa (wall) |",
+                    "|---|---|---:|---:|---:|---:|---:|"], by_case["graph"],
+                   lambda r: [r["variant"], r["shape_label"]],
+                   lambda r: [fmt(r["time_ms"]["median"] * 1e3), fmt(r.get("wall_us")), fmt(r.get("plan_us")),
+                              _x(r.get("vs_baseline")), _x(r.get("vs_baseline_wall"))])
     text = "\n".join(out).rstrip()
     if failures:
         text += "\n\nFailed:\n" + "\n".join(failures)
