@@ -26,6 +26,9 @@ Cases (the row field "case"):
           validated: the yardstick of "the epilogues are nearly free"). vs_gemms = gemm_only's time / the
           row's (target: >= 1/1.05), vs_compile = compile's time / the row's (target >= 1.0), vs_baseline =
           eager's time / the row's (target >= 1.05).
+          fp8 rows (CUDA): `persistent-fp8` and `auto-fp8` = ours with fp8=True (x, W e4m3, g e5m2, per-tensor
+          current scaling), against `eager_fp8` = the same recipe on torch._scaled_mm (vs_eager_fp8) and eager
+          bf16 (vs_baseline); validated with the quantization's worst case added to the rule below.
   skinny  forward only, M = 32 and 128, 4096 -> 16384, GELU, vs eager (target >= 1.0).
 Directions: fwd = the inference forward (under torch.no_grad(): nothing kept for a backward); fwd+bwd = x, W
 and b requiring grad, y = f(x, W, b), then torch.autograd.grad(y, (x, W, b), dy) with a fixed upstream
@@ -64,7 +67,10 @@ CASES = ["seed", "layer", "skinny"]
 CUDA_RUNGS = ["naive", "fused", "persistent", "auto"]
 CASE_ACTIVATION = {"seed": "none", "layer": "gelu", "skinny": "gelu"}
 CASE_DIRECTIONS = {"seed": ["fwd", "fwd+bwd"], "layer": ["fwd", "fwd+bwd"], "skinny": ["fwd"]}
-CASE_PEERS = {"seed": ["eager"], "layer": ["eager", "compile", "gemm_only"], "skinny": ["eager"]}
+CASE_PEERS = {"seed": ["eager"], "layer": ["eager", "compile", "gemm_only", "eager_fp8"], "skinny": ["eager"]}
+# fp8 rows (the layer case on CUDA): ours with fp8=True, named "<rung>-fp8", and the peer eager_fp8.
+FP8_RUNGS = ["persistent", "auto"]
+FP8_PEERS = {"eager_fp8"}
 
 # Per device and case: dtypes and shapes (M, N, K).
 DEFAULTS = {
@@ -134,6 +140,10 @@ class InputSet:
         return (self.x, self.w, self.b)
 
 
+def is_fp8(name):
+    return name.endswith("-fp8") or name in FP8_PEERS
+
+
 def run_fwd(fn, s):
     with torch.no_grad():
         return fn(s.x, s.w, s.b)
@@ -166,10 +176,52 @@ def make_eager(act):
 
 def make_ours(oo, act, variant):
     activation = None if act == "none" else act
+    fp8 = variant.endswith("-fp8")
+    rung = variant.removesuffix("-fp8")
 
     def ours(x, w, b):
-        return oo.linear(x, w, b, activation=activation, variant=variant)
+        return oo.linear(x, w, b, activation=activation, variant=rung, fp8=fp8)
     return ours
+
+
+# ---- the fp8 peer: torch._scaled_mm with per-tensor current scaling (what torchao's Float8Linear does with
+# its "tensorwise" recipe), an autograd.Function: x, W e4m3, g e5m2, each scaled by fp8_max / amax of its own
+# values; the transposed copies _scaled_mm needs (its mat2 column-major) made by .t().contiguous().
+
+def _to_fp8(t, fmt):
+    fmax = torch.finfo(fmt).max
+    amax = t.detach().abs().amax().float()
+    q = torch.where(amax > 0, fmax / amax, torch.ones_like(amax))
+    return (t.float() * q).clamp(-fmax, fmax).to(fmt), q.reciprocal()
+
+
+class _EagerFp8Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, b, act):
+        x8, sx = _to_fp8(x, torch.float8_e4m3fn)
+        w8, sw = _to_fp8(w, torch.float8_e4m3fn)
+        pre = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, bias=b, out_dtype=x.dtype)
+        ctx.save_for_backward(x, w, pre)
+        ctx.act = act
+        return torch_act(pre, act)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, pre = ctx.saved_tensors
+        g = torch.ops.aten.gelu_backward(dy, pre) if ctx.act == "gelu" else dy
+        g8, sg = _to_fp8(g, torch.float8_e5m2)
+        w8, sw = _to_fp8(w, torch.float8_e4m3fn)
+        x8, sx = _to_fp8(x, torch.float8_e4m3fn)
+        dx = torch._scaled_mm(g8, w8.t().contiguous().t(), scale_a=sg, scale_b=sw, out_dtype=x.dtype)
+        dw = torch._scaled_mm(g8.t().contiguous(), x8.t().contiguous().t(), scale_a=sg, scale_b=sx,
+                              out_dtype=w.dtype)
+        return dx, dw, g.sum(0), None
+
+
+def make_eager_fp8(act):
+    def eager_fp8(x, w, b):
+        return _EagerFp8Linear.apply(x, w, b, act)
+    return eager_fp8
 
 
 # ---- validation ---------------------------------------------------------------------------------
@@ -181,7 +233,7 @@ def _gelu_grad64(z):
 class Reference:
     """float64 outputs and per-element bounds of input set 0 (the module docstring's rule)."""
 
-    def __init__(self, s0, act, dname, backward):
+    def __init__(self, s0, act, dname, backward, fp8=False):
         x, w, b = (t.detach().double() for t in s0.leaves())
         m, k = x.shape
         n = w.shape[0]
@@ -189,7 +241,10 @@ class Reference:
         pre = torch.addmm(b, x, w.t())
         mag = torch.addmm(b.abs(), x.abs(), w.abs().t())
         y = torch_act(pre, act)
-        self.fwd = [("y", y, gemm_allowed_error(dname, k, y, 1.2 * mag) + 8 * ua * (pre.abs() + y.abs()))]
+        # fp8 (x, W e4m3: 2^-4 relative each; g e5m2: 2^-3): the quantization's worst case on top
+        q_fwd, q_bwd = (0.13, 0.19) if fp8 else (0.0, 0.0)
+        self.fwd = [("y", y, gemm_allowed_error(dname, k, y, 1.2 * mag) + 8 * ua * (pre.abs() + y.abs()) +
+                     1.2 * q_fwd * mag)]
         self.bwd = []
         if not backward:
             return
@@ -198,15 +253,15 @@ class Reference:
             g, eg, eg_sum = dy, None, None
         else:
             g = dy * _gelu_grad64(pre)
-            dpre = 8 * math.sqrt(k) * ua * mag + u * pre.abs()
+            dpre = 8 * math.sqrt(k) * ua * mag + u * pre.abs() + q_fwd * mag
             eg_sum = dy.abs() * (dpre + 8 * ua * (1 + pre.abs()))
             eg = eg_sum + u * g.abs()
         del pre, mag
         ga, wa, xa = g.abs(), w.abs(), x.abs()
         dx = g @ w
-        dx_bound = gemm_allowed_error(dname, n, dx, ga @ wa)
+        dx_bound = gemm_allowed_error(dname, n, dx, ga @ wa) + q_bwd * (ga @ wa)
         dw = g.t() @ x
-        dw_bound = gemm_allowed_error(dname, m, dw, ga.t() @ xa)
+        dw_bound = gemm_allowed_error(dname, m, dw, ga.t() @ xa) + q_bwd * (ga.t() @ xa)
         db = g.sum(0)
         db_bound = u * db.abs() + HALF_SUBNORMAL_STEP[dtype_name(dname)] + (m + 1) * ua * ga.sum(0)
         if eg is not None:
@@ -294,15 +349,20 @@ def linear_group(oo, args, backend, timer, log, notes, case, dname, m, n, k, var
             fns[p] = torch.compile(make_eager(act), fullgraph=True, dynamic=False)
         elif p == "gemm_only":
             fns[p] = None
+        elif p == "eager_fp8":
+            fns[p] = make_eager_fp8(act)
     names = list(variants) + list(peers)
 
     # -- validate every implementation once, each direction (compiles torch.compile's graphs here)
-    ref = Reference(sets[0], act, dname, "fwd+bwd" in directions)
+    refs = {False: Reference(sets[0], act, dname, "fwd+bwd" in directions)}
+    if any(is_fp8(v) for v in names):
+        refs[True] = Reference(sets[0], act, dname, "fwd+bwd" in directions, fp8=True)
     checks, failed = {}, {}
     for name in names:
         if name in skip or name == "gemm_only":
             continue
         ours = name in variants
+        ref = refs[is_fp8(name)]
         try:
             res = {}
             if "fwd" in directions:
@@ -321,7 +381,7 @@ def linear_group(oo, args, backend, timer, log, notes, case, dname, m, n, k, var
                 skip[name] = _reason(e)
         if name in skip or name in failed:
             log(f"  {name}: {'skipped' if name in skip else 'FAILED'} {skip.get(name) or failed.get(name)}")
-    del ref
+    del refs
     if backend == "cuda":
         torch.cuda.empty_cache()
 
@@ -370,11 +430,13 @@ def linear_group(oo, args, backend, timer, log, notes, case, dname, m, n, k, var
             r = group.get(name)
             return r if r and r["status"] == "ok" and r["time_ms"] else None
 
-        eager, comp, gemms = ok("eager"), ok("compile"), ok("gemm_only")
+        eager, comp, gemms, efp8 = ok("eager"), ok("compile"), ok("gemm_only"), ok("eager_fp8")
         for name, r in group.items():
             if not ok(name):
                 continue
             t = r["time_ms"]["median"]
+            if is_fp8(name) and name != "eager_fp8":
+                r["vs_eager_fp8"] = efp8["time_ms"]["median"] / t if efp8 else None
             if eager and name != "eager":
                 r["baseline"] = {"name": "torch eager (F.linear" + (" + F.gelu" if act == "gelu" else "") + ")",
                                  "time_ms": eager["time_ms"], "tflops": eager["tflops"],
@@ -430,6 +492,11 @@ def linear_rows(args, device, timer, ceilings, log, notes):
         "requiring grad + torch.autograd.grad with a fixed dy, timed together; vs baseline = eager's time / the "
         "row's, vs_compile = compile's / the row's, vs_gemms = gemm_only's / the row's (targets, issue 15: layer "
         ">= 1.05x eager, >= 1.0x compile, vs_gemms >= 1/1.05; skinny >= 1.0x eager)",
+        "linear fp8 rows (layer case, CUDA): <rung>-fp8 = optimized_ops.linear(..., fp8=True) (x, W e4m3, g e5m2, "
+        "per-tensor current scaling); eager_fp8 = the same recipe on torch._scaled_mm (amax, scale, cast and the "
+        "transposed copies in torch ops; an autograd.Function, dX and dW on _scaled_mm, db = g.sum); vs_eager_fp8 = "
+        "eager_fp8's time / the row's; validated against the unquantized float64 reference with the quantization's "
+        "worst case added (0.13 mag for y, 0.19 for dX, dW)",
         "linear validation: y, dX, dW, db vs float64 torch, the GEMM rule (gemm_allowed_error) carried through the "
         "activation as src/testing/linear_reference.h (n = K for y, N for dX, M for dW and db); the generic table "
         "does not show the case (seed, layer, skinny) or the direction: see the JSON's fields"]
@@ -439,10 +506,15 @@ def linear_rows(args, device, timer, ceilings, log, notes):
         vs = list(variants)
         if case != "seed" and "naive" in vs and not explicit:
             vs.remove("naive")  # one thread per output: the seed case measures it; name it to include it
+        peers = list(CASE_PEERS[case])
+        if case == "layer" and device == "cuda":
+            vs += [f"{v}-fp8" for v in FP8_RUNGS if v in vs]
+        else:
+            peers = [p for p in peers if p not in FP8_PEERS]
         for dname in dtypes:
             for m, n, k in shapes:
-                rows += linear_group(oo, args, device, timer, log, notes, case, dname, m, n, k, vs,
-                                     CASE_PEERS[case], ceilings)
+                rows += linear_group(oo, args, device, timer, log, notes, case, dname, m, n, k, vs, peers,
+                                     ceilings)
         if case == "seed" and device == "cuda" and not args.shapes_arg and not args.dtypes_arg:
             # the seed's CPU rows: the cpu rung and eager on the host, timed with the CPU rules
             host_timer = runner.Timer("cpu", timer.opt)

@@ -645,6 +645,21 @@ OPTIMIZED_C_EXPORT optimized_status optimized_linear_backward(
     const optimized_tensor* pre, const optimized_tensor* bias, int32_t activation, int32_t accumulate,
     const char* variant, void* cuda_stream);
 
+/* The same two with fp8 GEMMs (include/optimized/linear.h, LinearForwardOptions::fp8): x and
+ * weight quantized to e4m3, the gradient to e5m2, each with per-tensor current scaling (the scale
+ * fp8_max / max|t| of its own values in this call); products in fp32, the epilogue as above.
+ * Variants "auto", "cpu", "naive", "persistent" (Hopper); fp32, fp16, bf16 inputs. */
+OPTIMIZED_C_EXPORT optimized_status optimized_linear_forward_fp8(const optimized_tensor* x,
+                                                                 const optimized_tensor* weight,
+                                                                 const optimized_tensor* bias, optimized_tensor* y,
+                                                                 optimized_tensor* pre, int32_t activation,
+                                                                 const char* variant, void* cuda_stream);
+OPTIMIZED_C_EXPORT optimized_status optimized_linear_backward_fp8(
+    optimized_tensor* grad_input, optimized_tensor* grad_weight, optimized_tensor* grad_bias,
+    const optimized_tensor* grad_output, const optimized_tensor* input, const optimized_tensor* weight,
+    const optimized_tensor* pre, const optimized_tensor* bias, int32_t activation, int32_t accumulate,
+    const char* variant, void* cuda_stream);
+
 /* The message of the most recent call on this thread; "" when it succeeded. Valid until the next
  * call into the library on this thread. Never NULL. */
 OPTIMIZED_C_EXPORT const char* optimized_last_error(void);

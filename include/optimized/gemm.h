@@ -188,4 +188,13 @@ void scaled_matmul(const TensorView& a, const TensorView& b, const TensorView& c
                    const TensorView* bias = nullptr, ScaledGemmVariant variant = ScaledGemmVariant::kAuto,
                    const ExecutionContext& ctx = {});
 
+// scaled_matmul with an epilogue (what an fp8 linear layer asks): of GemmEpilogue, the bias along
+// N, the activation and aux (kUnsupported for the rest), and beta (C read; 0: not read):
+//   pre = (scale_a . A) @ (scale_b . B) + bias + beta * C;  aux = pre (when given);  C = act(pre)
+// aux: C's shape and dtype, row-major with any row stride, overlapping no other argument.
+void scaled_matmul(const TensorView& a, const TensorView& b, const TensorView& c, const TensorView& scale_a,
+                   ScaleLayout scale_a_layout, const TensorView& scale_b, ScaleLayout scale_b_layout,
+                   const GemmEpilogue& epilogue, float beta = 0.0f,
+                   ScaledGemmVariant variant = ScaledGemmVariant::kAuto, const ExecutionContext& ctx = {});
+
 }  // namespace optimized

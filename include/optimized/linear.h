@@ -53,14 +53,36 @@ std::span<const LinearVariant> all_linear_variants();          // every variant 
 bool linear_variant_is_cuda(LinearVariant variant);
 std::string linear_variant_rejects_dtype(LinearVariant variant, DType dtype);  // empty: runs it
 
+// fp8 (the options' fp8 flag): the GEMMs run on fp8 operands with per-tensor current scaling --
+// each operand quantized with the scale its own amax gives, in the same call (no history):
+//   q = fp8_max / max|t| (1 for an all-zero tensor);  t8 = fp8(clamp(t * q, +-fp8_max)), rounded
+//   to nearest even;  the GEMM (scaled_matmul) on t8 with the dequantization scale 1 / q.
+// x and W are e4m3 (largest 448), the gradient g e5m2 (largest 57344); products accumulate in
+// fp32 and the epilogue (bias, activation, pre, accumulate) is the 16-bit path's. A NaN or an
+// infinity in an operand makes the whole product NaN (its scale is NaN), never silently finite.
+// Inputs fp32, fp16 or bf16; variants auto, cpu (the CPU scaled GEMM), naive (its one-thread-per-
+// output rung) and persistent (Hopper: the fp8 wgmma GEMM); fused has no fp8 GEMM (kUnsupported).
+// amax of g is taken in the pass that writes g; x, W (and dy without an activation) get an amax
+// pass of their own, then one cast pass writes the K-major fp8 copies each GEMM reads.
+struct LinearForwardOptions {
+  Activation activation = Activation::kNone;
+  bool fp8 = false;
+};
+
 // y = act(x W^T + b); pre = x W^T + b when given (absent: rank 0).
 void linear_forward(const TensorView& x, const TensorView& weight, const TensorView& bias, const TensorView& y,
-                    const TensorView& pre = {}, Activation activation = Activation::kNone,
+                    const TensorView& pre, const LinearForwardOptions& options,
                     LinearVariant variant = LinearVariant::kAuto, const ExecutionContext& ctx = {});
+inline void linear_forward(const TensorView& x, const TensorView& weight, const TensorView& bias, const TensorView& y,
+                           const TensorView& pre = {}, Activation activation = Activation::kNone,
+                           LinearVariant variant = LinearVariant::kAuto, const ExecutionContext& ctx = {}) {
+  linear_forward(x, weight, bias, y, pre, LinearForwardOptions{activation, false}, variant, ctx);
+}
 
 struct LinearBackwardOptions {
   Activation activation = Activation::kNone;
   bool accumulate = false;  // dW, db added to grad_weight / grad_bias instead of written
+  bool fp8 = false;         // dX = g8 W8, dW = g8^T x8 (above); a recomputed pre as the fp8 forward's
 };
 
 // The gradients named (any of them absent: not computed). pre: the forward's, required with an

@@ -148,6 +148,9 @@ class Linear(torch.nn.Linear):
     variant : str, keyword-only
         The rung of the ladder (``"auto"``, ``"cpu"``, ``"naive"``, ``"fused"``, ``"persistent"``);
         not part of the state_dict.
+    fp8 : bool, keyword-only
+        The GEMMs on fp8 copies with per-tensor current scaling (:func:`optimized_ops.linear`'s
+        ``fp8``); the parameters stay in their dtype. Not part of the state_dict.
 
     Notes
     -----
@@ -162,18 +165,20 @@ class Linear(torch.nn.Linear):
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: Optional[str] = None,
-                 device=None, dtype=None, *, variant: str = "auto") -> None:
+                 device=None, dtype=None, *, variant: str = "auto", fp8: bool = False) -> None:
         act = "none" if activation is None else activation
         if act not in _ACTIVATIONS:
             raise ValueError(f"activation: expected None or one of {', '.join(_ACTIVATIONS)}; given {activation!r}")
         super().__init__(in_features, out_features, bias, device, dtype)
         self.activation = activation
         self.variant = _check_variant(variant, _LINEAR_VARIANTS)
+        self.fp8 = bool(fp8)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         """``act(input @ weight.T + bias)``: input ``(*, in_features)``; a new ``(*, out_features)`` tensor."""
-        return linear(input, self.weight, self.bias, self.activation, variant=self.variant)
+        return linear(input, self.weight, self.bias, self.activation, variant=self.variant, fp8=self.fp8)
 
     def extra_repr(self) -> str:
         extra = "" if self.activation in (None, "none") else f", activation={self.activation!r}"
-        return super().extra_repr() + extra + ("" if self.variant == "auto" else f", variant={self.variant!r}")
+        return (super().extra_repr() + extra + ("" if self.variant == "auto" else f", variant={self.variant!r}") +
+                (", fp8=True" if self.fp8 else ""))

@@ -1155,14 +1155,43 @@ optimized_status optimized_paged_attention_prefill(const optimized_tensor* q, co
 
 // ---- linear ------------------------------------------------------------------------------------
 
+namespace {
+void c_linear_forward(const optimized_tensor* x, const optimized_tensor* weight, const optimized_tensor* bias,
+                      optimized_tensor* y, optimized_tensor* pre, int32_t activation, const char* variant,
+                      void* cuda_stream, bool fp8) {
+  optimized::LinearForwardOptions o;
+  o.activation = activation_of(activation);
+  o.fp8 = fp8;
+  optimized::linear_forward(to_view(x, "x"), to_view(weight, "weight"), optional_view(bias, "bias"), to_view(y, "y"),
+                            optional_view(pre, "pre"), o, linear_variant(variant), context(cuda_stream));
+}
+void c_linear_backward(optimized_tensor* grad_input, optimized_tensor* grad_weight, optimized_tensor* grad_bias,
+                       const optimized_tensor* grad_output, const optimized_tensor* input, const optimized_tensor* weight,
+                       const optimized_tensor* pre, const optimized_tensor* bias, int32_t activation,
+                       int32_t accumulate, const char* variant, void* cuda_stream, bool fp8) {
+  optimized::LinearBackwardOptions o;
+  o.activation = activation_of(activation);
+  o.accumulate = flag(accumulate, "accumulate");
+  o.fp8 = fp8;
+  optimized::linear_backward(optional_view(grad_input, "grad_input"), optional_view(grad_weight, "grad_weight"),
+                             optional_view(grad_bias, "grad_bias"), to_view(grad_output, "grad_output"),
+                             to_view(input, "input"), to_view(weight, "weight"), optional_view(pre, "pre"),
+                             optional_view(bias, "bias"), o, linear_variant(variant), context(cuda_stream));
+}
+}  // namespace
+
 optimized_status optimized_linear_forward(const optimized_tensor* x, const optimized_tensor* weight,
                                           const optimized_tensor* bias, optimized_tensor* y, optimized_tensor* pre,
                                           int32_t activation, const char* variant, void* cuda_stream) {
-  return guarded("optimized_linear_forward", [&] {
-    const optimized::Activation a = activation_of(activation);
-    optimized::linear_forward(to_view(x, "x"), to_view(weight, "weight"), optional_view(bias, "bias"), to_view(y, "y"),
-                              optional_view(pre, "pre"), a, linear_variant(variant), context(cuda_stream));
-  });
+  return guarded("optimized_linear_forward",
+                 [&] { c_linear_forward(x, weight, bias, y, pre, activation, variant, cuda_stream, false); });
+}
+
+optimized_status optimized_linear_forward_fp8(const optimized_tensor* x, const optimized_tensor* weight,
+                                              const optimized_tensor* bias, optimized_tensor* y, optimized_tensor* pre,
+                                              int32_t activation, const char* variant, void* cuda_stream) {
+  return guarded("optimized_linear_forward_fp8",
+                 [&] { c_linear_forward(x, weight, bias, y, pre, activation, variant, cuda_stream, true); });
 }
 
 optimized_status optimized_linear_backward(optimized_tensor* grad_input, optimized_tensor* grad_weight,
@@ -1172,13 +1201,20 @@ optimized_status optimized_linear_backward(optimized_tensor* grad_input, optimiz
                                            int32_t activation, int32_t accumulate, const char* variant,
                                            void* cuda_stream) {
   return guarded("optimized_linear_backward", [&] {
-    optimized::LinearBackwardOptions o;
-    o.activation = activation_of(activation);
-    o.accumulate = flag(accumulate, "accumulate");
-    optimized::linear_backward(optional_view(grad_input, "grad_input"), optional_view(grad_weight, "grad_weight"),
-                               optional_view(grad_bias, "grad_bias"), to_view(grad_output, "grad_output"),
-                               to_view(input, "input"), to_view(weight, "weight"), optional_view(pre, "pre"),
-                               optional_view(bias, "bias"), o, linear_variant(variant), context(cuda_stream));
+    c_linear_backward(grad_input, grad_weight, grad_bias, grad_output, input, weight, pre, bias, activation, accumulate,
+                      variant, cuda_stream, false);
+  });
+}
+
+optimized_status optimized_linear_backward_fp8(optimized_tensor* grad_input, optimized_tensor* grad_weight,
+                                               optimized_tensor* grad_bias, const optimized_tensor* grad_output,
+                                               const optimized_tensor* input, const optimized_tensor* weight,
+                                               const optimized_tensor* pre, const optimized_tensor* bias,
+                                               int32_t activation, int32_t accumulate, const char* variant,
+                                               void* cuda_stream) {
+  return guarded("optimized_linear_backward_fp8", [&] {
+    c_linear_backward(grad_input, grad_weight, grad_bias, grad_output, input, weight, pre, bias, activation, accumulate,
+                      variant, cuda_stream, true);
   });
 }
 

@@ -140,6 +140,51 @@ ScaledGemmParams make_params(const TensorView& a, const TensorView& b, const Ten
   return p;
 }
 
+// make_params with GemmEpilogue's bias (along N), activation and aux, and beta; what else the
+// epilogue names is refused.
+ScaledGemmParams make_params(const TensorView& a, const TensorView& b, const TensorView& c, const TensorView& sa,
+                             ScaleLayout la, const TensorView& sb, ScaleLayout lb, const GemmEpilogue& e, float beta) {
+  if (e.bias_along_m || e.activation_grad || e.residual || e.column_sums)
+    throw Error(Status::kUnsupported,
+                "epilogue: scaled_matmul takes a bias along N, an activation and aux; given " +
+                    std::string(e.bias_along_m ? "bias_along_m" : e.activation_grad ? "activation_grad"
+                                                              : e.residual          ? "residual"
+                                                                                    : "column_sums"));
+  if (static_cast<unsigned>(e.activation) > static_cast<unsigned>(Activation::kSilu))
+    invalid("activation: expected one of none, relu, gelu, gelu_tanh, silu; given value " +
+            std::to_string(static_cast<unsigned>(e.activation)));
+  if (!(beta == beta)) invalid("beta: expected a number; given NaN");
+  ScaledGemmParams p = make_params(a, b, c, sa, la, sb, lb, e.bias);
+  p.activation = static_cast<int>(e.activation);
+  p.beta = beta;
+  if (e.aux) {
+    const TensorView& x = *e.aux;
+    if (!x.data) invalid("aux: expected a non-null data pointer; given null");
+    if (x.dtype != c.dtype)
+      invalid("aux: expected dtype " + std::string(dtype_name(c.dtype)) + " (c's); given " +
+              std::string(dtype_name(x.dtype)));
+    if (!(x.device == a.device))
+      invalid("aux: expected device " + device_name(a.device) + "; given " + device_name(x.device));
+    if (x.rank != 2 || x.shape[0] != p.m || x.shape[1] != p.n)
+      invalid("aux: expected shape (" + std::to_string(p.m) + ", " + std::to_string(p.n) + ") (c's); given " +
+              shape_string(x));
+    const Operand X = as_matrix(x, "aux");
+    if (X.col_major && X.cols > 1)
+      invalid("aux: expected a row-major view (unit stride in the last dimension); given " + x.describe());
+    if (reinterpret_cast<uintptr_t>(x.data) % dtype_size(x.dtype) != 0)
+      invalid("aux: expected data aligned to " + std::to_string(dtype_size(x.dtype)) + " bytes (the element size)");
+    for (const auto& [t, name] : {std::pair{&a, "a"}, std::pair{&b, "b"}, std::pair{&c, "c"}, std::pair{&sa, "scale_a"},
+                                  std::pair{&sb, "scale_b"}})
+      if (overlaps(x, "aux", *t, name))
+        invalid(std::string("aux: expected an output that does not overlap ") + name + "; given overlapping memory");
+    if (e.bias && overlaps(x, "aux", *e.bias, "bias"))
+      invalid("aux: expected an output that does not overlap bias; given overlapping memory");
+    p.aux = x.data;
+    p.ld_aux = X.col_major ? 1 : X.ld;
+  }
+  return p;
+}
+
 #if OPTIMIZED_WITH_CUDA && OPTIMIZED_WITH_SM90A
 // Empty when wgmma_fp8 can run p (with K-major copies of A or B made in its workspace when they
 // are not K-major); otherwise why not, naming the argument.
@@ -268,7 +313,16 @@ size_t scaled_matmul_workspace_bytes(const TensorView& a, const TensorView& b, c
 void scaled_matmul(const TensorView& a, const TensorView& b, const TensorView& c, const TensorView& scale_a,
                    ScaleLayout scale_a_layout, const TensorView& scale_b, ScaleLayout scale_b_layout,
                    const TensorView* bias, ScaledGemmVariant variant, const ExecutionContext& ctx) {
-  const ScaledGemmParams p = make_params(a, b, c, scale_a, scale_a_layout, scale_b, scale_b_layout, bias);
+  GemmEpilogue e;
+  e.bias = bias;
+  scaled_matmul(a, b, c, scale_a, scale_a_layout, scale_b, scale_b_layout, e, 0.0f, variant, ctx);
+}
+
+void scaled_matmul(const TensorView& a, const TensorView& b, const TensorView& c, const TensorView& scale_a,
+                   ScaleLayout scale_a_layout, const TensorView& scale_b, ScaleLayout scale_b_layout,
+                   const GemmEpilogue& epilogue, float beta, ScaledGemmVariant variant, const ExecutionContext& ctx) {
+  const ScaledGemmParams p =
+      make_params(a, b, c, scale_a, scale_a_layout, scale_b, scale_b_layout, epilogue, beta);
   const ScaledGemmVariantInfo& row = variant_row(kScaledGemmVariants, checked_variant(variant, p, a.device));
   if (row.backend == Backend::kCpu) {
     row.cpu(p, ctx.cpu_threads);

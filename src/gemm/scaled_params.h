@@ -2,7 +2,8 @@
 // the public API (scaled_gemm.cpp) has validated the operands. Raw pointers, sizes and strides (in
 // elements); no tensor view, no torch.
 //
-//   C = (scale_a . A) @ (scale_b . B) + bias
+//   pre = (scale_a . A) @ (scale_b . B) + bias + beta * C      (fp32)
+//   aux = pre (when given);  C = act(pre)                        (each rounded once to c_dtype)
 #pragma once
 
 #include <cstdint>
@@ -29,6 +30,10 @@ struct ScaledGemmParams {
   ScaleLayout scale_a_layout = ScaleLayout::kTensor;
   ScaleLayout scale_b_layout = ScaleLayout::kTensor;
   const void* bias = nullptr;  // (N) of c_dtype, or null
+  int activation = 0;          // optimized::Activation, applied last
+  void* aux = nullptr;         // (M, N) of c_dtype, rows ld_aux apart: pre (before the activation); null: none
+  int64_t ld_aux = 0;
+  float beta = 0.0f;           // 0: C is not read
 
   // Whether each operand is K-major (K contiguous), the layout fp8 wgmma reads.
   OPTIMIZED_HOST_DEVICE bool a_k_major() const { return a_col_stride == 1 || k == 1; }

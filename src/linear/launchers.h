@@ -15,6 +15,7 @@
 
 #include <cstddef>
 
+#include "linear/linear_fp8.h"
 #include "linear/linear_params.h"
 #include "optimized/core.h"
 
@@ -22,5 +23,9 @@ namespace optimized::cuda {
 
 cudaError_t linear_act_grad(const LinearGradParams& p, const Workspace& workspace, cudaStream_t stream);
 cudaError_t linear_act_grad_workspace(const LinearGradParams& p, size_t* bytes);
+
+// The fp8 path's passes (linear_fp8.h), count jobs a launch (1 .. kMaxFp8Jobs, one source dtype).
+cudaError_t linear_fp8_amax(const Fp8AmaxJob* jobs, int count, cudaStream_t stream);
+cudaError_t linear_fp8_cast(const Fp8CastJob* jobs, int count, cudaStream_t stream);
 
 }  // namespace optimized::cuda

@@ -24,7 +24,10 @@
 // and the act_grad launcher's partial sums. With a caller's workspace, what is left after those
 // goes to the GEMMs (which say when it is too small, naming the workspace).
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
+#include <initializer_list>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,6 +35,7 @@
 #include "core/arg_checks.h"
 #include "core/workspace.h"
 #include "linear/cpu/linear_cpu.h"
+#include "linear/linear_fp8.h"
 #include "linear/linear_params.h"
 #include "linear/linear_variants.h"
 #include "optimized/gemm.h"
@@ -253,12 +257,181 @@ void gemm(const char* what, const TensorView& a, const TensorView& b, const Tens
   }
 }
 
+// ---- fp8 (linear_fp8.h) ----------------------------------------------------------------------------
+
+// The scaled GEMM rung an fp8 call runs for the linear variant (CUDA auto: the scaled family's).
+ScaledGemmVariant fp8_gemm_variant(LinearVariant v, DType dtype, const char* first) {
+  if (dtype == DType::kF64)
+    unsupported(std::string(first) + ": fp8 quantizes fp32, fp16 or bf16 inputs; given fp64");
+  switch (v) {
+    case LinearVariant::kAuto: return ScaledGemmVariant::kAuto;
+    case LinearVariant::kCpu: return ScaledGemmVariant::kCpu;
+    case LinearVariant::kNaive: return ScaledGemmVariant::kCudaNaive;
+    case LinearVariant::kPersistent: return ScaledGemmVariant::kCudaWgmmaFp8;
+    default:
+      unsupported("variant: fp8 runs on auto, cpu, naive and persistent (fused has no fp8 GEMM); given " +
+                  std::string(linear_variant_name(v)));
+  }
+}
+
+int64_t round16(int64_t v) { return round_up(v, 16); }
+
+// One fp32 scale (scaled_matmul's per-tensor layout) at `p`.
+TensorView scale_view(float* p, Device device) {
+  TensorView t;
+  t.data = p;
+  t.dtype = DType::kF32;
+  t.device = device;
+  t.rank = 1;
+  t.shape[0] = 1;
+  t.strides[0] = 1;
+  return t;
+}
+
+// The scratch and the passes of one fp8 call: host memory and the CPU twins on the CPU, a
+// CallWorkspace and the CUDA launchers on CUDA. carve() runs the call's carving code twice
+// (counting, then on the memory); the scaled GEMMs get the caller's workspace past it.
+class Fp8Call {
+ public:
+  Fp8Call(Device device, const ExecutionContext& ctx, std::string what)
+      : device_(device), ctx_(ctx), what_(std::move(what)) {}
+
+  template <typename Carve>
+  void carve(Carve&& body) {
+    WorkspaceArena counting;
+    body(counting);
+    mine_ = counting.peak();
+    Workspace mem;
+    if (!device_.is_cuda()) {
+      host_.resize(mine_ / sizeof(std::max_align_t) + 1);
+      mem = {host_.data(), mine_};
+    }
+#if OPTIMIZED_WITH_CUDA
+    else {
+      guard_.emplace(device_.index);
+      ws_.emplace(ctx_, mine_, what_, device_.index, stream());
+      mem = ws_->get();
+    }
+#endif
+    WorkspaceArena arena(mem);
+    body(arena);
+    if (!arena.ok()) throw Error(Status::kInternal, what_ + ": the workspace carve overran its own size");
+    gemm_ctx_ = ctx_;
+    gemm_ctx_.workspace = {};
+    if (device_.is_cuda() && ctx_.workspace.data && ctx_.workspace.bytes > mine_)
+      gemm_ctx_.workspace = {static_cast<char*>(ctx_.workspace.data) + mine_, ctx_.workspace.bytes - mine_};
+  }
+  void finish() {
+#if OPTIMIZED_WITH_CUDA
+    if (ws_) ws_->release(what_);
+#endif
+  }
+
+  Device device() const { return device_; }
+  const ExecutionContext& gemm_ctx() const { return gemm_ctx_; }
+  const ExecutionContext& ctx() const { return ctx_; }
+  const std::string& what() const { return what_; }
+
+  void zero(unsigned* bits, int count) const {
+    if (!device_.is_cuda()) {
+      std::memset(bits, 0, sizeof(unsigned) * static_cast<size_t>(count));
+      return;
+    }
+#if OPTIMIZED_WITH_CUDA
+    check_cuda(cudaMemsetAsync(bits, 0, sizeof(unsigned) * static_cast<size_t>(count), stream()), what_ + ": amax zeroed");
+#endif
+  }
+  // The jobs with a source (the others are skipped).
+  void amax(std::initializer_list<Fp8AmaxJob> jobs) const {
+    std::vector<Fp8AmaxJob> run;
+    for (const Fp8AmaxJob& j : jobs)
+      if (j.src && j.rows > 0) run.push_back(j);
+    if (run.empty()) return;
+    if (!device_.is_cuda()) {
+      for (const Fp8AmaxJob& j : run) cpu::linear_fp8_amax(j, ctx_.cpu_threads);
+      return;
+    }
+#if OPTIMIZED_WITH_CUDA
+    check_cuda(cuda::linear_fp8_amax(run.data(), static_cast<int>(run.size()), stream()), what_ + ": fp8 amax");
+#endif
+  }
+  void cast(std::initializer_list<Fp8CastJob> jobs) const {
+    std::vector<Fp8CastJob> run;
+    for (const Fp8CastJob& j : jobs)
+      if (j.src && j.rows > 0 && (j.out || j.out_t)) run.push_back(j);
+    if (run.empty()) return;
+    if (!device_.is_cuda()) {
+      for (const Fp8CastJob& j : run) cpu::linear_fp8_cast(j, ctx_.cpu_threads);
+      return;
+    }
+#if OPTIMIZED_WITH_CUDA
+    check_cuda(cuda::linear_fp8_cast(run.data(), static_cast<int>(run.size()), stream()), what_ + ": fp8 cast");
+#endif
+  }
+  // One scaled GEMM of the composition (errors say which, as gemm() does).
+  void gemm(const char* what, const TensorView& a, const TensorView& b, const TensorView& c, float* scale_a,
+            float* scale_b, const GemmEpilogue& e, float beta, ScaledGemmVariant variant) const {
+    try {
+      scaled_matmul(a, b, c, scale_view(scale_a, device_), ScaleLayout::kTensor, scale_view(scale_b, device_),
+                    ScaleLayout::kTensor, e, beta, variant, gemm_ctx_);
+    } catch (const Error& err) {
+      throw Error(err.status(), std::string(what) + ": " + err.what());
+    }
+  }
+
+ private:
+#if OPTIMIZED_WITH_CUDA
+  cudaStream_t stream() const { return static_cast<cudaStream_t>(ctx_.cuda_stream); }
+  std::optional<DeviceGuard> guard_;
+  std::optional<CallWorkspace> ws_;
+#endif
+  Device device_;
+  ExecutionContext ctx_, gemm_ctx_;
+  std::string what_;
+  size_t mine_ = 0;
+  std::vector<std::max_align_t> host_;
+};
+
+// The fp8 forward: out = act(x8 W8^T * sx * sw + b) (aux = pre), x (m, k) rows, W (n, k).
+struct Fp8Forward {
+  int64_t m, k, n, ldk;
+  unsigned* amax = nullptr;   // x's, W's
+  float* dequant = nullptr;   // x's, W's
+  uint8_t* xq = nullptr;      // (m, k), rows ldk apart
+  uint8_t* wq = nullptr;      // (n, k), rows ldk apart: W^T as a column-major B
+  Fp8Forward(int64_t m_, int64_t k_, int64_t n_) : m(m_), k(k_), n(n_), ldk(round16(k_)) {}
+  void carve(WorkspaceArena& arena) {
+    amax = arena.take<unsigned>(2);
+    dequant = arena.take<float>(2);
+    xq = arena.take<uint8_t>(m * ldk);
+    wq = arena.take<uint8_t>(n * ldk);
+  }
+  void run(const Fp8Call& call, const TensorView& x2d, const TensorView& w, const TensorView& out,
+           const GemmEpilogue& e, ScaledGemmVariant variant) const {
+    const DType dtype = x2d.dtype;
+    call.zero(amax, 2);
+    call.amax({{x2d.data, dtype, m, k, x2d.strides[0], amax},
+               {w.data, dtype, n, k, w.shape[0] > 1 ? w.strides[0] : k, amax + 1}});
+    Fp8CastJob jx, jw;
+    jx.src = x2d.data, jx.dtype = dtype, jx.rows = m, jx.cols = k, jx.ld = x2d.strides[0];
+    jx.format = DType::kF8E4M3, jx.amax_bits = amax, jx.out = xq, jx.ld_out = ldk, jx.dequant = dequant;
+    jw.src = w.data, jw.dtype = dtype, jw.rows = n, jw.cols = k, jw.ld = w.shape[0] > 1 ? w.strides[0] : k;
+    jw.format = DType::kF8E4M3, jw.amax_bits = amax + 1, jw.out = wq, jw.ld_out = ldk, jw.dequant = dequant + 1;
+    call.cast({jx, jw});
+    const Device d = call.device();
+    call.gemm("linear_forward (fp8: scaled_matmul a = x8, b = weight8^T, c = y, aux = pre)",
+              matrix_view(xq, DType::kF8E4M3, d, m, k, ldk, 1), matrix_view(wq, DType::kF8E4M3, d, k, n, 1, ldk), out,
+              dequant, dequant + 1, e, 0.0f, variant);
+  }
+};
+
 }  // namespace
 
 // ---- forward -------------------------------------------------------------------------------------
 
 void linear_forward(const TensorView& x, const TensorView& weight, const TensorView& bias, const TensorView& y,
-                    const TensorView& pre, Activation activation, LinearVariant variant, const ExecutionContext& ctx) {
+                    const TensorView& pre, const LinearForwardOptions& options, LinearVariant variant,
+                    const ExecutionContext& ctx) {
   Operands ops;
   const Rows X = ops.rows(x, "x", "in_features K", false);
   const DType dtype = x.dtype;
@@ -267,10 +440,12 @@ void linear_forward(const TensorView& x, const TensorView& weight, const TensorV
   check_bias(ops, bias, x, "x", n);
   const Rows Y = rows_like(ops, y, "y", x, "x", n, "out_features N", true);
   const Rows P = present(pre) ? rows_like(ops, pre, "pre", x, "x", n, "out_features N", true) : Rows{};
+  const Activation activation = options.activation;
   check_activation(activation);
   ops.check_overlaps();
   const Device device = ops.device();
   const Plan plan = resolve(variant, dtype, device, "x");
+  const ScaledGemmVariant fp8_variant = options.fp8 ? fp8_gemm_variant(plan.variant, dtype, "x") : ScaledGemmVariant::kAuto;
   if (device.is_cuda()) cuda_prelude(plan, device, "x");
   if (X.rows == 0) return;
 
@@ -279,6 +454,14 @@ void linear_forward(const TensorView& x, const TensorView& weight, const TensorV
   e.bias = present(bias) ? &bias : nullptr;
   e.activation = activation;
   e.aux = present(pre) ? &pre2d : nullptr;
+  if (options.fp8) {
+    Fp8Call call(device, ctx, "linear_forward (fp8)");
+    Fp8Forward f(X.rows, X.cols, n);
+    call.carve([&](WorkspaceArena& arena) { f.carve(arena); });
+    f.run(call, rows_view(x, X), weight, y2d, e, fp8_variant);
+    call.finish();
+    return;
+  }
   gemm("linear_forward (y = act(x W^T + b): matmul a = x, b = weight^T, c = y, aux = pre)", rows_view(x, X),
        transposed(weight), y2d, e, 0.0f, plan.gemm, ctx);
 }
@@ -313,6 +496,8 @@ void linear_backward(const TensorView& grad_input, const TensorView& grad_weight
   ops.check_overlaps();
   const Device device = ops.device();
   const Plan plan = resolve(variant, dtype, device, "input");
+  const ScaledGemmVariant fp8_variant =
+      options.fp8 ? fp8_gemm_variant(plan.variant, dtype, "input") : ScaledGemmVariant::kAuto;
   if (device.is_cuda()) cuda_prelude(plan, device, "input");
 
   const bool want_gi = present(grad_input), want_gw = present(grad_weight), want_gb = present(grad_bias);
@@ -368,6 +553,87 @@ void linear_backward(const TensorView& grad_input, const TensorView& grad_weight
   gp.accumulate = options.accumulate;
 
   const TensorView x2d = rows_view(input, X);
+  if (options.fp8) {
+    // g (act: written by the pass, with its amax; else dy, whose amax the pass takes) cast to e5m2
+    // as g8 (dX's A) and g8^T (dW's A); W cast to e4m3 as W8^T (dX's B, K-major), x as x8^T (dW's B).
+    const bool gemms = want_gi || want_gw;
+    const int64_t ldn = round16(n), ldm = round16(m);
+    Fp8Call call(device, ctx, "linear_backward (fp8)");
+    Fp8Forward fwd(m, k, n);  // a recomputed pre, as the fp8 forward computed it
+    unsigned* amax = nullptr;  // g's, x's, W's
+    float* dequant = nullptr;
+    uint8_t *gq = nullptr, *gq_t = nullptr, *wq_t = nullptr, *xq_t = nullptr;
+    Workspace act_ws;
+    call.carve([&](WorkspaceArena& arena) {
+      amax = arena.take<unsigned>(3);
+      dequant = arena.take<float>(3);
+      const int64_t scratch = m * ld_scratch * static_cast<int64_t>(elem);
+      if (recompute) gp.pre = arena.take<unsigned char>(scratch), gp.ld_pre = ld_scratch;
+      if (need_g) gp.g = arena.take<unsigned char>(scratch), gp.ld_g = ld_scratch;
+      if (want_gi) gq = arena.take<uint8_t>(m * ldn), wq_t = arena.take<uint8_t>(k * ldn);
+      if (want_gw) gq_t = arena.take<uint8_t>(n * ldm), xq_t = arena.take<uint8_t>(k * ldm);
+      gp.amax_bits = gemms ? amax : nullptr;
+      size_t act_bytes = 0;
+#if OPTIMIZED_WITH_CUDA
+      if (device.is_cuda()) {
+        const LinearVariantInfo& row = plan.row ? *plan.row : linear_variant_info(LinearVariant::kNaive);
+        act_bytes = launcher_workspace_bytes(row, gp, call.what() + ": act_grad");
+      }
+#endif
+      act_ws = {arena.take<unsigned char>(static_cast<int64_t>(act_bytes)), act_bytes};
+      if (recompute) {
+        ArenaScope scope(arena);  // the forward's scratch is free once pre is written
+        fwd.carve(arena);
+      }
+    });
+    if (recompute) {
+      GemmEpilogue e;
+      e.bias = present(bias) ? &bias : nullptr;
+      fwd.run(call, x2d, weight, matrix_view(const_cast<void*>(gp.pre), dtype, device, m, n, ld_scratch, 1), e,
+              fp8_variant);
+    }
+    call.zero(amax, 3);
+    if (pass || gemms) {
+      if (!device.is_cuda()) {
+        linear_variant_info(LinearVariant::kCpu).cpu(gp, ctx.cpu_threads);
+      }
+#if OPTIMIZED_WITH_CUDA
+      else {
+        const LinearVariantInfo& row = plan.row ? *plan.row : linear_variant_info(LinearVariant::kNaive);
+        check_cuda(row.launch(gp, act_ws, static_cast<cudaStream_t>(ctx.cuda_stream)), call.what() + ": act_grad");
+      }
+#endif
+    }
+    if (!gemms) {
+      call.finish();
+      return;
+    }
+    const void* g_src = need_g ? gp.g : grad_output.data;
+    const int64_t ld_g = need_g ? gp.ld_g : DY.ld;
+    const int64_t ld_w = n > 1 ? weight.strides[0] : k;
+    call.amax({{want_gw ? x2d.data : nullptr, dtype, m, k, X.ld, amax + 1},
+               {want_gi ? weight.data : nullptr, dtype, n, k, ld_w, amax + 2}});
+    Fp8CastJob jg, jx, jw;
+    jg.src = g_src, jg.dtype = dtype, jg.rows = m, jg.cols = n, jg.ld = ld_g, jg.format = DType::kF8E5M2;
+    jg.amax_bits = amax, jg.dequant = dequant, jg.out = gq, jg.ld_out = ldn, jg.out_t = gq_t, jg.ld_out_t = ldm;
+    jx.src = want_gw ? x2d.data : nullptr, jx.dtype = dtype, jx.rows = m, jx.cols = k, jx.ld = X.ld;
+    jx.format = DType::kF8E4M3, jx.amax_bits = amax + 1, jx.dequant = dequant + 1, jx.out_t = xq_t, jx.ld_out_t = ldm;
+    jw.src = want_gi ? weight.data : nullptr, jw.dtype = dtype, jw.rows = n, jw.cols = k, jw.ld = ld_w;
+    jw.format = DType::kF8E4M3, jw.amax_bits = amax + 2, jw.dequant = dequant + 2, jw.out_t = wq_t, jw.ld_out_t = ldn;
+    call.cast({jg, jx, jw});
+    if (want_gi)
+      call.gemm("linear_backward (fp8: grad_input = g8 W8: scaled_matmul a = g8, b = weight8, c = grad_input)",
+                matrix_view(gq, DType::kF8E5M2, device, m, n, ldn, 1),
+                matrix_view(wq_t, DType::kF8E4M3, device, n, k, 1, ldn), rows_view(grad_input, GI), dequant,
+                dequant + 2, GemmEpilogue{}, 0.0f, fp8_variant);
+    if (want_gw)
+      call.gemm("linear_backward (fp8: grad_weight = g8^T x8: scaled_matmul a = g8^T, b = input8, c = grad_weight)",
+                matrix_view(gq_t, DType::kF8E5M2, device, n, m, ldm, 1),
+                matrix_view(xq_t, DType::kF8E4M3, device, m, k, 1, ldm), grad_weight, dequant, dequant + 1,
+                GemmEpilogue{}, options.accumulate ? 1.0f : 0.0f, fp8_variant);
+    call.finish();
+    return;
+  }
   // The GEMMs after the pass, on g (M, N) with rows ld_g apart.
   auto gemms = [&](void* g_data, int64_t ld_g, const ExecutionContext& gctx) {
     const TensorView g = matrix_view(g_data, dtype, device, m, n, ld_g, 1);

@@ -26,6 +26,10 @@ struct LinearGradParams {
   void* bias_grad = nullptr;  // (n), contiguous
   DType bias_grad_dtype = DType::kF32;  // dtype, or fp32 for 16-bit dtype
   bool accumulate = false;
+
+  // The fp8 path: max |v| over the values g holds (the rounded ones; dy's when there is no
+  // activation), raised into *amax_bits as float bits (linear_fp8.h). Null: not computed.
+  unsigned* amax_bits = nullptr;
 };
 
 }  // namespace optimized

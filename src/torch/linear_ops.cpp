@@ -99,7 +99,7 @@ at::Tensor vector_bias(const at::Tensor& b) { return b.defined() && b.dim() == 1
 
 std::tuple<at::Tensor, OptTensor> linear_forward_op(const at::Tensor& x, const at::Tensor& weight_in,
                                                     const OptTensor& bias_opt, c10::string_view activation_name,
-                                                    bool save_pre, c10::string_view variant_name) {
+                                                    bool save_pre, c10::string_view variant_name, bool fp8) {
   const LinearOp op{"linear_forward"};
   op.tensor(x, "x");
   op.tensor(weight_in, "weight");
@@ -117,7 +117,7 @@ std::tuple<at::Tensor, OptTensor> linear_forward_op(const at::Tensor& x, const a
   op.api([&] {
     const auto [xv, wv, bv, yv, pv] = std::array{op.view(xr, "x"), op.view(weight, "weight"), op.view(bias, "bias"),
                                                  op.view(yr, "y"), op.view(pr, "pre")};
-    linear_forward(xv, wv, bv, yv, pv, activation, variant, launch.ctx);
+    linear_forward(xv, wv, bv, yv, pv, LinearForwardOptions{activation, fp8}, variant, launch.ctx);
   });
   return {y, opt(pre)};
 }
@@ -127,7 +127,7 @@ std::tuple<OptTensor, OptTensor, OptTensor> linear_backward_op(const at::Tensor&
                                                                const OptTensor& bias_opt,
                                                                c10::string_view activation_name,
                                                                std::array<bool, 3> output_mask,
-                                                               c10::string_view variant_name) {
+                                                               c10::string_view variant_name, bool fp8) {
   const LinearOp op{"linear_backward"};
   const at::Tensor pre_in = or_undefined(pre_opt);
   op.tensor(grad_output, "grad_output");
@@ -158,6 +158,7 @@ std::tuple<OptTensor, OptTensor, OptTensor> linear_backward_op(const at::Tensor&
                    op.view(pr, "pre"),         op.view(bias, "bias")};
     LinearBackwardOptions options;
     options.activation = activation;
+    options.fp8 = fp8;
     linear_backward(giv, gwv, gbv, dyv, xv, wv, pv, bv, options, variant, launch.ctx);
   });
   return {opt(grad_input), opt(grad_weight), opt(grad_bias)};
@@ -177,14 +178,14 @@ TORCH_LIBRARY_FRAGMENT(optimized, m) {
   // else None.
   m.def(
       "linear_forward(Tensor x, Tensor weight, Tensor? bias, *, str activation='none', bool save_pre=False, "
-      "str variant='auto') -> (Tensor y, Tensor? pre)",
+      "str variant='auto', bool fp8=False) -> (Tensor y, Tensor? pre)",
       tags);
   // The gradients of linear_forward from grad_output (..., N): grad_input (input's shape), grad_weight
   // (weight's), grad_bias (N), each None where output_mask says False. pre: the forward's (None with an
   // activation: recomputed from input, weight and bias, which must then be the forward's).
   m.def(
       "linear_backward(Tensor grad_output, Tensor input, Tensor weight, Tensor? pre, Tensor? bias, *, "
-      "str activation='none', bool[3] output_mask=[True, True, True], str variant='auto') "
+      "str activation='none', bool[3] output_mask=[True, True, True], str variant='auto', bool fp8=False) "
       "-> (Tensor? grad_input, Tensor? grad_weight, Tensor? grad_bias)",
       tags);
   m.def("linear_variants() -> str[]", &optimized::torch_glue::linear_variants);

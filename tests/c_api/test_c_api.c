@@ -565,6 +565,31 @@ static void linear_tests(void) {
   for (int i = 0; i < 2; ++i) doubled &= db[i] == 2 * want_db[i];
   check(doubled, "linear: backward with pre recomputed, accumulate, grad_input NULL", optimized_last_error());
 
+  /* fp8: the same layer through e4m3 / e5m2 copies (per-tensor current scaling) lands within the
+   * quantization's few percent of the exact answer (the C++ tests hold it to the emulated reference) */
+  {
+    float y8[4] = {-7, -7, -7, -7}, dx8[6], dw8[6], db8[2];
+    optimized_tensor ty8, tdx8, tdw8, tdb8;
+    optimized_tensor_contiguous(&ty8, y8, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, s_y);
+    optimized_tensor_contiguous(&tdx8, dx8, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, s_x);
+    optimized_tensor_contiguous(&tdw8, dw8, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, s_w);
+    optimized_tensor_contiguous(&tdb8, db8, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 1, s_b);
+    st = optimized_linear_forward_fp8(&tx, &tw, &tb, &ty8, NULL, OPTIMIZED_ACTIVATION_RELU, "cpu", NULL);
+    int close = st == OPTIMIZED_STATUS_OK;
+    for (int i = 0; i < 4; ++i) close &= fabsf(y8[i] - want_y[i]) <= 0.1f * fabsf(want_y[i]) + 0.05f;
+    check(close, "linear: fp8 forward within the quantization of relu(x W^T + b)", optimized_last_error());
+    st = optimized_linear_backward_fp8(&tdx8, &tdw8, &tdb8, &tdy, &tx, &tw, &tp, &tb, OPTIMIZED_ACTIVATION_RELU, 0,
+                                       "auto", NULL);
+    close = st == OPTIMIZED_STATUS_OK;
+    for (int i = 0; i < 6; ++i) close &= fabsf(dx8[i] - want_dx[i]) <= 0.1f * fabsf(want_dx[i]) + 0.05f;
+    for (int i = 0; i < 6; ++i) close &= fabsf(dw8[i] - want_dw[i]) <= 0.1f * fabsf(want_dw[i]) + 0.05f;
+    close &= same_floats(db8, want_db, 2); /* the bias gradient sums the unquantized g */
+    check(close, "linear: fp8 backward within the quantization of dX, dW; db exact", optimized_last_error());
+    expect_error("linear: fp8, a CUDA variant on CPU tensors",
+                 optimized_linear_forward_fp8(&tx, &tw, &tb, &ty8, NULL, OPTIMIZED_ACTIVATION_NONE, "naive", NULL), I,
+                 "naive runs on CUDA tensors");
+  }
+
   expect_error("linear: activation out of range",
                optimized_linear_forward(&tx, &tw, &tb, &ty, NULL, 7, "cpu", NULL), I, "activation: expected");
   expect_error("linear: weight's K differs",

@@ -37,6 +37,7 @@
 #include "optimized/buffer.h"
 #include "optimized/core.h"
 #include "optimized/gemm.h"
+#include "testing/linear_reference.h"
 #include "testing/scaled_gemm_reference.h"
 #include "testing/tolerance.h"
 
@@ -485,6 +486,85 @@ TEST_P(ScaledGemm, FormatsOutputDtypesAndBias) {
   ScaledCase cs = base(17, 33, 65);
   cs.a_dtype = cs.b_dtype = DType::kF8E5M2;
   expect_refusal(refusal_of(cs), Status::kUnsupported, "b: ", {"fp8_e5m2"});
+}
+
+// The epilogue overload (what an fp8 linear layer asks): pre = product + bias + beta * C, aux = pre,
+// C = act(pre), for every activation, beta 0 and 0.5, bf16 and fp32 outputs, odd sizes over
+// several tiles; aux and C both against the float64 reference, nothing outside their views written.
+TEST_P(ScaledGemm, EpilogueActivationAuxAndBeta) {
+  int i = 0;
+  for (Activation act : {Activation::kNone, Activation::kRelu, Activation::kGeluErf, Activation::kGeluTanh,
+                         Activation::kSilu})
+    for (float beta : {0.0f, 0.5f})
+      for (DType out : {DType::kBF16, DType::kF32}) {
+        ScaledCase cs = base(133 + 64 * (i % 3), 259, 200);
+        cs.c_dtype = out;
+        cs.bias = i % 2 == 0;
+        cs.ldc_pad = 3;
+        ++i;
+        SCOPED_TRACE(cs.describe() + " act=" + std::string(activation_name(act)) + " beta=" + std::to_string(beta));
+        ScaledOperands ops(cs);
+        // C (read with beta) random in its view, NaN outside; aux NaN everywhere before the run.
+        Buffer c0(out, ops.lc.storage(), Device::cpu()), aux(out, ops.lc.storage(), Device::cpu());
+        std::memcpy(c0.data(), ops.c0.data(), c0.bytes());
+        std::memcpy(aux.data(), ops.c0.data(), aux.bytes());
+        std::mt19937_64 rng = test_rng();
+        std::uniform_real_distribution<double> u(-1.0, 1.0);
+        for (int64_t r = 0; r < cs.m; ++r)
+          for (int64_t c = 0; c < cs.n; ++c) store_from_double(c0.data(), out, ops.lc.index(r, c), u(rng));
+        std::vector<double> ref(static_cast<size_t>(cs.m * cs.n)), mag(ref.size());
+        scaled_matmul_reference_f64(ops.ref_a(), ops.ref_b(), ref.data(), mag.data());
+        const auto call_on = [&](const std::vector<void*>& d, Device dev) {
+          GemmEpilogue e;
+          const TensorView bias = cs.bias ? ops.view_bias(d[5], dev) : TensorView{};
+          const TensorView auxv = ops.view_c(d[6], dev);
+          e.bias = cs.bias ? &bias : nullptr;
+          e.activation = act;
+          e.aux = &auxv;
+          ExecutionContext ctx;
+          scaled_matmul(ops.view_a(d[0], dev), ops.view_b(d[1], dev), ops.view_c(d[2], dev), ops.view_sa(d[3], dev),
+                        cs.la, ops.view_sb(d[4], dev), cs.lb, e, beta, cs.variant, ctx);
+        };
+        std::vector<const Buffer*> host = {&ops.a, &ops.b, &c0, &ops.sa, &ops.sb, cs.bias ? &ops.bias : nullptr, &aux};
+        std::vector<Buffer> after;
+        if (cs.device.is_cuda()) {
+          const std::string err = run_on_cuda(host, cs.device, nullptr, [&](const std::vector<void*>& d) { call_on(d, cs.device); }, after);
+          ASSERT_TRUE(err.empty()) << err;
+        } else {
+          std::vector<void*> d;
+          for (const Buffer* h : host) {
+            after.emplace_back(h ? h->dtype() : DType::kF32, h ? h->count() : 1, Device::cpu());
+            if (h) std::memcpy(after.back().data(), h->data(), h->bytes());
+            d.push_back(h ? after.back().data() : nullptr);
+          }
+          call_on(d, Device::cpu());
+        }
+        const int64_t promotion = may_run_wgmma_fp8(cs) ? 128 : 0;
+        int64_t bad = 0;
+        std::string first;
+        for (int64_t r = 0; r < cs.m; ++r)
+          for (int64_t c = 0; c < cs.n; ++c) {
+            const size_t o = static_cast<size_t>(r * cs.n + c);
+            const double c_old = load_as_double(c0.data(), out, ops.lc.index(r, c));
+            const double pre = ref[o] + ops.bias_at(c) + beta * c_old;
+            const double m2 = mag[o] + std::fabs(ops.bias_at(c)) + std::fabs(beta * c_old);
+            const double y = activation_f64(act, pre);
+            const double got_aux = load_as_double(after[6].data(), out, ops.lc.index(r, c));
+            const double got_c = load_as_double(after[2].data(), out, ops.lc.index(r, c));
+            const double tol_pre = scaled_gemm_allowed_error(out, cs.k, promotion, pre, m2);
+            const double tol_y = 1.2 * scaled_gemm_allowed_error(out, cs.k, promotion, y, m2) + 1e-6 * std::fabs(pre);
+            if (!(std::fabs(got_aux - pre) <= tol_pre) || !(std::fabs(got_c - y) <= tol_y)) {
+              if (bad++ == 0)
+                first = "(" + std::to_string(r) + ", " + std::to_string(c) + "): aux " + std::to_string(got_aux) +
+                        " vs " + std::to_string(pre) + ", c " + std::to_string(got_c) + " vs " + std::to_string(y);
+            }
+          }
+        EXPECT_EQ(bad, 0) << "first: " << first;
+        int64_t at = -1;
+        EXPECT_EQ(changed_elements(ops.lc, dtype_size(out), c0.data(), after[2].data(), true, &at), 0) << "C, at " << at;
+        EXPECT_EQ(changed_elements(ops.lc, dtype_size(out), aux.data(), after[6].data(), true, &at), 0)
+            << "aux, at " << at;
+      }
 }
 
 // Every scale layout of A crossed with every one of B: M = 260 (three tile rows: the second tile of

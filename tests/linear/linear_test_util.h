@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -18,6 +19,7 @@
 #include "optimized/buffer.h"
 #include "optimized/linear.h"
 #include "testing/linear_reference.h"
+#include "testing/scaled_gemm_reference.h"
 #include "testing/tolerance.h"
 
 namespace optimized::testing {
@@ -34,6 +36,7 @@ struct LinearCase {
   bool same_grad_dtype = true;      // grad_dtype = dtype
   bool accumulate = false;
   bool want_gi = true, want_gw = true, want_gb = true;
+  bool fp8 = false;                 // the fp8 GEMMs (LinearForwardOptions::fp8): checked by run_and_check_fp8
   LinearVariant variant = LinearVariant::kCpu;
   int cpu_threads = 0;
 
@@ -43,7 +46,7 @@ struct LinearCase {
     for (int64_t d : lead) s += std::to_string(d) + ",";
     s += std::to_string(k) + ") n=" + std::to_string(n) + " pad=" + std::to_string(pad) + " act=" +
          std::string(activation_name(act)) + (bias ? " bias" : "") + (keep_pre ? " pre" : " recompute") +
-         " grads=" + std::string(dtype_name(gdt())) + (accumulate ? " accumulate" : "");
+         " grads=" + std::string(dtype_name(gdt())) + (accumulate ? " accumulate" : "") + (fp8 ? " fp8" : "");
     return s;
   }
 };
@@ -104,12 +107,13 @@ struct LinearData {
 
   void forward(const std::vector<void*>& p, Device d, const ExecutionContext& ctx = {}) const {
     linear_forward(xv(p[kX], d), wv(p[kW], d), c.bias ? bv(p[kB], d, c.dtype) : TensorView{}, yv(p[kY], d),
-                   c.keep_pre ? yv(p[kPre], d) : TensorView{}, c.act, c.variant, ctx);
+                   c.keep_pre ? yv(p[kPre], d) : TensorView{}, LinearForwardOptions{c.act, c.fp8}, c.variant, ctx);
   }
   void backward(const std::vector<void*>& p, Device d, const ExecutionContext& ctx = {}) const {
     LinearBackwardOptions o;
     o.activation = c.act;
     o.accumulate = c.accumulate;
+    o.fp8 = c.fp8;
     linear_backward(c.want_gi ? giv(p[kGi], d) : TensorView{}, c.want_gw ? gwv(p[kGw], d) : TensorView{},
                     c.want_gb ? bv(p[kGb], d, c.gdt()) : TensorView{}, dyv(p[kDy], d), xv(p[kX], d), wv(p[kW], d),
                     c.keep_pre ? yv(p[kPre], d) : TensorView{}, c.bias ? bv(p[kB], d, c.dtype) : TensorView{}, o,
@@ -231,6 +235,189 @@ inline std::vector<LinearCase> sweep_cases(DType dtype, LinearVariant variant) {
           ++i;
           out.push_back(c);
         }
+  return out;
+}
+
+// ---- fp8 (LinearForwardOptions::fp8) -------------------------------------------------------------
+//
+// The reference quantizes as the op documents (include/optimized/linear.h): q = fp8_max / amax in
+// fp32, t8 = fp8(clamp(t * q)) round to nearest even, dequantized t8 * (1 / q); then the float64
+// reference of the layer on the dequantized operands. The bounds are the fp8 GEMM's
+// (scaled_gemm_allowed_error with promotion 128: Hopper's fp8 tensor cores keep ~14 bits between
+// promotions). g = round(dy * act'(pre)) is emulated in fp32 as the op computes it; where the
+// device's act' differs by an ulp, one element of g may land on the neighbouring e5m2 value, so
+// with an activation each gradient element may also be off by one e5m2 step (2^-2 relative) of
+// its largest term.
+
+// The dequantized copy of t (doubles holding values of dtype) with per-tensor current scaling;
+// *deq_out (when given): the dequantization scale 1 / q.
+inline std::vector<double> fp8_emulate(const std::vector<double>& t, bool e5m2, double* deq_out = nullptr) {
+  const float fmax = e5m2 ? 57344.0f : 448.0f;
+  float amax = 0.0f;
+  for (double v : t) amax = std::max(amax, static_cast<float>(std::fabs(v)));
+  const float q = amax == 0.0f ? 1.0f : std::min(fmax / amax, 3.4028235e38f);
+  const double deq = static_cast<double>(1.0f / q);
+  if (deq_out) *deq_out = deq;
+  std::vector<double> out(t.size());
+  for (size_t i = 0; i < t.size(); ++i) {
+    const float v = std::min(fmax, std::max(-fmax, static_cast<float>(t[i]) * q));
+    out[i] = (e5m2 ? fp8_e5m2_to_float(float_to_fp8_e5m2(v)) : fp8_e4m3_to_float(float_to_fp8_e4m3(v))) * deq;
+  }
+  return out;
+}
+
+// a (rows, inner) times b (inner, cols) given as element functions: the product, its magnitude
+// (sum |a b|), `largest`: the largest of step(i, t) |b(t, j)| (one quantization step of a's
+// element), and `carried`: sum of err(i, t) |b(t, j)| (what a's element may be off before it is
+// quantized).
+struct Product {
+  std::vector<double> value, magnitude, largest, carried;
+};
+inline Product product(int64_t rows, int64_t inner, int64_t cols, const std::function<double(int64_t, int64_t)>& a,
+                       const std::function<double(int64_t, int64_t)>& b,
+                       const std::function<double(int64_t, int64_t)>& step,
+                       const std::function<double(int64_t, int64_t)>& err) {
+  Product p;
+  p.value.assign(static_cast<size_t>(rows * cols), 0.0);
+  p.magnitude = p.largest = p.carried = p.value;
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      double s = 0, mag = 0, big = 0, carried = 0;
+      for (int64_t t = 0; t < inner; ++t) {
+        const double bt = b(t, j), v = a(i, t) * bt;
+        s += v, mag += std::fabs(v), big = std::max(big, step(i, t) * std::fabs(bt));
+        carried += err(i, t) * std::fabs(bt);
+      }
+      const size_t o = static_cast<size_t>(i * cols + j);
+      p.value[o] = s, p.magnitude[o] = mag, p.largest[o] = big, p.carried[o] = carried;
+    }
+  return p;
+}
+
+// Every element of got (dense doubles) within bound(o) of ref; the first failure named.
+inline void expect_within(const char* name, const std::vector<double>& got, const std::vector<double>& ref,
+                          const std::function<double(size_t)>& bound) {
+  ASSERT_EQ(got.size(), ref.size()) << name;
+  for (size_t o = 0; o < ref.size(); ++o) {
+    const double err = std::fabs(got[o] - ref[o]);
+    if (!(err <= bound(o))) {
+      ADD_FAILURE() << name << "[" << o << "]: got " << got[o] << ", expected " << ref[o] << " (error " << err
+                    << " > allowed " << bound(o) << ")";
+      return;
+    }
+  }
+}
+
+// Forward then backward of one fp8 case (cs.fp8 set) on the CPU or cuda:0, against the reference.
+inline void run_and_check_fp8(LinearCase cs, bool cuda, std::mt19937_64& rng) {
+  cs.fp8 = true;
+  SCOPED_TRACE(cs.name());
+  LinearData d(cs, rng);
+  if (cs.accumulate) {
+    fill_uniform(d.gw, rng);
+    fill_uniform(d.gb, rng);
+  }
+  const LinearProblemF64 prob = d.problem();
+  LinearProblemF64 pq = prob;  // x and W as the GEMM sees them
+  pq.x = fp8_emulate(prob.x, false);
+  pq.w = fp8_emulate(prob.w, false);
+  const int64_t m = d.m, n = cs.n, k = cs.k;
+  const DType dt = cs.dtype;
+  constexpr int64_t kPromotion = 128;
+  std::vector<Buffer> f = run_case(cuda, d.all(), [&](const std::vector<void*>& p, Device dev) { d.forward(p, dev); });
+  if (f.size() != 9) return;
+  const std::vector<double> y = LinearData::dense(f[LinearData::kY], m, n, n);
+  const std::vector<double> pre = LinearData::dense(f[LinearData::kPre], m, n, n);
+  const LinearForwardF64 fr = linear_forward_f64(pq);
+  const auto acc_bound = [&](DType out, int64_t inner, double ref, double mag) {
+    return scaled_gemm_allowed_error(out, inner, kPromotion, ref, mag);
+  };
+  if (cs.keep_pre)
+    expect_within("pre", pre, fr.pre, [&](size_t o) { return acc_bound(dt, k, fr.pre[o], fr.magnitude[o]); });
+  else
+    EXPECT_TRUE(same_bytes(f[LinearData::kPre], d.pre)) << "pre written though absent";
+  expect_within("y", y, fr.y, [&](size_t o) {
+    return 1.2 * acc_bound(dt, k, fr.y[o], fr.magnitude[o]) + 1e-6 * (std::fabs(fr.pre[o]) + std::fabs(fr.y[o]));
+  });
+  if (m == 0) return;
+
+  // backward, with the forward's pre (or recomputed: the same fp8 forward, rounded to dt)
+  std::memcpy(d.pre.data(), f[LinearData::kPre].data(), d.pre.bytes());
+  std::vector<Buffer> bw = run_case(cuda, d.all(), [&](const std::vector<void*>& p, Device dev) { d.backward(p, dev); });
+  if (bw.size() != 9) return;
+  std::vector<double> pre_used(static_cast<size_t>(m * n));
+  for (size_t o = 0; o < pre_used.size(); ++o) pre_used[o] = cs.keep_pre ? pre[o] : round_to(dt, fr.pre[o]);
+  std::vector<double> g(static_cast<size_t>(m * n));
+  for (size_t o = 0; o < g.size(); ++o) {
+    const float v = cs.act == Activation::kNone
+                        ? static_cast<float>(prob.dy[o])
+                        : static_cast<float>(prob.dy[o]) * static_cast<float>(activation_grad_f64(cs.act, pre_used[o]));
+    g[o] = round_to(dt, v);
+  }
+  double deq_g = 0;
+  const std::vector<double> gq = fp8_emulate(g, true, &deq_g);
+  // With an activation, g's element may differ from the emulation's by e_g (the fp32 act' against
+  // the double one: 8 u_fp32 (1 + |pre|) |dy|, and one ulp of a recomputed pre), and then land one
+  // e5m2 step away (2^-2 relative, or the subnormal step 2^-16 times the scale). Without one,
+  // g = dy exactly.
+  const bool act = cs.act != Activation::kNone;
+  const auto step = [&](int64_t i, int64_t j) {
+    return act ? std::max(0.25 * std::fabs(gq[i * n + j]), std::ldexp(deq_g, -16)) : 0.0;
+  };
+  const auto err = [&](int64_t i, int64_t j) {
+    const double p = std::fabs(pre_used[i * n + j]), dy = std::fabs(prob.dy[i * n + j]);
+    return act ? dy * (8 * std::ldexp(1.0, -24) * (1 + p) + (cs.keep_pre ? 0.0 : 2 * unit_roundoff(dt) * p)) : 0.0;
+  };
+  const DType gdt = cs.gdt();
+  if (cs.want_gi) {
+    const Product r = product(m, n, k, [&](int64_t i, int64_t j) { return gq[i * n + j]; },
+                              [&](int64_t j, int64_t kk) { return pq.w[j * k + kk]; }, step, err);
+    expect_within("grad_input", LinearData::dense(bw[LinearData::kGi], m, k, k), r.value, [&](size_t o) {
+      return acc_bound(dt, n, r.value[o], r.magnitude[o]) + r.largest[o] + r.carried[o];
+    });
+  }
+  if (cs.want_gw) {
+    Product r = product(n, m, k, [&](int64_t j, int64_t i) { return gq[i * n + j]; },
+                        [&](int64_t i, int64_t kk) { return pq.x[i * k + kk]; },
+                        [&](int64_t j, int64_t i) { return step(i, j); }, [&](int64_t j, int64_t i) { return err(i, j); });
+    if (cs.accumulate) {
+      const std::vector<double> c0 = LinearData::dense(d.gw, n, k, k);
+      for (size_t o = 0; o < c0.size(); ++o) r.value[o] += c0[o], r.magnitude[o] += std::fabs(c0[o]);
+    }
+    expect_within("grad_weight", LinearData::dense(bw[LinearData::kGw], n, k, k), r.value,
+                  [&](size_t o) { return acc_bound(gdt, m, r.value[o], r.magnitude[o]) + r.largest[o] + r.carried[o]; });
+  }
+  if (cs.want_gb) {  // the bias gradient: sums of the unquantized g, as without fp8
+    const std::vector<double> c0b = cs.accumulate ? LinearData::dense(d.gb, 1, n, n) : std::vector<double>{};
+    const LinearBackwardF64 ref = linear_backward_f64(prob, pre_used, !cs.keep_pre, dt, dt, gdt, gdt, {}, c0b);
+    const CheckResult r = check_linear_gradient("grad_bias", LinearData::dense(bw[LinearData::kGb], 1, n, n),
+                                                ref.grad_bias, ref.grad_bias_bound, n);
+    EXPECT_TRUE(r.passed) << r.first_failure;
+  }
+  for (size_t i : {LinearData::kX, LinearData::kW, LinearData::kB, LinearData::kDy, LinearData::kPre})
+    EXPECT_TRUE(same_bytes(bw[i], *d.all()[i])) << "input " << i << " changed";
+  EXPECT_TRUE(cs.want_gi || same_bytes(bw[LinearData::kGi], d.gi)) << "grad_input written though absent";
+  EXPECT_TRUE(cs.want_gw || same_bytes(bw[LinearData::kGw], d.gw)) << "grad_weight written though absent";
+  EXPECT_TRUE(cs.want_gb || same_bytes(bw[LinearData::kGb], d.gb)) << "grad_bias written though absent";
+}
+
+// The fp8 sweep: every activation, odd sizes, pre kept and recomputed, padded rows, a bias or none.
+inline std::vector<LinearCase> fp8_cases(DType dtype, LinearVariant variant) {
+  std::vector<LinearCase> out;
+  const std::vector<std::pair<int64_t, int64_t>> kn = {{1, 1}, {5, 67}, {67, 130}, {130, 64}, {200, 136}};
+  int i = 0;
+  for (Activation act : {Activation::kNone, Activation::kRelu, Activation::kGeluErf, Activation::kGeluTanh, Activation::kSilu})
+    for (int64_t m : {1, 37, 131})
+      for (const auto& [k, n] : kn) {
+        LinearCase c;
+        c.dtype = dtype, c.variant = variant, c.act = act, c.lead = {m}, c.k = k, c.n = n;
+        c.keep_pre = i % 2 == 0;
+        c.bias = (i % 3) != 2;
+        c.pad = (i % 4 == 1) ? 3 : 0;
+        c.fp8 = true;
+        ++i;
+        out.push_back(c);
+      }
   return out;
 }
 

@@ -158,5 +158,62 @@ TEST(LinearCpu, AutoIsCpuAndSeedEntries) {
   for (size_t i = 0; i < r1.size(); ++i) EXPECT_TRUE(same_bytes(r1[i], r2[i])) << "buffer " << i;
 }
 
+// fp8 (per-tensor current scaling) on the cpu rung: the emulated reference, every activation and
+// odd sizes, leading dimensions, fp32 gradients with accumulate, absent gradients; auto = cpu.
+class LinearCpuFp8 : public ::testing::TestWithParam<DType> {};
+
+TEST_P(LinearCpuFp8, EveryActivationAndSize) {
+  std::mt19937_64 rng = test_rng();
+  for (const LinearCase& c : fp8_cases(GetParam(), LinearVariant::kCpu)) run_and_check_fp8(c, false, rng);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, LinearCpuFp8, ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(LinearCpu, Fp8LeadingDimsGradientsAndAccumulate) {
+  std::mt19937_64 rng = test_rng();
+  for (LinearVariant v : {LinearVariant::kCpu, LinearVariant::kAuto})
+    for (bool accumulate : {false, true}) {
+      LinearCase c;
+      c.dtype = DType::kBF16, c.variant = v, c.lead = {2, 3}, c.k = 67, c.n = 40, c.act = Activation::kGeluTanh;
+      c.same_grad_dtype = false, c.grad_dtype = DType::kF32, c.accumulate = accumulate, c.keep_pre = !accumulate;
+      run_and_check_fp8(c, false, rng);
+    }
+  for (int mask = 0; mask < 8; ++mask) {
+    LinearCase c;
+    c.dtype = DType::kF16, c.lead = {13}, c.k = 9, c.n = 11, c.act = mask % 2 ? Activation::kRelu : Activation::kNone;
+    c.want_gi = mask & 1, c.want_gw = mask & 2, c.want_gb = mask & 4;
+    run_and_check_fp8(c, false, rng);
+  }
+  LinearCase c;  // no rows
+  c.dtype = DType::kBF16, c.lead = {0}, c.k = 5, c.n = 7, c.act = Activation::kSilu;
+  run_and_check_fp8(c, false, rng);
+}
+
+// A NaN or an infinity in x makes y NaN everywhere (its scale is NaN), never silently finite; an
+// all-zero x gives the bias (scale 1).
+TEST(LinearCpu, Fp8NonFiniteAndZeroInputs) {
+  std::mt19937_64 rng = test_rng();
+  LinearCase c;
+  c.dtype = DType::kF32, c.lead = {5}, c.k = 8, c.n = 6, c.fp8 = true, c.keep_pre = false;
+  for (double bad : {std::nan(""), double(INFINITY), 0.0}) {
+    LinearData d(c, rng);
+    if (bad == 0.0)
+      d.x.fill_bytes(0);
+    else
+      store_from_double(d.x.data(), c.dtype, 3, bad);
+    std::vector<Buffer> r = run_case(false, d.all(), [&](const std::vector<void*>& p, Device dev) { d.forward(p, dev); });
+    ASSERT_EQ(r.size(), 9u);
+    for (int64_t i = 0; i < d.m; ++i)
+      for (int64_t j = 0; j < c.n; ++j) {
+        const double y = load_as_double(r[LinearData::kY].data(), c.dtype, i * c.n + j);
+        if (bad == 0.0)
+          EXPECT_EQ(y, load_as_double(d.b.data(), c.dtype, j));
+        else
+          EXPECT_TRUE(std::isnan(y)) << "y[" << i << ", " << j << "] = " << y;
+      }
+  }
+}
+
 }  // namespace
 }  // namespace optimized::testing

@@ -176,5 +176,79 @@ TEST(LinearCuda, CallersWorkspace) {
   for (size_t i : {LinearData::kGi, LinearData::kGw, LinearData::kGb}) EXPECT_TRUE(same_bytes(with[i], without[i])) << i;
 }
 
+// fp8 on the CUDA rungs that take it (naive: the scaled naive GEMM; persistent: wgmma_fp8; auto),
+// against the emulated reference; any K and N (the GEMMs read the cast's own 16-byte rows).
+class LinearCudaFp8 : public ::testing::TestWithParam<RungDtype> {};
+
+TEST_P(LinearCudaFp8, EveryActivationAndSize) {
+  SKIP_WITHOUT_CUDA();
+  const RungDtype rd = GetParam();
+  if (!runs_here(rd.variant)) GTEST_SKIP() << "persistent does not run here (sm_90a build and a 9.0 device)";
+  std::mt19937_64 rng = test_rng();
+  for (const LinearCase& c : fp8_cases(rd.dtype, rd.variant)) run_and_check_fp8(c, true, rng);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Rungs, LinearCudaFp8,
+    ::testing::Values(RungDtype{LinearVariant::kNaive, DType::kBF16}, RungDtype{LinearVariant::kNaive, DType::kF32},
+                      RungDtype{LinearVariant::kPersistent, DType::kBF16},
+                      RungDtype{LinearVariant::kPersistent, DType::kF16}, RungDtype{LinearVariant::kAuto, DType::kBF16},
+                      RungDtype{LinearVariant::kAuto, DType::kF32}),
+    [](const auto& info) {
+      return std::string(linear_variant_name(info.param.variant)) + "_" + std::string(dtype_name(info.param.dtype));
+    });
+
+// Larger shapes (several tiles of the fp8 GEMM, K over many 128-blocks), fp32 gradients with
+// accumulate, absent gradients; then every output the same bits on a second run.
+TEST(LinearCuda, Fp8LargeAccumulateAndDeterministic) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937_64 rng = test_rng();
+  for (LinearVariant v : {LinearVariant::kPersistent, LinearVariant::kAuto}) {
+    if (!runs_here(v)) continue;
+    for (bool accumulate : {false, true}) {
+      LinearCase c;
+      c.dtype = DType::kBF16, c.variant = v, c.lead = {3, 101}, c.k = 1000, c.n = 520, c.act = Activation::kGeluErf;
+      c.same_grad_dtype = false, c.grad_dtype = DType::kF32, c.accumulate = accumulate, c.keep_pre = !accumulate;
+      run_and_check_fp8(c, true, rng);
+    }
+    for (int mask = 1; mask < 8; ++mask) {
+      LinearCase c;
+      c.dtype = DType::kBF16, c.variant = v, c.lead = {37}, c.k = 72, c.n = 90, c.act = Activation::kSilu;
+      c.want_gi = mask & 1, c.want_gw = mask & 2, c.want_gb = mask & 4;
+      run_and_check_fp8(c, true, rng);
+    }
+    LinearCase c;
+    c.dtype = DType::kBF16, c.variant = v, c.lead = {300}, c.k = 264, c.n = 200, c.act = Activation::kGeluTanh;
+    c.fp8 = true, c.keep_pre = false;
+    const LinearData d(c, rng);
+    const auto both = [&](const std::vector<void*>& p, Device dev) {
+      d.forward(p, dev);
+      d.backward(p, dev);
+    };
+    std::vector<Buffer> r1 = run_case(true, d.all(), both), r2 = run_case(true, d.all(), both);
+    ASSERT_EQ(r1.size(), 9u);
+    for (size_t i = 0; i < r1.size(); ++i) EXPECT_TRUE(same_bytes(r1[i], r2[i])) << "buffer " << i;
+  }
+}
+
+// fused has no fp8 GEMM: refused with an Error that says which variants run fp8.
+TEST(LinearCuda, Fp8RefusedOnFused) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937_64 rng = test_rng();
+  LinearCase c;
+  c.dtype = DType::kBF16, c.variant = LinearVariant::kFused, c.lead = {7}, c.k = 64, c.n = 64, c.fp8 = true;
+  const LinearData d(c, rng);
+  std::vector<Buffer> after;
+  bool thrown = false;
+  run_on_cuda(d.all(), Device::cuda(0), nullptr,
+              [&](const std::vector<void*>& p) {
+                const Caught r = call([&] { d.forward(p, Device::cuda(0)); });
+                thrown = r.thrown;
+                EXPECT_MENTIONS(r, "fp8 runs on auto, cpu, naive and persistent");
+              },
+              after);
+  EXPECT_TRUE(thrown);
+}
+
 }  // namespace
 }  // namespace optimized::testing

@@ -247,5 +247,34 @@ TEST_F(LinearErrors, CudaTensorsWithoutADevice) {
 }
 #endif
 
+// fp8: fp64 inputs and the fused variant are refused (kUnsupported) before any work, by name.
+TEST_F(LinearErrors, Fp8Refusals) {
+  LinearCase c64 = c;
+  c64.dtype = DType::kF64;
+  LinearData d64{c64, rng};
+  const TensorView x64 = d64.xv(d64.x.data(), cpu), w64 = d64.wv(d64.w.data(), cpu), y64 = d64.yv(d64.y.data(), cpu);
+  Caught r = call([&] { linear_forward(x64, w64, {}, y64, {}, LinearForwardOptions{Activation::kNone, true}); });
+  EXPECT_ERROR(r, Status::kUnsupported);
+  EXPECT_MENTIONS(r, "fp8 quantizes fp32, fp16 or bf16 inputs; given fp64");
+  LinearBackwardOptions o;
+  o.fp8 = true;
+  r = call([&] {
+    linear_backward(d64.giv(d64.gi.data(), cpu), {}, {}, d64.dyv(d64.dy.data(), cpu), x64, w64, {}, {}, o);
+  });
+  EXPECT_ERROR(r, Status::kUnsupported);
+  EXPECT_MENTIONS(r, "input: fp8 quantizes");
+  // fused names the variants that run fp8 (checked before the device: views "on cuda:0" of host memory)
+  const Device gpu = Device::cuda(0);
+  LinearCase ch = c;
+  ch.dtype = DType::kBF16;
+  LinearData dh{ch, rng};
+  r = call([&] {
+    linear_forward(dh.xv(dh.x.data(), gpu), dh.wv(dh.w.data(), gpu), {}, dh.yv(dh.y.data(), gpu), {},
+                   LinearForwardOptions{Activation::kNone, true}, LinearVariant::kFused);
+  });
+  EXPECT_ERROR(r, Status::kUnsupported);
+  EXPECT_MENTIONS(r, "fp8 runs on auto, cpu, naive and persistent (fused has no fp8 GEMM)");
+}
+
 }  // namespace
 }  // namespace optimized::testing

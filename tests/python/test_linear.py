@@ -341,6 +341,80 @@ def test_bad_inputs_name_the_argument():
             fn()
 
 
+# ---- fp8 ---------------------------------------------------------------------------------------------
+
+def fp8_emulate(t: torch.Tensor, fmt) -> torch.Tensor:
+    """t as the fp8 GEMM sees it (per-tensor current scaling, linear.h): q = fp8_max / amax in
+    float32, fp8(clamp(t * q)) rounded to nearest even, times 1 / q; in float64."""
+    fmax = 448.0 if fmt == torch.float8_e4m3fn else 57344.0
+    t32 = t.detach().float().cpu()
+    amax = t32.abs().max() if t32.numel() else torch.tensor(0.0)
+    q = torch.tensor(1.0) if amax == 0 else torch.tensor(fmax, dtype=torch.float32) / amax
+    return (t32 * q).clamp(-fmax, fmax).to(fmt).double() * (1.0 / q).double()
+
+
+def fp8_check(x, w, b, dy, activation, variant, dtype):
+    """Forward and the three gradients of optimized_ops.linear(fp8=True) against the emulated
+    float64 reference (x, W e4m3; g = dy * act'(pre) e5m2; db from the unquantized g)."""
+    xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+    bs = None if b is None else b.clone().requires_grad_()
+    y = optimized_ops.linear(xs, ws, bs, activation, variant=variant, fp8=True)
+    y.backward(dy)
+    xq, wq = fp8_emulate(x, torch.float8_e4m3fn), fp8_emulate(w, torch.float8_e4m3fn)
+    pre = F.linear(xq, wq, None if b is None else b.double().cpu())
+    y_ref = torch_act(pre, activation)
+    # g as the op computes it: dy * act'(pre), pre the op's own (rounded) pre-activation
+    pre_op = pre.to(dtype).double()
+    if activation == "none":
+        g = dy.double().cpu()
+    else:
+        z = pre_op.clone().requires_grad_()
+        (gz,) = torch.autograd.grad(torch_act(z, activation), z, dy.double().cpu())
+        g = gz.to(dtype).double()
+    gq = fp8_emulate(g, torch.float8_e5m2)
+    k, n = x.shape[-1], w.shape[0]
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else tolerance(dtype, k)
+    torch.testing.assert_close(y.double().cpu(), y_ref, **tol)
+    # an act' one ulp off may move an element of g one e5m2 step (25%): loose where an activation is on
+    gtol = tol if activation == "none" else dict(rtol=0.05, atol=0.05)
+    torch.testing.assert_close(xs.grad.double().cpu(), gq @ wq, **gtol)
+    torch.testing.assert_close(ws.grad.double().cpu(), gq.reshape(-1, n).t() @ xq.reshape(-1, k), **gtol)
+    if b is not None:
+        torch.testing.assert_close(bs.grad.double().cpu(), g.reshape(-1, n).sum(0),
+                                   **(tol if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)))
+
+
+@pytest.mark.parametrize("activation", ["none", "gelu", "silu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_dname)
+def test_fp8_matches_emulation(activation, dtype, rng):
+    x, w, b = make((3, 13, 37), 29, dtype, "cpu", rng)
+    dy = rand((3, 13, 29), dtype, "cpu", rng)
+    fp8_check(x, w, b, dy, activation, "auto", dtype)
+    fp8_check(x[:, ::2], w, None, dy[:, ::2], activation, "cpu", dtype)  # strided x, no bias
+
+
+def test_fp8_module_compile_and_refusals(rng):
+    torch._dynamo.reset()
+    layer = optimized_ops.nn.Linear(16, 24, activation="gelu", fp8=True)
+    assert "fp8=True" in repr(layer)
+    x = rand((5, 16), torch.float32, "cpu", rng).requires_grad_()
+    compiled = torch.compile(layer, fullgraph=True)
+    out, expected = compiled(x), layer(x)
+    torch.testing.assert_close(out, expected)
+    grads = torch.autograd.grad(out.sum(), [x, *layer.parameters()])
+    for got, want in zip(grads, torch.autograd.grad(expected.sum(), [x, *layer.parameters()])):
+        torch.testing.assert_close(got, want)
+    # the fp8 answer differs from the full-precision one (it is really quantized), but not by much
+    full = optimized_ops.nn.Linear(16, 24, activation="gelu")
+    full.load_state_dict(layer.state_dict())
+    diff = (full(x) - out).abs().max().item()
+    assert 0 < diff < 0.1
+    torch.library.opcheck(ops.linear_forward.default, (x.detach(), layer.weight.detach(), layer.bias.detach()),
+                          dict(activation="gelu", save_pre=True, fp8=True))
+    with pytest.raises(NotImplementedError, match=r"fp8 quantizes fp32, fp16 or bf16 inputs; given fp64"):
+        optimized_ops.linear(x.double(), layer.weight.double(), None, fp8=True)
+
+
 # ---- CUDA ----------------------------------------------------------------------------------------------
 
 @requires_cuda
@@ -368,6 +442,23 @@ def test_cuda_matches_torch(variant, activation, dtype, rng):
 
 
 @requires_cuda
+@pytest.mark.parametrize("variant", ["auto", "naive", "persistent"])
+@pytest.mark.parametrize("activation", ["none", "gelu"])
+def test_cuda_fp8_matches_emulation(variant, activation, rng):
+    if variant == "persistent" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("persistent runs on compute capability 9.0")
+    dtype = torch.bfloat16
+    x, w, b = make((4, 67, 200), 136, dtype, "cuda", rng)  # odd sizes: the casts write their own rows
+    dy = rand((4, 67, 136), dtype, "cuda", rng)
+    try:
+        fp8_check(x, w, b, dy, activation, variant, dtype)
+    except NotImplementedError as e:
+        pytest.skip(str(e))
+    with pytest.raises(NotImplementedError, match=r"fp8 runs on auto, cpu, naive and persistent"):
+        optimized_ops.linear(x, w, b, variant="fused", fp8=True)
+
+
+@requires_cuda
 def test_cuda_nn_linear_compiles(rng):
     torch._dynamo.reset()
     model = _Block().cuda().to(torch.bfloat16)
@@ -377,8 +468,9 @@ def test_cuda_nn_linear_compiles(rng):
 
 
 @requires_cuda
-@pytest.mark.parametrize("variant", ["auto", "fused"])
-def test_cuda_graph_forward_backward(variant, rng):
+@pytest.mark.parametrize("variant,fp8", [("auto", False), ("fused", False), ("auto", True)],
+                         ids=["auto", "fused", "auto-fp8"])
+def test_cuda_graph_forward_backward(variant, fp8, rng):
     """Forward and backward (x, W and b gradients through autograd) captured once in a
     torch.cuda.CUDAGraph, replayed over fresh inputs copied into the static tensors: each replay
     equals an eager run of the same inputs bitwise (the same kernels, deterministic bias gradient)."""
@@ -389,7 +481,7 @@ def test_cuda_graph_forward_backward(variant, rng):
     dy = torch.zeros(3, 40, 96, dtype=dtype, device="cuda")
 
     def step():
-        y = optimized_ops.linear(x, w, b, act, variant=variant)
+        y = optimized_ops.linear(x, w, b, act, variant=variant, fp8=fp8)
         return (y, *torch.autograd.grad(y, (x, w, b), dy))
 
     def fill():

@@ -70,7 +70,7 @@ def _needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-           activation: Optional[str] = None, variant: str = "auto") -> torch.Tensor:
+           activation: Optional[str] = None, variant: str = "auto", fp8: bool = False) -> torch.Tensor:
     r"""A linear layer with a fused activation: ``act(x @ weight.T + bias)``, as
     ``act(torch.nn.functional.linear(x, weight, bias))``.
 
@@ -95,6 +95,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
         ``"gelu_tanh"`` (``approximate='tanh'``), ``"silu"``.
     variant : str
         ``"auto"`` or a rung of :func:`linear_variants` (see the package's table).
+    fp8 : bool
+        Run the GEMMs (forward and backward) on fp8 copies with per-tensor current scaling: ``x`` and
+        ``weight`` quantized to e4m3, the gradient ``g`` to e5m2, each with the scale
+        ``fp8_max / max|t|`` of its own values in this call (rounded to nearest even, saturated), the
+        products accumulated in float32 and the epilogue as without fp8. On ``"auto"``, ``"cpu"``,
+        ``"naive"`` and ``"persistent"`` (Hopper: the fp8 wgmma GEMM); float32, float16, bfloat16
+        inputs. A NaN or infinity in an operand gives a NaN product (its scale is NaN).
 
     Returns
     -------
@@ -131,7 +138,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     """
     act = _activation(activation)
     save_pre = act != "none" and _needs_grad(x, weight, bias)
-    y, _ = _ops.linear_forward.default(x, weight, bias, activation=act, save_pre=save_pre, variant=variant)
+    y, _ = _ops.linear_forward.default(x, weight, bias, activation=act, save_pre=save_pre, variant=variant,
+                                       fp8=bool(fp8))
     return y
 
 

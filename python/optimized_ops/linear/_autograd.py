@@ -1,7 +1,7 @@
 """Autograd of ``optimized::linear_forward``, reverse mode and forward mode: the rules, registered through
 ``optimized_ops._autograd.register_autograd`` (the mechanism, shared with GEMM and the fused family).
 
-* backward: one ``optimized::linear_backward`` call on the forward's variant, with ``output_mask`` from
+* backward: one ``optimized::linear_backward`` call on the forward's variant and ``fp8`` flag, with ``output_mask`` from
   ``ctx.needs_input_grad`` (only the gradients that are needed are computed) and the forward's ``pre``
   when it kept one (else the C++ API recomputes it from x, W and b). ``pre`` is an output marked
   non-differentiable: it is what the backward reads, not a result to differentiate.
@@ -9,6 +9,7 @@
   composite formula that torch can differentiate once more -- ``pre`` recomputed with
   ``optimized_ops.matmul``, ``g = dy * act'(pre)`` in float32 (float64 for float64), ``g W`` and
   ``g^T x`` through ``optimized_ops.matmul`` -- as ``linear_backward`` itself has no autograd kernel.
+  With ``fp8`` that formula is the full-precision one (the fp8 rounding has no derivative to keep).
 * jvp: ``t_y = act'(pre) * (t_x W^T + x t_W^T + t_b)``, the products through ``linear_forward``
   itself (same variant) and ``pre`` recomputed by it, so nested forward mode sees its dependence on
   x, W and b.
@@ -52,6 +53,7 @@ def _setup_context(ctx, inputs, keyword_only_inputs, output):
     _, pre = output
     ctx.activation = keyword_only_inputs.get("activation", "none")
     ctx.variant = keyword_only_inputs.get("variant", "auto")
+    ctx.fp8 = keyword_only_inputs.get("fp8", False)
     ctx.save_for_backward(x, weight, bias, pre)
     if pre is not None:
         ctx.mark_non_differentiable(pre)
@@ -84,7 +86,7 @@ def _backward(ctx, dy, _dpre):
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (dy, x, weight, bias)):
         return _composite_backward(dy, x, weight, bias, ctx.activation, need)
     return _ops.linear_backward.default(dy, x, weight, pre, bias, activation=ctx.activation, output_mask=list(need),
-                                        variant=ctx.variant)
+                                        variant=ctx.variant, fp8=ctx.fp8)
 
 
 def _jvp(inputs, keyword_only_inputs, output, tangents):
@@ -93,9 +95,10 @@ def _jvp(inputs, keyword_only_inputs, output, tangents):
     y = output[0]
     activation = keyword_only_inputs.get("activation", "none")
     variant = keyword_only_inputs.get("variant", "auto")
+    fp8 = keyword_only_inputs.get("fp8", False)
 
     def lin(a, w, b):
-        return _ops.linear_forward.default(a, w, b, variant=variant)[0]
+        return _ops.linear_forward.default(a, w, b, variant=variant, fp8=fp8)[0]
 
     t: Optional[torch.Tensor] = None
     if tx is not None:

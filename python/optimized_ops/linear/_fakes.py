@@ -31,7 +31,7 @@ def _out_shape(op: str, x: torch.Tensor, x_name: str, weight: torch.Tensor) -> l
 
 
 @torch.library.register_fake("optimized::linear_forward")
-def _linear_forward_fake(x, weight, bias, *, activation="none", save_pre=False, variant="auto"):
+def _linear_forward_fake(x, weight, bias, *, activation="none", save_pre=False, variant="auto", fp8=False):
     one_device("linear_forward", x=x, weight=weight, bias=bias)
     shape = _out_shape("linear_forward", x, "x", weight)
     return x.new_empty(shape), (x.new_empty(shape) if save_pre else None)
@@ -39,7 +39,7 @@ def _linear_forward_fake(x, weight, bias, *, activation="none", save_pre=False, 
 
 @torch.library.register_fake("optimized::linear_backward")
 def _linear_backward_fake(grad_output, input, weight, pre, bias, *, activation="none", output_mask=(True, True, True),
-                          variant="auto"):
+                          variant="auto", fp8=False):
     one_device("linear_backward", grad_output=grad_output, input=input, weight=weight, pre=pre, bias=bias)
     _out_shape("linear_backward", input, "input", weight)
     return (input.new_empty(input.shape) if output_mask[0] else None,

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/host_dtype.h"
+#include "gemm/cpu/activation.h"
 #include "gemm/scaled_params.h"
 #include "optimized/buffer.h"
 
@@ -42,6 +43,7 @@ void store(void* c, int64_t i, DType dtype, float v) {
   }
 }
 
+// Element j of a vector or matrix of dtype, as fp32 (the bias; C read back for beta).
 float load_bias(const void* bias, int64_t j, DType dtype) {
   switch (dtype) {
     case DType::kF32: return static_cast<const float*>(bias)[j];
@@ -85,7 +87,9 @@ void scaled_gemm(const ScaledGemmParams& p, int threads) {
         for (; kk < p.k; ++kk) part[0] += row[kk] * y[kk];
         float acc = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
         if (p.bias) acc += load_bias(p.bias, j, p.c_dtype);
-        store(p.c, i * p.ldc + j, p.c_dtype, acc);
+        if (p.beta != 0.0f) acc += p.beta * load_bias(p.c, i * p.ldc + j, p.c_dtype);
+        if (p.aux) store(p.aux, i * p.ld_aux + j, p.c_dtype, acc);
+        store(p.c, i * p.ldc + j, p.c_dtype, activate(p.activation, acc));
       }
     }
   }

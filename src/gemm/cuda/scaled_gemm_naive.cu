@@ -8,6 +8,7 @@
 
 #include "gemm/cuda/gemm_common.cuh"
 #include "gemm/cuda/scaled_common.cuh"
+#include "kernels/epilogue/fused_epilogue.cuh"
 #include "gemm/launchers.h"
 #include "gemm/scaled_params.h"
 
@@ -38,7 +39,10 @@ __global__ void __launch_bounds__(kBlockX * kBlockY) scaled_gemm_naive_kernel(Sc
       acc = fmaf(x, y, acc);
     }
     if (p.bias) acc += kernels::to_float(static_cast<const TC*>(p.bias)[col]);
-    static_cast<TC*>(p.c)[row * p.ldc + col] = kernels::from_float<TC>(acc);
+    TC* c = static_cast<TC*>(p.c) + row * p.ldc + col;
+    if (p.beta != 0.0f) acc += p.beta * kernels::to_float(*c);
+    if (p.aux) static_cast<TC*>(p.aux)[row * p.ld_aux + col] = kernels::from_float<TC>(acc);
+    *c = kernels::from_float<TC>(kernels::activate(p.activation, acc));
   }
 }
 

@@ -42,6 +42,7 @@
 #include "gemm/cuda/scaled_common.cuh"
 #include "gemm/launchers.h"
 #include "gemm/scaled_params.h"
+#include "kernels/epilogue/fused_epilogue.cuh"
 
 namespace optimized::cuda {
 namespace {
@@ -73,6 +74,11 @@ struct Fp8Args {
   int a_blocks_k;  // ceil(K / 128): scales per row of A's block layouts, and rows of B's 128x128
   int b_blocks_n;  // ceil(N / 128): scales per row of B's 128x128 layout
   const void* bias;
+  int activation;   // optimized::Activation, applied last
+  void* aux;        // pre (before the activation), rows ld_aux apart; null: none
+  int64_t ld_aux;
+  bool aux_pairs;   // as c_pairs, for aux
+  float beta;       // 0: C is not read
 };
 
 // Where a consumer thread's block scales are, fixed for a tile: its two rows (row_lo, row_lo + 8,
@@ -123,16 +129,28 @@ __device__ __forceinline__ void store_pair(T* c, float v0, float v1) {
   }
 }
 
+// Two neighbouring elements of a row (the second only when col + 1 < n): one access when `pairs`.
+template <typename T>
+__device__ __forceinline__ void store_two(T* row, int col, int n, bool pairs, float v0, float v1) {
+  if (pairs && col + 1 < n) {
+    store_pair(row + col, v0, v1);
+  } else {
+    row[col] = kernels::from_float<T>(v0);
+    if (col + 1 < n) row[col + 1] = kernels::from_float<T>(v1);
+  }
+}
+
 // The epilogue of one consumer's 64 x kN total at (m0, n0) (the m64nNk32 accumulator layout: d[4j +
 // 2h + e] is row 16 warp + lane/4 + 8h, column 8j + 2 (lane%4) + e): outer scales (per tensor, row,
-// column), bias, rounding to C's type, ragged edges skipped. A column's scale and bias are loaded
-// once for the thread's two rows.
+// column), bias, beta * C, aux = that value, C = its activation, each rounded to C's type, ragged
+// edges skipped. A column's scale and bias are loaded once for the thread's two rows.
 template <typename T, int kN>
 __device__ __forceinline__ void store_tile(const float (&acc)[kN / 2], const Fp8Args& args, int m0, int n0) {
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
   const float ta = args.layout_a == ScaleLayout::kTensor ? __ldg(args.scale_a) : 1.0f;
   const float tb = args.layout_b == ScaleLayout::kTensor ? __ldg(args.scale_b) : 1.0f;
   T* c = static_cast<T*>(args.c);
+  T* aux = static_cast<T*>(args.aux);
   const T* bias = static_cast<const T*>(args.bias);
   int row[2];
   float rs[2];  // the row's scale: per tensor times per row
@@ -155,6 +173,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kN / 2], const Fp8
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if (row[h] >= args.m) continue;
+      T* c_row = c + int64_t(row[h]) * args.ldc;
       float v[2];
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
@@ -162,14 +181,14 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kN / 2], const Fp8
         if (args.layout_b == ScaleLayout::kRowwise) s *= cs[e];
         v[e] = acc[4 * j + 2 * h + e] * s;
         if (bias) v[e] += cb[e];
+        if (args.beta != 0.0f) v[e] += args.beta * kernels::to_float(c_row[min(col + e, args.n - 1)]);
       }
-      T* c_row = c + int64_t(row[h]) * args.ldc;
-      if (args.c_pairs && col + 1 < args.n) {
-        store_pair(c_row + col, v[0], v[1]);
-      } else {
-        c_row[col] = kernels::from_float<T>(v[0]);
-        if (col + 1 < args.n) c_row[col + 1] = kernels::from_float<T>(v[1]);
+      if (aux) store_two(aux + int64_t(row[h]) * args.ld_aux, col, args.n, args.aux_pairs, v[0], v[1]);
+      if (args.activation != 0) {
+        v[0] = kernels::activate(args.activation, v[0]);
+        v[1] = kernels::activate(args.activation, v[1]);
       }
+      store_two(c_row, col, args.n, args.c_pairs, v[0], v[1]);
     }
   }
 }
@@ -373,6 +392,11 @@ cudaError_t scaled_gemm_wgmma_fp8(const ScaledGemmParams& p, const Workspace& wo
   args.a_blocks_k = static_cast<int>(ceil_div(p.k, int64_t(128)));
   args.b_blocks_n = static_cast<int>(ceil_div(p.n, int64_t(128)));
   args.bias = p.bias;
+  args.activation = p.activation;
+  args.aux = p.aux;
+  args.ld_aux = p.ld_aux;
+  args.aux_pairs = reinterpret_cast<uintptr_t>(p.aux) % pair_bytes == 0 && p.ld_aux % 2 == 0;
+  args.beta = p.beta;
   const Scheduler sched{static_cast<int>(ceil_div(p.m, int64_t(Tile::kBM))),
                         static_cast<int>(ceil_div(p.n, int64_t(Tile::kBN))), 1, 1};
   if (!sched.fits()) return cudaErrorInvalidConfiguration;

@@ -11,10 +11,13 @@
 //                        GEMM epilogue's), writes round(v) into g and sums v per column; the block
 //                        then adds the 8 slice sums of each column in slice order into the
 //                        group's row of partials.
+//                        With amax_bits (the fp8 path), max |round(v)| is raised into it, one
+//                        atomicMax a warp (a max: the same result in any order).
 //   finish_column_sums   (kernels/epilogue/column_sums.cuh) adds the groups' partials in a fixed tree.
 //   store_bias_grad      bias_grad[j] = round(sum_j (+ bias_grad[j] with accumulate)).
 //
-// Every order depends on m and n alone, never on timing: the same bits every run, no atomics.
+// Every order depends on m and n alone, never on timing: the same bits every run, no atomics in
+// the sums.
 // The workspace holds the partials (groups x n fp32) and the sums (n fp32), carved by the same code
 // that answers the workspace query (core/workspace.h).
 #include <cuda_runtime.h>
@@ -58,7 +61,7 @@ template <typename T, int kVec>
 __global__ void __launch_bounds__(kCols * kSlices)
     act_grad_kernel(const T* __restrict__ dy, int64_t ld_dy, const T* __restrict__ pre, int64_t ld_pre,
                     T* __restrict__ g, int64_t ld_g, int act, int64_t m, int64_t n, int64_t rows_per_group,
-                    float* __restrict__ partials) {
+                    float* __restrict__ partials, unsigned* __restrict__ amax_bits) {
   constexpr int kBlockCols = kCols * kVec;
   __shared__ float slice_sums[kSlices][kBlockCols];
   const int64_t col = (int64_t(blockIdx.x) * kCols + threadIdx.x) * kVec;  // kVec > 1: n % kVec == 0
@@ -67,6 +70,7 @@ __global__ void __launch_bounds__(kCols * kSlices)
   float s[kVec];
 #pragma unroll
   for (int e = 0; e < kVec; ++e) s[e] = 0.0f;
+  unsigned amax = 0;  // max |round(v)| as float bits (the fp8 path's)
   if (col < n) {
 #pragma unroll 4
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kSlices) {
@@ -80,9 +84,14 @@ __global__ void __launch_bounds__(kCols * kSlices)
         if (act != kActNone) v *= activate_grad(act, to_float(x.v[e]));
         o.v[e] = from_float<T>(v);
         s[e] += v;
+        amax = max(amax, __float_as_uint(fabsf(to_float(o.v[e]))));
       }
       if (g) store_vec<T, kVec>(g + r * ld_g + col, o);
     }
+  }
+  if (amax_bits) {  // uniform over the grid
+    amax = __reduce_max_sync(0xffffffffu, amax);
+    if (threadIdx.x == 0 && amax != 0) atomicMax(amax_bits, amax);
   }
   if (!partials) return;  // uniform over the grid
 #pragma unroll
@@ -149,7 +158,7 @@ cudaError_t linear_act_grad(const LinearGradParams& p, const Workspace& workspac
     const auto launch = [&](auto kernel, int64_t blocks) {
       kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(groups.groups)), block, 0, stream>>>(
           static_cast<const T*>(p.dy), p.ld_dy, static_cast<const T*>(p.pre), p.ld_pre, static_cast<T*>(p.g), p.ld_g,
-          p.act, p.m, p.n, groups.rows, ws.partials);
+          p.act, p.m, p.n, groups.rows, ws.partials, p.amax_bits);
     };
     if (vector) launch(act_grad_kernel<T, kVec>, (p.n + kCols * kVec - 1) / (kCols * kVec));
     else launch(act_grad_kernel<T, 1>, col_blocks);
