@@ -74,7 +74,7 @@ struct Fp8Args {
   int a_blocks_k;  // ceil(K / 128): scales per row of A's block layouts, and rows of B's 128x128
   int b_blocks_n;  // ceil(N / 128): scales per row of B's 128x128 layout
   const void* bias;
-  int activation;   // optimized::Activation, applied last
+  int epilogue;     // -1: bias only; else optimized::Activation, with beta and aux
   void* aux;        // pre (before the activation), rows ld_aux apart; null: none
   int64_t ld_aux;
   bool aux_pairs;   // as c_pairs, for aux
@@ -142,15 +142,24 @@ __device__ __forceinline__ void store_two(T* row, int col, int n, bool pairs, fl
 
 // The epilogue of one consumer's 64 x kN total at (m0, n0) (the m64nNk32 accumulator layout: d[4j +
 // 2h + e] is row 16 warp + lane/4 + 8h, column 8j + 2 (lane%4) + e): outer scales (per tensor, row,
-// column), bias, beta * C, aux = that value, C = its activation, each rounded to C's type, ragged
-// edges skipped. A column's scale and bias are loaded once for the thread's two rows.
-template <typename T, int kN>
-__device__ __forceinline__ void store_tile(const float (&acc)[kN / 2], const Fp8Args& args, int m0, int n0) {
+// column), bias, and with kAct >= 0 beta * C, aux = that value, C = activation kAct of it; each
+// rounded to C's type, ragged edges skipped. A column's scale and bias are loaded once for the
+// thread's two rows.
+//
+// Code size: the plain epilogue (kAct < 0) is unrolled over the 32 column groups, as it always was.
+// The full one walks them in a loop of 4 groups a trip, the totals shifted down 16 registers after
+// each (register moves: the array stays in registers), so that its code stays small: unrolled 64
+// values deep with an activation inline, the epilogue is thousands of instructions that every
+// tile fetches once, and it measured ~1 ms of instruction fetch at 4096 x 16384 x 4096 (a runtime
+// activation switch per value inside that unrolled code made even the plain GEMM 2.4x slower).
+// kAct is a template argument for the same reason: one activation's code per instance.
+template <typename T, int kN, int kAct>
+__device__ __forceinline__ void store_tile(float (&acc)[kN / 2], const Fp8Args& args, int m0, int n0) {
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
   const float ta = args.layout_a == ScaleLayout::kTensor ? __ldg(args.scale_a) : 1.0f;
   const float tb = args.layout_b == ScaleLayout::kTensor ? __ldg(args.scale_b) : 1.0f;
   T* c = static_cast<T*>(args.c);
-  T* aux = static_cast<T*>(args.aux);
+  T* aux = kAct >= 0 ? static_cast<T*>(args.aux) : nullptr;
   const T* bias = static_cast<const T*>(args.bias);
   int row[2];
   float rs[2];  // the row's scale: per tensor times per row
@@ -159,10 +168,10 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kN / 2], const Fp8
     row[h] = m0 + 16 * warp + lane / 4 + 8 * h;
     rs[h] = ta * (args.layout_a == ScaleLayout::kRowwise ? __ldg(args.scale_a + min(row[h], args.m - 1)) : 1.0f);
   }
-#pragma unroll
-  for (int j = 0; j < kN / 8; ++j) {
+  // Column group j (8 columns of the tile), d: its 4 totals (d[2h + e]).
+  const auto group = [&](int j, const float* d) {
     const int col = n0 + 8 * j + 2 * (lane % 4);
-    if (col >= args.n) continue;
+    if (col >= args.n) return;
     float cs[2], cb[2];  // the columns' scales (per column of B) and bias
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
@@ -179,16 +188,29 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kN / 2], const Fp8
       for (int e = 0; e < 2; ++e) {
         float s = rs[h] * tb;
         if (args.layout_b == ScaleLayout::kRowwise) s *= cs[e];
-        v[e] = acc[4 * j + 2 * h + e] * s;
+        v[e] = d[2 * h + e] * s;
         if (bias) v[e] += cb[e];
-        if (args.beta != 0.0f) v[e] += args.beta * kernels::to_float(c_row[min(col + e, args.n - 1)]);
+        if (kAct >= 0 && args.beta != 0.0f) v[e] += args.beta * kernels::to_float(c_row[min(col + e, args.n - 1)]);
       }
       if (aux) store_two(aux + int64_t(row[h]) * args.ld_aux, col, args.n, args.aux_pairs, v[0], v[1]);
-      if (args.activation != 0) {
-        v[0] = kernels::activate(args.activation, v[0]);
-        v[1] = kernels::activate(args.activation, v[1]);
+      if constexpr (kAct > 0) {
+        v[0] = kernels::activate(kAct, v[0]);
+        v[1] = kernels::activate(kAct, v[1]);
       }
       store_two(c_row, col, args.n, args.c_pairs, v[0], v[1]);
+    }
+  };
+  if constexpr (kAct < 0) {
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) group(j, acc + 4 * j);
+  } else {
+    constexpr int kGroups = 4;  // column groups a trip: 16 totals
+#pragma unroll 1
+    for (int j0 = 0; j0 < kN / 8; j0 += kGroups) {
+#pragma unroll
+      for (int jj = 0; jj < kGroups; ++jj) group(j0 + jj, acc + 4 * jj);
+#pragma unroll
+      for (int i = 0; i + 4 * kGroups < kN / 2; ++i) acc[i] = acc[i + 4 * kGroups];
     }
   }
 }
@@ -283,7 +305,15 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
       }
       cur.advance();
     }
-    store_tile<T, Tile::kBN>(total, args, t.m * Tile::kBM + rows, t.n * Tile::kBN);
+    // The epilogue's instance: bias only (-1), or beta / aux / the activation (uniform over the grid).
+    switch (args.epilogue) {
+      case -1: store_tile<T, Tile::kBN, -1>(total, args, t.m * Tile::kBM + rows, t.n * Tile::kBN); break;
+      case kernels::kActRelu: store_tile<T, Tile::kBN, kernels::kActRelu>(total, args, t.m * Tile::kBM + rows, t.n * Tile::kBN); break;
+      case kernels::kActGeluErf: store_tile<T, Tile::kBN, kernels::kActGeluErf>(total, args, t.m * Tile::kBM + rows, t.n * Tile::kBN); break;
+      case kernels::kActGeluTanh: store_tile<T, Tile::kBN, kernels::kActGeluTanh>(total, args, t.m * Tile::kBM + rows, t.n * Tile::kBN); break;
+      case kernels::kActSilu: store_tile<T, Tile::kBN, kernels::kActSilu>(total, args, t.m * Tile::kBM + rows, t.n * Tile::kBN); break;
+      default: store_tile<T, Tile::kBN, kernels::kActNone>(total, args, t.m * Tile::kBM + rows, t.n * Tile::kBN); break;
+    }
   }
   kernels::ptx::cluster_sync();
 }
@@ -392,7 +422,7 @@ cudaError_t scaled_gemm_wgmma_fp8(const ScaledGemmParams& p, const Workspace& wo
   args.a_blocks_k = static_cast<int>(ceil_div(p.k, int64_t(128)));
   args.b_blocks_n = static_cast<int>(ceil_div(p.n, int64_t(128)));
   args.bias = p.bias;
-  args.activation = p.activation;
+  args.epilogue = p.activation == 0 && !p.aux && p.beta == 0.0f ? -1 : p.activation;
   args.aux = p.aux;
   args.ld_aux = p.ld_aux;
   args.aux_pairs = reinterpret_cast<uintptr_t>(p.aux) % pair_bytes == 0 && p.ld_aux % 2 == 0;
