@@ -1,0 +1,82 @@
+// Mixture of Experts (the seed's moe_optimized family): routing and the permutation of the
+// (token, expert) pairs by expert. In progress: the grouped GEMM, the expert MLP, the combine and
+// the losses follow (docs/perf-notes/moe.md).
+//
+// ---- Routing --------------------------------------------------------------------------------------
+//
+//   logits (T, E)         fp32, fp16 or bf16; rows any stride apart, unit stride along E
+//   bias (E)              fp32, contiguous, or absent: added to the scores for the choice only
+//                         (DeepSeek-V3's balancing bias); the weights come from the unbiased scores
+//   topk_ids (T, k)       int32, contiguous: the chosen experts of each token, best first
+//   topk_weights (T, k)   fp32, contiguous: their weights
+//   lse (T)               fp32, contiguous, or absent: logsumexp of each token's logits (the router
+//                         z-loss is mean(lse^2))
+//
+// Scores (in fp32): softmax over the E logits (kSoftmax), or sigmoid of each (kSigmoid). With
+// topk_softmax (Mixtral's order) the choice is on the logits and the weights are the softmax over
+// the k chosen ones. Group-limited routing (n_groups > 1, DeepSeek-V3): the experts form n_groups
+// equal groups, each group's score is the sum of its two best choice scores (its best one for
+// groups of one expert), only the topk_groups best groups compete. normalize divides the weights
+// by their sum over the k; routed_scale then multiplies them.
+//
+// Ties: the lower expert index wins (groups likewise), so the choice is the same on every backend
+// and every run. NaN: a NaN choice score ranks below every number (chosen only when fewer than k
+// experts have numbers); a NaN logit makes that token's softmax weights NaN (and its lse), never a
+// silently finite answer.
+//
+// ---- Permutation ----------------------------------------------------------------------------------
+//
+// The T k pairs p = t k + j (token t's j-th choice, expert topk_ids[t, j]) sorted by expert, stably
+// (by p within an expert): a counting sort on the device, deterministic, without atomics deciding
+// any order and without a host synchronisation.
+//
+//   counts (E)          int32: pairs kept per expert (at most capacity)
+//   offsets (E + 1)     int32: offsets[e] = sum of counts before e; offsets[E] = pairs kept
+//   sorted_pairs (T k)  int32: slot s < offsets[E] holds the pair placed there; the slots past
+//                       offsets[E] (dropped pairs) are -1
+//   slot_of (T, k)      int32: the slot of each pair, -1 when it was dropped
+//   dropped (1)         int32, or absent: pairs dropped
+//
+// capacity: 0 = dropless; otherwise each expert keeps its first `capacity` pairs (the lowest p,
+// i.e. earlier tokens first) and drops the rest (moe_capacity gives ceil(cf T k / E)).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "optimized/core.h"
+
+namespace optimized {
+
+enum class MoeScoring : uint8_t { kSoftmax, kSigmoid };
+std::string_view moe_scoring_name(MoeScoring scoring);  // "softmax", "sigmoid"
+MoeScoring parse_moe_scoring(std::string_view name);    // throws Error naming the choices
+
+struct MoeRouteOptions {
+  int top_k = 2;                          // 1 <= k <= E
+  MoeScoring scoring = MoeScoring::kSoftmax;
+  bool topk_softmax = false;              // choose on the logits, softmax over the chosen k (kSoftmax only)
+  bool normalize = false;                 // weights / their sum over the k
+  int n_groups = 1, topk_groups = 1;      // group-limited routing: E % n_groups == 0, 1 <= topk_groups <= n_groups
+  float routed_scale = 1.0f;              // weights * routed_scale (after normalize)
+};
+
+// Largest E and k the routing takes (one warp holds a token's scores on CUDA).
+constexpr int64_t kMoeMaxExperts = 1024;
+constexpr int64_t kMoeMaxTopK = 32;
+
+void moe_route(const TensorView& logits, const TensorView& bias, const TensorView& topk_ids,
+               const TensorView& topk_weights, const TensorView& lse, const MoeRouteOptions& options,
+               const ExecutionContext& ctx = {});
+
+// ceil(capacity_factor * T * k / E) (capacity_factor > 0).
+int64_t moe_capacity(double capacity_factor, int64_t tokens, int64_t top_k, int64_t experts);
+
+// Workspace bytes moe_permute needs for T k pairs and E experts on `device` (0 on the CPU).
+size_t moe_permute_workspace_bytes(int64_t pairs, int64_t experts, Device device);
+
+void moe_permute(const TensorView& topk_ids, int64_t num_experts, int64_t capacity, const TensorView& counts,
+                 const TensorView& offsets, const TensorView& sorted_pairs, const TensorView& slot_of,
+                 const TensorView& dropped, const ExecutionContext& ctx = {});
+
+}  // namespace optimized

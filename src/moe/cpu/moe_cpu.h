@@ -1,0 +1,12 @@
+// The MoE family's CPU backend (moe_params.h): routing (threads over tokens, moe_route_token) and
+// the permutation (a serial counting sort: the order is the documented one by construction).
+#pragma once
+
+#include "moe/moe_params.h"
+
+namespace optimized::cpu {
+
+void moe_route(const MoeRouteParams& p, int cpu_threads);
+void moe_permute(const MoePermuteParams& p);
+
+}  // namespace optimized::cpu

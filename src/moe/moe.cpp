@@ -1,0 +1,230 @@
+// Public entry of the MoE family (include/optimized/moe.h): validates the operands (messages name
+// the argument, what was expected and what was given), builds the params (moe_params.h) and runs the
+// CPU backend (cpu/moe_cpu.h) or the CUDA launchers (launchers.h) on the operands' device.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/arg_checks.h"
+#include "moe/cpu/moe_cpu.h"
+#include "moe/moe_params.h"
+#include "optimized/moe.h"
+
+#if OPTIMIZED_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "core/cuda_device_guard.h"
+#include "core/cuda_launch.h"
+#include "moe/launchers.h"
+#endif
+
+namespace optimized {
+
+namespace {
+
+using arg::invalid;
+using arg::present;
+using arg::shape_string;
+using arg::unsupported;
+
+std::string dname(DType d) { return std::string(dtype_name(d)); }
+
+void check_dtype(const TensorView& t, const char* name, DType want) {
+  if (t.dtype != want) invalid(std::string(name) + ": expected dtype " + dname(want) + "; given " + dname(t.dtype));
+}
+
+// A contiguous tensor of exactly `shape` ("(T, k)" in messages).
+void check_contiguous(const TensorView& t, const char* name, std::initializer_list<int64_t> shape, const std::string& what) {
+  bool same = t.rank == static_cast<int>(shape.size());
+  int d = 0;
+  for (int64_t s : shape) same = same && t.shape[d++] == s;
+  if (!same) invalid(std::string(name) + ": expected shape " + what + "; given " + (t.rank ? shape_string(t) : "absent"));
+  if (!t.is_contiguous()) invalid(std::string(name) + ": expected a contiguous tensor; given " + t.describe());
+}
+
+// CUDA tensors: a usable device in this build, made current for the launches.
+void cuda_prelude([[maybe_unused]] const Device& device, const char* first) {
+  if (!device.is_cuda()) return;
+#if OPTIMIZED_WITH_CUDA
+  static const std::string no_cuda = cuda_unavailable_reason();
+  if (!no_cuda.empty()) unsupported(std::string(first) + ": CUDA tensors given but " + no_cuda);
+#else
+  unsupported(std::string(first) + ": CUDA tensors given but this build is CPU-only (built without CUDA)");
+#endif
+}
+
+}  // namespace
+
+std::string_view moe_scoring_name(MoeScoring scoring) {
+  switch (scoring) {
+    case MoeScoring::kSoftmax: return "softmax";
+    case MoeScoring::kSigmoid: return "sigmoid";
+  }
+  return "unknown";
+}
+
+MoeScoring parse_moe_scoring(std::string_view name) {
+  for (MoeScoring s : {MoeScoring::kSoftmax, MoeScoring::kSigmoid})
+    if (moe_scoring_name(s) == name) return s;
+  invalid("scoring: expected one of softmax, sigmoid; given '" + std::string(name) + "'");
+}
+
+int64_t moe_capacity(double capacity_factor, int64_t tokens, int64_t top_k, int64_t experts) {
+  if (!(capacity_factor > 0) || !std::isfinite(capacity_factor))
+    invalid("capacity_factor: expected a finite number > 0; given " + arg::number(capacity_factor));
+  if (tokens < 0 || top_k < 1 || experts < 1)
+    invalid("moe_capacity: expected tokens >= 0, top_k >= 1, experts >= 1; given " + std::to_string(tokens) + ", " +
+            std::to_string(top_k) + ", " + std::to_string(experts));
+  return static_cast<int64_t>(std::ceil(capacity_factor * static_cast<double>(tokens) * static_cast<double>(top_k) /
+                                        static_cast<double>(experts)));
+}
+
+// ---- routing -------------------------------------------------------------------------------------
+
+void moe_route(const TensorView& logits, const TensorView& bias, const TensorView& topk_ids,
+               const TensorView& topk_weights, const TensorView& lse, const MoeRouteOptions& o,
+               const ExecutionContext& ctx) {
+  arg::OperandSet ops;
+  if (logits.rank != 2)
+    invalid("logits: expected rank 2 (tokens T, experts E); given " +
+            (logits.rank ? "rank " + std::to_string(logits.rank) + " " + shape_string(logits) : std::string("absent")));
+  ops.add(logits, "logits", false);
+  const int64_t T = logits.shape[0], E = logits.shape[1];
+  if (logits.dtype != DType::kF32 && logits.dtype != DType::kF16 && logits.dtype != DType::kBF16)
+    unsupported("logits: expected dtype fp32, fp16 or bf16; given " + dname(logits.dtype));
+  if (E < 1 || E > kMoeMaxExperts)
+    invalid("logits: expected 1 <= E <= " + std::to_string(kMoeMaxExperts) + " experts (its last dimension); given " +
+            shape_string(logits));
+  if (E > 1 && logits.strides[1] != 1)
+    invalid("logits: expected unit stride along the experts; given " + logits.describe());
+  if (T > 1 && logits.strides[0] < E)
+    invalid("logits: expected rows at least E = " + std::to_string(E) + " elements apart; given " + logits.describe());
+  const int k = o.top_k;
+  if (k < 1 || k > E || k > kMoeMaxTopK)
+    invalid("top_k: expected 1 <= k <= min(E, " + std::to_string(kMoeMaxTopK) + ") = " +
+            std::to_string(std::min<int64_t>(E, kMoeMaxTopK)) + "; given " + std::to_string(k));
+  if (o.scoring != MoeScoring::kSoftmax && o.scoring != MoeScoring::kSigmoid)
+    invalid("scoring: expected softmax or sigmoid; given value " + std::to_string(static_cast<unsigned>(o.scoring)));
+  if (o.topk_softmax && o.scoring != MoeScoring::kSoftmax)
+    invalid("topk_softmax: expected softmax scoring (the softmax over the chosen logits); given sigmoid");
+  if (o.n_groups < 1 || o.n_groups > kMoeMaxGroups || E % o.n_groups != 0)
+    invalid("n_groups: expected 1 <= n_groups <= " + std::to_string(kMoeMaxGroups) + " dividing E = " +
+            std::to_string(E) + "; given " + std::to_string(o.n_groups));
+  if (o.topk_groups < 1 || o.topk_groups > o.n_groups)
+    invalid("topk_groups: expected 1 <= topk_groups <= n_groups = " + std::to_string(o.n_groups) + "; given " +
+            std::to_string(o.topk_groups));
+  if (static_cast<int64_t>(o.topk_groups) * (E / o.n_groups) < k)
+    invalid("topk_groups: expected the chosen groups to hold at least k = " + std::to_string(k) + " experts (" +
+            std::to_string(o.topk_groups) + " groups of " + std::to_string(E / o.n_groups) + ")");
+  if (!std::isfinite(o.routed_scale))
+    invalid("routed_scale: expected a finite number; given " + arg::number(o.routed_scale));
+  if (present(bias)) {
+    ops.add(bias, "bias", false);
+    check_dtype(bias, "bias", DType::kF32);
+    check_contiguous(bias, "bias", {E}, "(E) = (" + std::to_string(E) + ")");
+  }
+  const std::string tk = "(T, k) = (" + std::to_string(T) + ", " + std::to_string(k) + ")";
+  ops.add(topk_ids, "topk_ids", true);
+  check_dtype(topk_ids, "topk_ids", DType::kI32);
+  check_contiguous(topk_ids, "topk_ids", {T, k}, tk);
+  ops.add(topk_weights, "topk_weights", true);
+  check_dtype(topk_weights, "topk_weights", DType::kF32);
+  check_contiguous(topk_weights, "topk_weights", {T, k}, tk);
+  if (present(lse)) {
+    ops.add(lse, "lse", true);
+    check_dtype(lse, "lse", DType::kF32);
+    check_contiguous(lse, "lse", {T}, "(T) = (" + std::to_string(T) + ")");
+  }
+  ops.check_overlaps();
+  const Device device = ops.device();
+  cuda_prelude(device, "logits");
+  if (T == 0) return;
+
+  MoeRouteParams p;
+  p.logits = logits.data, p.dtype = logits.dtype, p.tokens = T, p.experts = E;
+  p.ld = T > 1 ? logits.strides[0] : E;
+  p.bias = present(bias) ? static_cast<const float*>(bias.data) : nullptr;
+  p.ids = static_cast<int32_t*>(topk_ids.data);
+  p.weights = static_cast<float*>(topk_weights.data);
+  p.lse = present(lse) ? static_cast<float*>(lse.data) : nullptr;
+  p.k = k, p.scoring = static_cast<int>(o.scoring), p.topk_softmax = o.topk_softmax, p.normalize = o.normalize;
+  p.n_groups = o.n_groups, p.topk_groups = o.topk_groups, p.routed_scale = o.routed_scale;
+  if (!device.is_cuda()) {
+    cpu::moe_route(p, ctx.cpu_threads);
+    return;
+  }
+#if OPTIMIZED_WITH_CUDA
+  DeviceGuard guard(device.index);
+  check_cuda(cuda::moe_route(p, {}, static_cast<cudaStream_t>(ctx.cuda_stream)), "moe_route");
+#endif
+}
+
+// ---- permutation ---------------------------------------------------------------------------------
+
+size_t moe_permute_workspace_bytes(int64_t pairs, int64_t experts, Device device) {
+  if (pairs < 0 || experts < 1)
+    invalid("moe_permute_workspace_bytes: expected pairs >= 0 and experts >= 1; given " + std::to_string(pairs) + ", " +
+            std::to_string(experts));
+  if (!device.is_cuda()) return 0;
+#if OPTIMIZED_WITH_CUDA
+  return cuda::moe_permute_workspace_bytes(pairs, experts);
+#else
+  return 0;
+#endif
+}
+
+void moe_permute(const TensorView& topk_ids, int64_t num_experts, int64_t capacity, const TensorView& counts,
+                 const TensorView& offsets, const TensorView& sorted_pairs, const TensorView& slot_of,
+                 const TensorView& dropped, const ExecutionContext& ctx) {
+  arg::OperandSet ops;
+  if (topk_ids.rank != 2)
+    invalid("topk_ids: expected rank 2 (tokens T, k); given " + (topk_ids.rank ? shape_string(topk_ids) : std::string("absent")));
+  ops.add(topk_ids, "topk_ids", false);
+  check_dtype(topk_ids, "topk_ids", DType::kI32);
+  const int64_t T = topk_ids.shape[0], k = topk_ids.shape[1], P = T * k;
+  if (!topk_ids.is_contiguous()) invalid("topk_ids: expected a contiguous tensor; given " + topk_ids.describe());
+  if (k < 1) invalid("topk_ids: expected k >= 1; given " + shape_string(topk_ids));
+  if (num_experts < 1 || num_experts > kMoeMaxExperts)
+    invalid("num_experts: expected 1 <= E <= " + std::to_string(kMoeMaxExperts) + "; given " + std::to_string(num_experts));
+  if (capacity < 0) invalid("capacity: expected >= 0 (0: dropless); given " + std::to_string(capacity));
+  if (P >= (int64_t(1) << 31)) invalid("topk_ids: expected fewer than 2^31 pairs (int32 slots); given " + shape_string(topk_ids));
+  const int64_t E = num_experts;
+  const auto out = [&](const TensorView& t, const char* name, std::initializer_list<int64_t> shape, const std::string& what) {
+    ops.add(t, name, true);
+    check_dtype(t, name, DType::kI32);
+    check_contiguous(t, name, shape, what);
+  };
+  out(counts, "counts", {E}, "(E) = (" + std::to_string(E) + ")");
+  out(offsets, "offsets", {E + 1}, "(E + 1) = (" + std::to_string(E + 1) + ")");
+  out(sorted_pairs, "sorted_pairs", {P}, "(T k) = (" + std::to_string(P) + ")");
+  out(slot_of, "slot_of", {T, k}, "(T, k) = (" + std::to_string(T) + ", " + std::to_string(k) + ")");
+  if (present(dropped)) out(dropped, "dropped", {1}, "(1)");
+  ops.check_overlaps();
+  const Device device = ops.device();
+  cuda_prelude(device, "topk_ids");
+
+  MoePermuteParams p;
+  p.ids = static_cast<const int32_t*>(topk_ids.data);
+  p.pairs = P, p.experts = E, p.capacity = capacity;
+  p.counts = static_cast<int32_t*>(counts.data);
+  p.offsets = static_cast<int32_t*>(offsets.data);
+  p.sorted_pairs = static_cast<int32_t*>(sorted_pairs.data);
+  p.slot_of = static_cast<int32_t*>(slot_of.data);
+  p.dropped = present(dropped) ? static_cast<int32_t*>(dropped.data) : nullptr;
+  if (!device.is_cuda()) {
+    cpu::moe_permute(p);
+    return;
+  }
+#if OPTIMIZED_WITH_CUDA
+  DeviceGuard guard(device.index);
+  const auto stream = static_cast<cudaStream_t>(ctx.cuda_stream);
+  const std::string what = "moe_permute";
+  CallWorkspace ws(ctx, cuda::moe_permute_workspace_bytes(P, E), what, device.index, stream);
+  check_cuda(cuda::moe_permute(p, ws.get(), stream), what);
+  ws.release(what);
+#else
+  (void)ctx;
+#endif
+}
+
+}  // namespace optimized

@@ -1,0 +1,321 @@
+// Shared machinery of the MoE family's tests: the float64 references of routing and of the
+// permutation (written independently of the library's code: a double-precision softmax / sigmoid
+// and a std::stable_sort), the checks, and a runner that calls the public API on host or device
+// copies of host buffers.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/test_util.h"
+#include "optimized/buffer.h"
+#include "optimized/moe.h"
+
+namespace optimized::testing {
+
+// Runs call(bases, device) on copies of the host buffers (host copies on the CPU, device copies on
+// cuda:0). Returns the buffers afterwards.
+inline std::vector<Buffer> moe_run(bool cuda, const std::vector<const Buffer*>& host,
+                                   const std::function<void(const std::vector<void*>&, Device)>& call) {
+  std::vector<Buffer> after;
+  if (!cuda) {
+    std::vector<void*> bases;
+    for (const Buffer* h : host) {
+      after.emplace_back(h->dtype(), h->count(), Device::cpu());
+      std::memcpy(after.back().data(), h->data(), h->bytes());
+      bases.push_back(after.back().data());
+    }
+    call(bases, Device::cpu());
+    return after;
+  }
+  const std::string err =
+      run_on_cuda(host, Device::cuda(0), nullptr, [&](const std::vector<void*>& b) { call(b, Device::cuda(0)); }, after);
+  EXPECT_TRUE(err.empty()) << err;
+  return after;
+}
+
+// ---- routing ---------------------------------------------------------------------------------------
+
+struct RouteCase {
+  int64_t tokens = 7, experts = 8;
+  DType dtype = DType::kF32;
+  MoeRouteOptions o;
+  bool bias = false;
+  int64_t pad = 0;  // extra elements between logits rows
+  std::string name() const {
+    return std::string(dtype_name(dtype)) + " T=" + std::to_string(tokens) + " E=" + std::to_string(experts) +
+           " k=" + std::to_string(o.top_k) + " " + std::string(moe_scoring_name(o.scoring)) +
+           (o.topk_softmax ? " topk_softmax" : "") + (o.normalize ? " normalize" : "") + (bias ? " bias" : "") +
+           " groups=" + std::to_string(o.n_groups) + "/" + std::to_string(o.topk_groups) +
+           " scale=" + std::to_string(o.routed_scale) + " pad=" + std::to_string(pad);
+  }
+};
+
+// The float64 reference of one token: choice scores, weights of any expert, the chosen ids, lse.
+struct RouteRef {
+  std::vector<double> logits, score, choice;  // per expert
+  std::vector<int> ids;                       // the reference's choice, best first
+  double lse = 0;
+  bool nan = false;
+  MoeRouteOptions o;
+
+  // The weights of a chosen list (normalized over it).
+  std::vector<double> weights_for(const std::vector<int>& chosen) const {
+    const bool topk_softmax = o.scoring == MoeScoring::kSoftmax && o.topk_softmax;
+    double mk = -INFINITY, sk = 0, total = 0;
+    for (int id : chosen) mk = std::max(mk, logits[id]);
+    for (int id : chosen) sk += std::exp(logits[id] - mk);
+    std::vector<double> w(chosen.size());
+    for (size_t j = 0; j < chosen.size(); ++j) {
+      w[j] = topk_softmax ? (nan ? NAN : std::exp(logits[chosen[j]] - mk) / sk) : score[chosen[j]];
+      total += w[j];
+    }
+    for (double& x : w) x = (o.normalize ? x / total : x) * o.routed_scale;
+    return w;
+  }
+};
+
+inline bool ref_above(double a, double b) {
+  if (std::isnan(a)) return false;
+  if (std::isnan(b)) return true;
+  return a > b;
+}
+
+inline RouteRef route_ref(const std::vector<double>& l, const std::vector<double>& bias, const MoeRouteOptions& o) {
+  const int64_t E = static_cast<int64_t>(l.size());
+  RouteRef r;
+  r.o = o;
+  r.logits = l;
+  double m = -INFINITY;
+  for (double v : l) r.nan = r.nan || std::isnan(v), m = std::isnan(v) ? m : std::max(m, v);
+  double sum = 0;
+  for (double v : l) sum += std::exp(v - m);
+  r.lse = r.nan ? NAN : m + std::log(sum);
+  const bool softmax = o.scoring == MoeScoring::kSoftmax;
+  std::vector<double>& score = r.score;
+  score.resize(static_cast<size_t>(E));
+  r.choice.resize(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    score[e] = softmax ? (r.nan ? NAN : std::exp(l[e] - m) / sum) : 1 / (1 + std::exp(-l[e]));
+    const double b = bias.empty() ? 0.0 : bias[e];
+    r.choice[e] = (softmax && (o.topk_softmax || bias.empty()) ? l[e] : score[e]) + b;
+  }
+  std::vector<bool> allowed(static_cast<size_t>(E), true);
+  const int64_t gs = E / o.n_groups;
+  if (o.n_groups > 1) {
+    std::vector<double> gscore(static_cast<size_t>(o.n_groups));
+    for (int g = 0; g < o.n_groups; ++g) {
+      std::vector<double> c(r.choice.begin() + g * gs, r.choice.begin() + (g + 1) * gs);
+      std::stable_sort(c.begin(), c.end(), ref_above);
+      gscore[g] = gs == 1 ? c[0] : c[0] + c[1];
+    }
+    std::vector<int> order(static_cast<size_t>(o.n_groups));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return ref_above(gscore[a], gscore[b]); });
+    std::fill(allowed.begin(), allowed.end(), false);
+    for (int j = 0; j < o.topk_groups; ++j)
+      for (int64_t e = order[j] * gs; e < (order[j] + 1) * gs; ++e) allowed[e] = true;
+  }
+  std::vector<int> order;
+  for (int64_t e = 0; e < E; ++e)
+    if (allowed[e]) order.push_back(static_cast<int>(e));
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return ref_above(r.choice[a], r.choice[b]); });
+  r.ids.assign(order.begin(), order.begin() + o.top_k);
+  return r;
+}
+
+// Runs moe_route on fresh logits (and bias), checks every token against the reference: the ids are
+// distinct, allowed, and rank as the reference's do (a swap of two experts whose choice scores agree
+// to 1e-5 is allowed: fp32 against float64); the weights of the chosen ids; lse.
+// `fill`: the logits' values (default: uniform in [-3, 3)).
+inline void run_and_check_route(const RouteCase& c, bool cuda, std::mt19937_64& rng,
+                                const std::function<double(int64_t, int64_t)>& fill = nullptr) {
+  SCOPED_TRACE(c.name());
+  const int64_t T = c.tokens, E = c.experts, k = c.o.top_k, ld = E + c.pad;
+  Buffer logits(c.dtype, std::max<int64_t>(1, T * ld), Device::cpu()), bias(DType::kF32, E, Device::cpu());
+  Buffer ids(DType::kI32, std::max<int64_t>(1, T * k), Device::cpu()), w(DType::kF32, std::max<int64_t>(1, T * k), Device::cpu());
+  Buffer lse(DType::kF32, std::max<int64_t>(1, T), Device::cpu());
+  logits.fill_bytes(0xFF), ids.fill_bytes(0xFF), w.fill_bytes(0xFF), lse.fill_bytes(0xFF);  // padding, outputs: poison
+  std::uniform_real_distribution<double> u(-3.0, 3.0), ub(-0.5, 0.5);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t e = 0; e < E; ++e) store_from_double(logits.data(), c.dtype, t * ld + e, fill ? fill(t, e) : u(rng));
+  for (int64_t e = 0; e < E; ++e) store_from_double(bias.data(), DType::kF32, e, ub(rng));
+  std::vector<Buffer> r = moe_run(cuda, {&logits, &bias, &ids, &w, &lse}, [&](const std::vector<void*>& p, Device d) {
+    moe_route(raw(p[0], c.dtype, d, {T, E}, {ld, 1}), c.bias ? raw(p[1], DType::kF32, d, {E}, {1}) : TensorView{},
+              raw(p[2], DType::kI32, d, {T, k}, {k, 1}), raw(p[3], DType::kF32, d, {T, k}, {k, 1}),
+              raw(p[4], DType::kF32, d, {T}, {1}), c.o);
+  });
+  if (r.size() != 5) return;
+  std::vector<double> b;
+  for (int64_t e = 0; c.bias && e < E; ++e) b.push_back(load_as_double(bias.data(), DType::kF32, e));
+  int failures = 0;
+  for (int64_t t = 0; t < T && failures < 3; ++t) {
+    std::vector<double> l(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) l[e] = load_as_double(logits.data(), c.dtype, t * ld + e);
+    const RouteRef ref = route_ref(l, b, c.o);
+    const auto* got_ids = static_cast<const int32_t*>(r[2].data()) + t * k;
+    const auto* got_w = static_cast<const float*>(r[3].data()) + t * k;
+    // the ids: in range, distinct, each as good as the reference's choice at its place
+    std::vector<int> got(got_ids, got_ids + k);
+    for (int64_t j = 0; j < k && failures < 3; ++j) {
+      const int id = got[j], want = ref.ids[j];
+      std::string why;
+      if (id < 0 || id >= E) why = "id " + std::to_string(id) + " out of range";
+      else if (std::count(got.begin(), got.end(), id) > 1) why = "id " + std::to_string(id) + " repeated";
+      else if (id != want && !(std::fabs(ref.choice[id] - ref.choice[want]) <= 1e-5 * (1 + std::fabs(ref.choice[want]))))
+        why = "id " + std::to_string(id) + " (choice score " + std::to_string(ref.choice[id]) + ") where the reference has " +
+              std::to_string(want) + " (" + std::to_string(ref.choice[want]) + ")";
+      if (!why.empty()) {
+        ADD_FAILURE() << "token " << t << " choice " << j << ": " << why;
+        ++failures;
+      }
+    }
+    if (failures) continue;
+    // the weights of the chosen list
+    const std::vector<double> wr = ref.weights_for(got);
+    for (int64_t j = 0; j < k; ++j) {
+      const bool both_nan = std::isnan(wr[j]) && std::isnan(got_w[j]);
+      if (!both_nan && !(std::fabs(got_w[j] - wr[j]) <= 2e-5 * std::fabs(wr[j]) + 1e-6)) {
+        ADD_FAILURE() << "token " << t << " choice " << j << ": weight " << got_w[j] << ", expected " << wr[j];
+        ++failures;
+      }
+    }
+    const double got_lse = static_cast<const float*>(r[4].data())[t];
+    if (!(std::isnan(ref.lse) && std::isnan(got_lse)) && !(std::fabs(got_lse - ref.lse) <= 1e-5 * (1 + std::fabs(ref.lse)))) {
+      ADD_FAILURE() << "token " << t << ": lse " << got_lse << ", expected " << ref.lse;
+      ++failures;
+    }
+  }
+}
+
+// The routing sweep: E in {1, 8, 64, 256, 1024}, k in {1, 2, 8}, T in {1, 7, 4097}, each scoring mode.
+inline std::vector<RouteCase> route_cases() {
+  std::vector<RouteCase> out;
+  int i = 0;
+  for (int64_t E : {1, 8, 64, 256, 1024})
+    for (int k : {1, 2, 8})
+      for (int64_t T : {1, 7, 4097}) {
+        if (k > E || (T == 4097 && E == 1024)) continue;
+        for (int mode = 0; mode < 5; ++mode) {
+          RouteCase c;
+          c.tokens = T, c.experts = E, c.o.top_k = k;
+          c.dtype = i % 3 == 0 ? DType::kF32 : i % 3 == 1 ? DType::kBF16 : DType::kF16;
+          c.pad = i % 4 == 1 ? 3 : 0;
+          ++i;
+          switch (mode) {
+            case 0: break;                                              // softmax, then top-k
+            case 1: c.o.normalize = true; break;                        // renormalized
+            case 2: c.o.topk_softmax = true; break;                     // Mixtral
+            case 3: c.o.scoring = MoeScoring::kSigmoid, c.o.normalize = true, c.bias = true, c.o.routed_scale = 2.5f; break;
+            case 4:                                                     // DeepSeek-V3 groups
+              if (E < 8) continue;
+              c.o.scoring = MoeScoring::kSigmoid, c.o.normalize = true, c.bias = true;
+              c.o.n_groups = 8, c.o.topk_groups = std::max(1, static_cast<int>((k * 8 + E - 1) / E) + 1);
+              if (c.o.topk_groups > 8) c.o.topk_groups = 8;
+              break;
+          }
+          out.push_back(c);
+        }
+      }
+  return out;
+}
+
+// ---- permutation -----------------------------------------------------------------------------------
+
+struct PermuteRef {
+  std::vector<int32_t> counts, offsets, sorted, slot_of;
+  int32_t dropped = 0;
+};
+
+// std::stable_sort of the pairs by expert, then each expert's first `capacity` kept.
+inline PermuteRef permute_ref(const std::vector<int32_t>& ids, int64_t E, int64_t capacity) {
+  const int64_t P = static_cast<int64_t>(ids.size());
+  std::vector<int32_t> order;
+  for (int64_t p = 0; p < P; ++p)
+    if (ids[p] >= 0 && ids[p] < E) order.push_back(static_cast<int32_t>(p));
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
+  PermuteRef r;
+  r.counts.assign(static_cast<size_t>(E), 0);
+  r.slot_of.assign(static_cast<size_t>(P), -1);
+  r.sorted.assign(static_cast<size_t>(P), -1);
+  r.dropped = static_cast<int32_t>(P - static_cast<int64_t>(order.size()));
+  std::vector<int32_t> kept;
+  for (int32_t p : order) {
+    if (capacity > 0 && r.counts[ids[p]] >= capacity) {
+      ++r.dropped;
+      continue;
+    }
+    ++r.counts[ids[p]];
+    kept.push_back(p);
+  }
+  r.offsets.assign(static_cast<size_t>(E + 1), 0);
+  for (int64_t e = 0; e < E; ++e) r.offsets[e + 1] = r.offsets[e] + r.counts[e];
+  for (size_t s = 0; s < kept.size(); ++s) r.sorted[s] = kept[s], r.slot_of[kept[s]] = static_cast<int32_t>(s);
+  return r;
+}
+
+// moe_permute of ids (T, k) against the reference, every output compared exactly.
+inline void run_and_check_permute(const std::vector<int32_t>& id_values, int64_t T, int64_t k, int64_t E,
+                                  int64_t capacity, bool cuda, const std::string& what) {
+  SCOPED_TRACE(what + " T=" + std::to_string(T) + " k=" + std::to_string(k) + " E=" + std::to_string(E) +
+               " capacity=" + std::to_string(capacity));
+  const int64_t P = T * k;
+  Buffer ids(DType::kI32, std::max<int64_t>(1, P), Device::cpu());
+  if (P) std::memcpy(ids.data(), id_values.data(), static_cast<size_t>(P) * 4);
+  Buffer counts(DType::kI32, E, Device::cpu()), offsets(DType::kI32, E + 1, Device::cpu());
+  Buffer sorted(DType::kI32, std::max<int64_t>(1, P), Device::cpu()), slot(DType::kI32, std::max<int64_t>(1, P), Device::cpu());
+  Buffer dropped(DType::kI32, 1, Device::cpu());
+  for (Buffer* b : {&counts, &offsets, &sorted, &slot, &dropped}) b->fill_bytes(0x5A);  // poison
+  std::vector<Buffer> r = moe_run(cuda, {&ids, &counts, &offsets, &sorted, &slot, &dropped},
+                                  [&](const std::vector<void*>& p, Device d) {
+                                    moe_permute(raw(p[0], DType::kI32, d, {T, k}, {k, 1}), E, capacity,
+                                                raw(p[1], DType::kI32, d, {E}, {1}), raw(p[2], DType::kI32, d, {E + 1}, {1}),
+                                                raw(p[3], DType::kI32, d, {P}, {1}), raw(p[4], DType::kI32, d, {T, k}, {k, 1}),
+                                                raw(p[5], DType::kI32, d, {1}, {1}));
+                                  });
+  if (r.size() != 6) return;
+  const PermuteRef ref = permute_ref(id_values, E, capacity);
+  const auto same = [&](const char* name, const Buffer& got, const std::vector<int32_t>& want) {
+    const auto* g = static_cast<const int32_t*>(got.data());
+    for (size_t i = 0; i < want.size(); ++i)
+      if (g[i] != want[i]) {
+        ADD_FAILURE() << name << "[" << i << "] = " << g[i] << ", expected " << want[i];
+        return;
+      }
+  };
+  same("counts", r[1], ref.counts);
+  same("offsets", r[2], ref.offsets);
+  same("sorted_pairs", r[3], ref.sorted);
+  same("slot_of", r[4], ref.slot_of);
+  EXPECT_EQ(*static_cast<const int32_t*>(r[5].data()), ref.dropped) << "dropped";
+}
+
+// Ids of T k pairs: `mode` 0 uniform over E, 1 all to one expert, 2 Zipf-skewed (experts 0.. get most),
+// 3 only even experts (odd ones empty).
+inline std::vector<int32_t> make_ids(int64_t P, int64_t E, int mode, std::mt19937_64& rng) {
+  std::vector<int32_t> ids(static_cast<size_t>(P));
+  std::uniform_int_distribution<int64_t> u(0, E - 1);
+  for (auto& id : ids) {
+    switch (mode) {
+      case 1: id = static_cast<int32_t>(E - 1); break;
+      case 2: {
+        const double x = std::uniform_real_distribution<double>(0, 1)(rng);
+        id = static_cast<int32_t>(std::min<int64_t>(E - 1, static_cast<int64_t>(std::floor(std::pow(E, x * x)) - 1)));
+        break;
+      }
+      case 3: id = static_cast<int32_t>((u(rng) / 2) * 2); break;
+      default: id = static_cast<int32_t>(u(rng));
+    }
+  }
+  return ids;
+}
+
+}  // namespace optimized::testing

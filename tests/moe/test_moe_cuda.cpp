@@ -1,0 +1,40 @@
+// The MoE family on CUDA (routing, permutation) against the references of moe_test_util.h; every
+// test skips without a CUDA device.
+#include <gtest/gtest.h>
+
+#include "moe_tests.h"
+
+namespace optimized::testing {
+namespace {
+
+TEST(MoeCuda, RouteSweep) {
+  SKIP_WITHOUT_CUDA();
+  route_sweep(true);
+}
+TEST(MoeCuda, RouteTies) {
+  SKIP_WITHOUT_CUDA();
+  route_ties(true);
+}
+TEST(MoeCuda, RouteNan) {
+  SKIP_WITHOUT_CUDA();
+  route_nan(true);
+}
+TEST(MoeCuda, PermuteSweep) {
+  SKIP_WITHOUT_CUDA();
+  permute_sweep(true);
+}
+TEST(MoeCuda, PermuteEdges) {
+  SKIP_WITHOUT_CUDA();
+  permute_edges(true);
+}
+
+// Twice on the same ids: every output the same bits (no atomic decides an order).
+TEST(MoeCuda, PermuteIsDeterministic) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937_64 rng = test_rng();
+  const std::vector<int32_t> ids = make_ids(8192 * 8, 256, 2, rng);
+  for (int i = 0; i < 2; ++i) run_and_check_permute(ids, 8192, 8, 256, moe_capacity(1.0, 8192, 8, 256), true, "run " + std::to_string(i));
+}
+
+}  // namespace
+}  // namespace optimized::testing
