@@ -39,9 +39,25 @@
 //
 // capacity: 0 = dropless; otherwise each expert keeps its first `capacity` pairs (the lowest p,
 // i.e. earlier tokens first) and drops the rest (moe_capacity gives ceil(cf T k / E)).
+//
+// ---- Grouped GEMM (torch._grouped_mm's 2-D x 3-D case) -----------------------------------------
+//
+//   x (M, K)      rows any stride apart, unit stride along K; the rows sorted by group
+//   w (E, K, N)   any strides (w[g] row- or column-major: w.transpose(-2, -1) of an (E, N, K) tensor)
+//   offs (E)      int32, contiguous: cumulative ends; group g owns rows [offs[g-1], offs[g]) (offs[-1] = 0)
+//   out (M, N)    out[r] = x[r] @ w[g] for the rows of group g; rows from offs[E-1] on are zeros
+//
+// One dtype for x, w and out (fp32, fp16, bf16; products accumulate in fp32). offs is read on the
+// device only (no host synchronisation); values outside [0, M] are clamped to it and a decreasing
+// offset is raised to the one before (so a group is never negative), never read out of bounds.
+// grouped_mm_weight_grad: dw[g] (K, N) = x[rows of g]^T @ dout[rows of g] (+ dw[g] with
+// accumulate), dw of x's dtype or fp32; an empty group gives zeros. The backward of grouped_mm:
+// grad_x = grouped_mm(dout, w viewed (E, N, K)), grad_w = grouped_mm_weight_grad(x, dout).
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <string>
 #include <string_view>
 
 #include "optimized/core.h"
@@ -78,5 +94,21 @@ size_t moe_permute_workspace_bytes(int64_t pairs, int64_t experts, Device device
 void moe_permute(const TensorView& topk_ids, int64_t num_experts, int64_t capacity, const TensorView& counts,
                  const TensorView& offsets, const TensorView& sorted_pairs, const TensorView& slot_of,
                  const TensorView& dropped, const ExecutionContext& ctx = {});
+
+enum class GroupedGemmVariant : uint8_t {
+  kAuto,       // cpu on the CPU, naive on CUDA (for now)
+  kCpu,        // threads over rows (forward) or groups (weight grad), fp32 accumulation
+  kCudaNaive,  // one thread per output, its group found on the device
+};
+std::string_view grouped_gemm_variant_name(GroupedGemmVariant variant);  // "cpu", "naive"
+GroupedGemmVariant parse_grouped_gemm_variant(std::string_view name);   // throws Error naming the choices
+std::span<const GroupedGemmVariant> all_grouped_gemm_variants();        // every variant but kAuto
+std::string grouped_gemm_variant_rejects_dtype(GroupedGemmVariant variant, DType dtype);  // empty: takes it
+
+void grouped_mm(const TensorView& x, const TensorView& w, const TensorView& offs, const TensorView& out,
+                GroupedGemmVariant variant = GroupedGemmVariant::kAuto, const ExecutionContext& ctx = {});
+void grouped_mm_weight_grad(const TensorView& x, const TensorView& dout, const TensorView& offs, const TensorView& dw,
+                            bool accumulate = false, GroupedGemmVariant variant = GroupedGemmVariant::kAuto,
+                            const ExecutionContext& ctx = {});
 
 }  // namespace optimized

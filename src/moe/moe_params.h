@@ -45,6 +45,38 @@ struct MoePermuteParams {
   int32_t* dropped = nullptr;    // (1) or null
 };
 
+// The grouped GEMM (both directions): forward c (M, N) = a (M, K) @ b[g] (K, N) per group of rows;
+// weight_grad c[g] (K, N) = a[rows of g]^T (K, rows) @ b[rows of g] (rows, N), a = x (M, K), b = dout
+// (M, N). Strides in elements.
+struct GroupedGemmParams {
+  bool weight_grad = false;
+  int64_t m = 0, n = 0, k = 0, groups = 0;
+  DType dtype = DType::kBF16;    // a and b
+  DType c_dtype = DType::kBF16;  // c: dtype, or fp32 (weight_grad)
+  const void* a = nullptr;
+  int64_t a_rs = 0;              // a's row stride (unit along its columns)
+  const void* b = nullptr;
+  int64_t b_gs = 0, b_rs = 0, b_cs = 1;  // forward: b[g](k, n) at g b_gs + k b_rs + n b_cs; weight_grad: b (M, N) rows b_rs apart
+  const int32_t* offs = nullptr;
+  void* c = nullptr;
+  int64_t c_gs = 0, c_rs = 0;    // forward: rows c_rs apart; weight_grad: c[g](k, n) at g c_gs + k c_rs + n
+  bool accumulate = false;       // weight_grad: c += ...
+};
+
+// Group g's rows [begin, end) from unchecked offsets: clamped to [0, m], each end at least the one
+// before (a running max), as moe.h documents.
+OPTIMIZED_HOST_DEVICE inline void grouped_rows(const GroupedGemmParams& p, int64_t g, int64_t* begin, int64_t* end) {
+  int64_t prev = 0, cur = 0;
+  for (int64_t i = 0; i <= g; ++i) {
+    prev = cur;
+    int64_t o = p.offs[i];
+    o = o < 0 ? 0 : (o > p.m ? p.m : o);
+    cur = o > prev ? o : prev;
+  }
+  *begin = prev;
+  *end = cur;
+}
+
 constexpr int kMoeMaxGroups = 64;
 constexpr int kMoeMaxK = 32;
 

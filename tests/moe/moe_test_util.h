@@ -18,6 +18,7 @@
 #include "common/test_util.h"
 #include "optimized/buffer.h"
 #include "optimized/moe.h"
+#include "testing/tolerance.h"
 
 namespace optimized::testing {
 
@@ -224,6 +225,137 @@ inline std::vector<RouteCase> route_cases() {
           }
           out.push_back(c);
         }
+      }
+  return out;
+}
+
+
+// ---- grouped GEMM ----------------------------------------------------------------------------------
+
+struct GroupedCase {
+  DType dtype = DType::kF32;
+  int64_t m = 7, k = 5, n = 13, groups = 3;
+  std::vector<int32_t> offs;   // empty: random cut points ending at m
+  bool w_transposed = false;   // w as the (E, N, K) -> (E, K, N) transposed view
+  int64_t pad = 0;             // extra elements between rows of x and dout
+  bool accumulate = false;     // weight grad onto random dw
+  DType dw_dtype = DType::kF32;
+  GroupedGemmVariant variant = GroupedGemmVariant::kCpu;
+  std::string name() const {
+    std::string s = std::string(dtype_name(dtype)) + " " + std::string(grouped_gemm_variant_name(variant)) +
+                    " M=" + std::to_string(m) + " K=" + std::to_string(k) + " N=" + std::to_string(n) +
+                    " E=" + std::to_string(groups) + (w_transposed ? " w^T" : "") + " pad=" + std::to_string(pad) +
+                    (accumulate ? " accumulate" : "") + " offs=";
+    for (size_t i = 0; i < offs.size() && i < 8; ++i) s += std::to_string(offs[i]) + ",";
+    return s;
+  }
+};
+
+// Group ends as moe.h documents them: clamped to [0, m], a running max.
+inline std::vector<int64_t> clamped_ends(const std::vector<int32_t>& offs, int64_t m) {
+  std::vector<int64_t> ends;
+  int64_t cur = 0;
+  for (int32_t o : offs) cur = std::max<int64_t>(cur, std::clamp<int64_t>(o, 0, m)), ends.push_back(cur);
+  return ends;
+}
+
+// grouped_mm and grouped_mm_weight_grad of one case against float64, with the GEMM rule of
+// tolerance.h (reductions over K, and over the group's rows); rows past the last group zero.
+inline void run_and_check_grouped(GroupedCase c, bool cuda, std::mt19937_64& rng) {
+  const int64_t M = c.m, K = c.k, N = c.n, E = c.groups, lx = K + c.pad, ldy = N + c.pad;
+  if (c.offs.empty()) {  // random cut points
+    std::uniform_int_distribution<int64_t> u(0, M);
+    std::vector<int32_t> cuts;
+    for (int64_t g = 0; g + 1 < E; ++g) cuts.push_back(static_cast<int32_t>(u(rng)));
+    std::sort(cuts.begin(), cuts.end());
+    cuts.push_back(static_cast<int32_t>(M));
+    c.offs = cuts;
+  }
+  SCOPED_TRACE(c.name());
+  Buffer x(c.dtype, std::max<int64_t>(1, M * lx), Device::cpu()), w(c.dtype, E * K * N, Device::cpu());
+  Buffer offs(DType::kI32, E, Device::cpu()), out(c.dtype, std::max<int64_t>(1, M * N), Device::cpu());
+  Buffer dy(c.dtype, std::max<int64_t>(1, M * ldy), Device::cpu()), dw(c.dw_dtype, E * K * N, Device::cpu());
+  x.fill_bytes(0xFF), dy.fill_bytes(0xFF), out.fill_bytes(0xFF);  // padding and the output: NaN
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  for (int64_t r = 0; r < M; ++r) {
+    for (int64_t kk = 0; kk < K; ++kk) store_from_double(x.data(), c.dtype, r * lx + kk, u(rng));
+    for (int64_t j = 0; j < N; ++j) store_from_double(dy.data(), c.dtype, r * ldy + j, u(rng));
+  }
+  for (int64_t i = 0; i < E * K * N; ++i) store_from_double(w.data(), c.dtype, i, u(rng));
+  if (c.accumulate) {
+    for (int64_t i = 0; i < E * K * N; ++i) store_from_double(dw.data(), c.dw_dtype, i, u(rng));
+  } else {
+    dw.fill_bytes(0xFF);
+  }
+  std::memcpy(offs.data(), c.offs.data(), static_cast<size_t>(E) * 4);
+  // w[g](kk, j): stored (E, K, N) row-major, or (E, N, K) row-major seen transposed
+  const auto w_index = [&](int64_t g, int64_t kk, int64_t j) {
+    return c.w_transposed ? g * N * K + j * K + kk : g * K * N + kk * N + j;
+  };
+  std::vector<Buffer> r = moe_run(cuda, {&x, &w, &offs, &out, &dy, &dw}, [&](const std::vector<void*>& p, Device d) {
+    const TensorView wv = c.w_transposed ? raw(p[1], c.dtype, d, {E, K, N}, {N * K, 1, K})
+                                         : raw(p[1], c.dtype, d, {E, K, N}, {K * N, N, 1});
+    grouped_mm(raw(p[0], c.dtype, d, {M, K}, {lx, 1}), wv, raw(p[2], DType::kI32, d, {E}, {1}),
+               raw(p[3], c.dtype, d, {M, N}, {N, 1}), c.variant);
+    grouped_mm_weight_grad(raw(p[0], c.dtype, d, {M, K}, {lx, 1}), raw(p[4], c.dtype, d, {M, N}, {ldy, 1}),
+                           raw(p[2], DType::kI32, d, {E}, {1}), raw(p[5], c.dw_dtype, d, {E, K, N}, {K * N, N, 1}),
+                           c.accumulate, c.variant);
+  });
+  if (r.size() != 6) return;
+  const std::vector<int64_t> ends = clamped_ends(c.offs, M);
+  const auto X = [&](int64_t row, int64_t kk) { return load_as_double(x.data(), c.dtype, row * lx + kk); };
+  const auto DY = [&](int64_t row, int64_t j) { return load_as_double(dy.data(), c.dtype, row * ldy + j); };
+  int failures = 0;
+  for (int64_t row = 0; row < M && failures < 3; ++row) {
+    int64_t g = 0;
+    while (g < E && ends[g] <= row) ++g;
+    for (int64_t j = 0; j < N && failures < 3; ++j) {
+      double ref = 0, mag = 0;
+      for (int64_t kk = 0; g < E && kk < K; ++kk) {
+        const double v = X(row, kk) * load_as_double(w.data(), c.dtype, w_index(g, kk, j));
+        ref += v, mag += std::fabs(v);
+      }
+      const double got = load_as_double(r[3].data(), c.dtype, row * N + j);
+      if (!(std::fabs(got - ref) <= gemm_allowed_error(c.dtype, K, ref, mag))) {
+        ADD_FAILURE() << "out[" << row << ", " << j << "] = " << got << ", expected " << ref << " (group " << g << ")";
+        ++failures;
+      }
+    }
+  }
+  for (int64_t g = 0; g < E && failures < 6; ++g) {
+    const int64_t begin = g ? ends[g - 1] : 0;
+    for (int64_t kk = 0; kk < K && failures < 6; ++kk)
+      for (int64_t j = 0; j < N && failures < 6; ++j) {
+        const int64_t i = g * K * N + kk * N + j;
+        double ref = c.accumulate ? load_as_double(dw.data(), c.dw_dtype, i) : 0.0, mag = std::fabs(ref);
+        for (int64_t row = begin; row < ends[g]; ++row) {
+          const double v = X(row, kk) * DY(row, j);
+          ref += v, mag += std::fabs(v);
+        }
+        const double got = load_as_double(r[5].data(), c.dw_dtype, i);
+        if (!(std::fabs(got - ref) <= gemm_allowed_error(c.dw_dtype, std::max<int64_t>(1, ends[g] - begin) + 1, ref, mag))) {
+          ADD_FAILURE() << "dw[" << g << ", " << kk << ", " << j << "] = " << got << ", expected " << ref;
+          ++failures;
+        }
+      }
+  }
+}
+
+inline std::vector<GroupedCase> grouped_cases(GroupedGemmVariant v) {
+  std::vector<GroupedCase> out;
+  int i = 0;
+  for (int64_t E : {1, 8, 64})
+    for (int64_t M : {0, 1, 7, 131})
+      for (const auto& [K, N] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {5, 13}, {67, 130}}) {
+        GroupedCase c;
+        c.variant = v, c.groups = E, c.m = M, c.k = K, c.n = N;
+        c.dtype = i % 3 == 0 ? DType::kF32 : i % 3 == 1 ? DType::kBF16 : DType::kF16;
+        c.dw_dtype = i % 2 ? DType::kF32 : c.dtype;
+        c.w_transposed = i % 4 == 2;
+        c.pad = i % 5 == 3 ? 3 : 0;
+        c.accumulate = i % 6 == 5;
+        ++i;
+        out.push_back(c);
       }
   return out;
 }

@@ -66,4 +66,28 @@ inline void permute_edges(bool cuda) {
   run_and_check_permute({}, 0, 2, 8, 0, cuda, "no tokens");
 }
 
+inline void grouped_sweep(bool cuda) {
+  std::mt19937_64 rng = test_rng();
+  for (const GroupedCase& c : grouped_cases(cuda ? GroupedGemmVariant::kCudaNaive : GroupedGemmVariant::kCpu))
+    run_and_check_grouped(c, cuda, rng);
+}
+
+// Offsets with empty groups, one group holding every row, rows past the last offset (zeros), and
+// unchecked offsets (negative, decreasing, past M: clamped as documented).
+inline void grouped_offsets(bool cuda) {
+  std::mt19937_64 rng = test_rng();
+  const GroupedGemmVariant v = cuda ? GroupedGemmVariant::kCudaNaive : GroupedGemmVariant::kCpu;
+  for (const std::vector<int32_t>& offs : std::vector<std::vector<int32_t>>{
+           {0, 0, 37, 37, 37},        // empty groups
+           {37, 37, 37, 37, 37},      // all rows to group 0
+           {0, 0, 0, 0, 37},          // all rows to the last group
+           {5, 9, 20, 20, 30},        // rows 30.. past the end: zeros
+           {-3, 12, 7, 50, 1 << 30},  // unchecked: clamped, a running max
+       }) {
+    GroupedCase c;
+    c.variant = v, c.dtype = DType::kBF16, c.m = 37, c.k = 24, c.n = 40, c.groups = 5, c.offs = offs;
+    run_and_check_grouped(c, cuda, rng);
+  }
+}
+
 }  // namespace optimized::testing

@@ -12,6 +12,8 @@ TEST(MoeCpu, RouteTies) { route_ties(false); }
 TEST(MoeCpu, RouteNan) { route_nan(false); }
 TEST(MoeCpu, PermuteSweep) { permute_sweep(false); }
 TEST(MoeCpu, PermuteEdges) { permute_edges(false); }
+TEST(MoeCpu, GroupedSweep) { grouped_sweep(false); }
+TEST(MoeCpu, GroupedOffsets) { grouped_offsets(false); }
 
 TEST(MoeCpu, CapacityAndScoringNames) {
   EXPECT_EQ(moe_capacity(1.0, 4096, 2, 8), 1024);

@@ -28,6 +28,15 @@ TEST(MoeCuda, PermuteEdges) {
   permute_edges(true);
 }
 
+TEST(MoeCuda, GroupedSweep) {
+  SKIP_WITHOUT_CUDA();
+  grouped_sweep(true);
+}
+TEST(MoeCuda, GroupedOffsets) {
+  SKIP_WITHOUT_CUDA();
+  grouped_offsets(true);
+}
+
 // Twice on the same ids: every output the same bits (no atomic decides an order).
 TEST(MoeCuda, PermuteIsDeterministic) {
   SKIP_WITHOUT_CUDA();

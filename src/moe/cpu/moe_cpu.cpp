@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/cpu_loops.h"
+#include "optimized/buffer.h"
 
 namespace optimized::cpu {
 
@@ -43,6 +44,60 @@ void moe_permute(const MoePermuteParams& p) {
     p.slot_of[i] = static_cast<int32_t>(slot);
   }
   if (p.dropped) *p.dropped = static_cast<int32_t>(dropped);
+}
+
+namespace {
+
+float load(const void* base, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kF16: return half_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::kBF16: return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+    default: return static_cast<const float*>(base)[i];
+  }
+}
+void store(void* base, DType dtype, int64_t i, float v) {
+  switch (dtype) {
+    case DType::kF16: static_cast<uint16_t*>(base)[i] = float_to_half(v); return;
+    case DType::kBF16: static_cast<uint16_t*>(base)[i] = float_to_bf16(v); return;
+    default: static_cast<float*>(base)[i] = v;
+  }
+}
+
+}  // namespace
+
+void grouped_gemm(const GroupedGemmParams& p, int cpu_threads) {
+  std::vector<int64_t> begin(static_cast<size_t>(p.groups)), end(static_cast<size_t>(p.groups));
+  for (int64_t g = 0; g < p.groups; ++g) grouped_rows(p, g, &begin[g], &end[g]);
+  if (!p.weight_grad) {
+    const int64_t last = p.groups ? end[p.groups - 1] : 0;
+#pragma omp parallel for num_threads(cpu_thread_count(cpu_threads, p.m)) schedule(static)
+    for (int64_t r = 0; r < p.m; ++r) {
+      int64_t g = 0;
+      while (g < p.groups && end[g] <= r) ++g;
+      std::vector<float> acc(static_cast<size_t>(p.n), 0.0f);
+      if (r < last)
+        for (int64_t kk = 0; kk < p.k; ++kk) {
+          const float x = load(p.a, p.dtype, r * p.a_rs + kk);
+          for (int64_t j = 0; j < p.n; ++j) acc[j] += x * load(p.b, p.dtype, g * p.b_gs + kk * p.b_rs + j * p.b_cs);
+        }
+      for (int64_t j = 0; j < p.n; ++j) store(p.c, p.c_dtype, r * p.c_rs + j, acc[j]);
+    }
+    return;
+  }
+  // weight grad: dw[g](kk, j) = sum over the group's rows of x(r, kk) dout(r, j)
+#pragma omp parallel for collapse(2) num_threads(cpu_thread_count(cpu_threads, p.groups * p.k)) schedule(static)
+  for (int64_t g = 0; g < p.groups; ++g)
+    for (int64_t kk = 0; kk < p.k; ++kk) {
+      std::vector<float> acc(static_cast<size_t>(p.n), 0.0f);
+      for (int64_t r = begin[g]; r < end[g]; ++r) {
+        const float x = load(p.a, p.dtype, r * p.a_rs + kk);
+        for (int64_t j = 0; j < p.n; ++j) acc[j] += x * load(p.b, p.dtype, r * p.b_rs + j);
+      }
+      for (int64_t j = 0; j < p.n; ++j) {
+        const int64_t i = g * p.c_gs + kk * p.c_rs + j;
+        store(p.c, p.c_dtype, i, p.accumulate ? load(p.c, p.c_dtype, i) + acc[j] : acc[j]);
+      }
+    }
 }
 
 }  // namespace optimized::cpu

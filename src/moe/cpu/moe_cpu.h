@@ -8,5 +8,8 @@ namespace optimized::cpu {
 
 void moe_route(const MoeRouteParams& p, int cpu_threads);
 void moe_permute(const MoePermuteParams& p);
+// The grouped GEMM, both directions (GroupedGemmParams::weight_grad): fp32 accumulation, threads
+// over the rows of the output (forward) or over the groups' rows of dw (weight grad).
+void grouped_gemm(const GroupedGemmParams& p, int cpu_threads);
 
 }  // namespace optimized::cpu

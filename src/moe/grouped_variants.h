@@ -1,0 +1,36 @@
+// The grouped GEMM's variants: one constexpr table (core/variant_table.h), the only place a rung's
+// name, backend, dtypes, compute capability and launcher are written. grouped_gemm.cpp generates the
+// public name / parse / list functions from it and dispatches through it. The ladder grows here:
+// a per-expert loop and the Hopper grouped persistent rung come next (issue 16).
+#pragma once
+
+#include <array>
+#include <cstddef>
+
+#include "core/variant_table.h"
+#include "moe/cpu/moe_cpu.h"
+#include "moe/moe_params.h"
+#include "optimized/moe.h"
+
+#if OPTIMIZED_WITH_CUDA
+#include "moe/launchers.h"
+#endif
+
+namespace optimized {
+
+using GroupedGemmVariantInfo = VariantInfo<GroupedGemmVariant, CpuBackendFn<GroupedGemmParams>,
+                                           LauncherFn<GroupedGemmParams>, std::nullptr_t, std::nullptr_t>;
+
+namespace grouped_table {
+constexpr DTypeSet kFloat = {DType::kF32, DType::kF16, DType::kBF16};
+}  // namespace grouped_table
+
+// In ladder order.
+inline constexpr std::array<GroupedGemmVariantInfo, 2> kGroupedGemmVariants = {{
+    {GroupedGemmVariant::kCpu, "cpu", Backend::kCpu, grouped_table::kFloat, 0, "",
+     [](const GroupedGemmParams& p, int threads) { cpu::grouped_gemm(p, threads); }, nullptr, nullptr, nullptr},
+    {GroupedGemmVariant::kCudaNaive, "naive", Backend::kCuda, grouped_table::kFloat, 80, "", nullptr,
+     OPTIMIZED_CUDA_FN(cuda::grouped_gemm_naive), nullptr, nullptr},
+}};
+
+}  // namespace optimized
