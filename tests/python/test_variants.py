@@ -17,6 +17,7 @@ GEMM = ["cpu_naive", "cpu_blocked", "cpu_packed", "naive", "coalesced", "smem_ti
 FUSED = ["cpu", "unfused", "fused_streaming", "fused_registers"]
 LOADER = ["synchronous", "pipelined"]
 SCALED_GEMM = ["cpu", "naive", "wgmma_fp8"]
+GROUPED_GEMM = ["cpu", "naive"]
 
 
 def test_every_family_naive_to_best():
@@ -24,6 +25,7 @@ def test_every_family_naive_to_best():
     assert optimized_ops.variants("fused") == FUSED
     assert optimized_ops.variants("loader") == LOADER
     assert optimized_ops.variants("scaled_gemm") == SCALED_GEMM
+    assert optimized_ops.variants("grouped_gemm") == GROUPED_GEMM
 
 
 def test_the_old_listings_are_the_same_tables():
@@ -36,6 +38,7 @@ def test_the_old_listings_are_the_same_tables():
     assert list(ops.fused_variants()) == FUSED
     assert list(ops.loader_variants()) == LOADER
     assert list(ops.scaled_gemm_variants()) == SCALED_GEMM
+    assert list(ops.grouped_gemm_variants()) == GROUPED_GEMM
 
 
 def test_a_fresh_list_each_call():
@@ -46,7 +49,8 @@ def test_a_fresh_list_each_call():
 
 @pytest.mark.parametrize("family", ["moe", "GEMM", "", None, 3])
 def test_unknown_family_names_the_families(family):
-    with pytest.raises(ValueError, match=rf"optimized_ops.variants: family: expected one of gemm, scaled_gemm, fused, loader, attention, kv_cache, linear; "
+    with pytest.raises(ValueError, match=rf"optimized_ops.variants: family: expected one of gemm, scaled_gemm, fused, loader, attention, kv_cache, linear, "
+                                         rf"grouped_gemm; "
                                          rf"given {re.escape(repr(family))}$"):
         optimized_ops.variants(family)
 

@@ -1,0 +1,53 @@
+"""Fake kernels of the MoE ops (``torch.library.register_fake``): the outputs' shapes and dtypes as the C++
+kernels allocate them, for ``torch.compile(fullgraph=True)``, ``torch.export`` and meta tensors. They check
+only what the shapes are computed from; everything else is checked when the real kernel runs."""
+
+from __future__ import annotations
+
+import torch
+
+from .._fakes import one_device
+from .._library import load
+
+load()
+
+
+def _rank(op: str, t: torch.Tensor, arg: str, want: int, shape: str) -> None:
+    torch._check_value(t.dim() == want, lambda: (
+        f"optimized::{op}: {arg}: expected a {want}-D tensor {shape}; given shape {list(t.shape)}"))
+
+
+@torch.library.register_fake("optimized::moe_route")
+def _moe_route_fake(logits, bias=None, *, top_k, scoring="softmax", topk_softmax=False, normalize=False, n_groups=1,
+                    topk_groups=1, routed_scale=1.0):
+    one_device("moe_route", logits=logits, bias=bias)
+    _rank("moe_route", logits, "logits", 2, "(tokens T, experts E)")
+    t = logits.shape[0]
+    return (logits.new_empty((t, top_k), dtype=torch.int32), logits.new_empty((t, top_k), dtype=torch.float32),
+            logits.new_empty((t,), dtype=torch.float32))
+
+
+@torch.library.register_fake("optimized::moe_permute")
+def _moe_permute_fake(topk_ids, num_experts, capacity=0):
+    _rank("moe_permute", topk_ids, "topk_ids", 2, "(tokens T, k)")
+    i32 = dict(dtype=torch.int32)
+    return (topk_ids.new_empty((num_experts,), **i32), topk_ids.new_empty((num_experts + 1,), **i32),
+            topk_ids.new_empty((topk_ids.numel(),), **i32), topk_ids.new_empty(topk_ids.shape, **i32),
+            topk_ids.new_empty((1,), **i32))
+
+
+@torch.library.register_fake("optimized::grouped_mm")
+def _grouped_mm_fake(x, w, offs, *, variant="auto"):
+    one_device("grouped_mm", x=x, w=w, offs=offs)
+    _rank("grouped_mm", x, "x", 2, "(rows M, K)")
+    _rank("grouped_mm", w, "w", 3, "(groups E, K, N)")
+    return x.new_empty((x.shape[0], w.shape[2]))
+
+
+@torch.library.register_fake("optimized::grouped_mm_weight_grad")
+def _grouped_mm_weight_grad_fake(x, dout, offs, *, variant="auto"):
+    one_device("grouped_mm_weight_grad", x=x, dout=dout, offs=offs)
+    _rank("grouped_mm_weight_grad", x, "x", 2, "(rows M, K)")
+    _rank("grouped_mm_weight_grad", dout, "dout", 2, "(rows M, N)")
+    _rank("grouped_mm_weight_grad", offs, "offs", 1, "(groups E)")
+    return x.new_empty((offs.shape[0], x.shape[1], dout.shape[1]))
