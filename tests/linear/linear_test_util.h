@@ -138,27 +138,6 @@ struct LinearData {
   }
 };
 
-// Runs call(bases, device) on copies of the host buffers: host copies on the CPU, device copies on
-// cuda:0 (the default stream, then a synchronization). Returns the buffers afterwards.
-inline std::vector<Buffer> run_case(bool cuda, const std::vector<const Buffer*>& host,
-                                    const std::function<void(const std::vector<void*>&, Device)>& call) {
-  std::vector<Buffer> after;
-  if (!cuda) {
-    std::vector<void*> bases;
-    for (const Buffer* h : host) {
-      after.emplace_back(h->dtype(), h->count(), Device::cpu());
-      std::memcpy(after.back().data(), h->data(), h->bytes());
-      bases.push_back(after.back().data());
-    }
-    call(bases, Device::cpu());
-    return after;
-  }
-  const std::string err =
-      run_on_cuda(host, Device::cuda(0), nullptr, [&](const std::vector<void*>& b) { call(b, Device::cuda(0)); }, after);
-  EXPECT_TRUE(err.empty()) << err;
-  return after;
-}
-
 inline bool same_bytes(const Buffer& a, const Buffer& b) {
   return a.bytes() == b.bytes() && std::memcmp(a.data(), b.data(), a.bytes()) == 0;
 }

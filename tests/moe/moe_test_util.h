@@ -22,27 +22,6 @@
 
 namespace optimized::testing {
 
-// Runs call(bases, device) on copies of the host buffers (host copies on the CPU, device copies on
-// cuda:0). Returns the buffers afterwards.
-inline std::vector<Buffer> moe_run(bool cuda, const std::vector<const Buffer*>& host,
-                                   const std::function<void(const std::vector<void*>&, Device)>& call) {
-  std::vector<Buffer> after;
-  if (!cuda) {
-    std::vector<void*> bases;
-    for (const Buffer* h : host) {
-      after.emplace_back(h->dtype(), h->count(), Device::cpu());
-      std::memcpy(after.back().data(), h->data(), h->bytes());
-      bases.push_back(after.back().data());
-    }
-    call(bases, Device::cpu());
-    return after;
-  }
-  const std::string err =
-      run_on_cuda(host, Device::cuda(0), nullptr, [&](const std::vector<void*>& b) { call(b, Device::cuda(0)); }, after);
-  EXPECT_TRUE(err.empty()) << err;
-  return after;
-}
-
 // ---- routing ---------------------------------------------------------------------------------------
 
 struct RouteCase {
@@ -149,7 +128,7 @@ inline void run_and_check_route(const RouteCase& c, bool cuda, std::mt19937_64& 
   for (int64_t t = 0; t < T; ++t)
     for (int64_t e = 0; e < E; ++e) store_from_double(logits.data(), c.dtype, t * ld + e, fill ? fill(t, e) : u(rng));
   for (int64_t e = 0; e < E; ++e) store_from_double(bias.data(), DType::kF32, e, ub(rng));
-  std::vector<Buffer> r = moe_run(cuda, {&logits, &bias, &ids, &w, &lse}, [&](const std::vector<void*>& p, Device d) {
+  std::vector<Buffer> r = run_case(cuda, {&logits, &bias, &ids, &w, &lse}, [&](const std::vector<void*>& p, Device d) {
     moe_route(raw(p[0], c.dtype, d, {T, E}, {ld, 1}), c.bias ? raw(p[1], DType::kF32, d, {E}, {1}) : TensorView{},
               raw(p[2], DType::kI32, d, {T, k}, {k, 1}), raw(p[3], DType::kF32, d, {T, k}, {k, 1}),
               raw(p[4], DType::kF32, d, {T}, {1}), c.o);
@@ -292,7 +271,7 @@ inline void run_and_check_grouped(GroupedCase c, bool cuda, std::mt19937_64& rng
   const auto w_index = [&](int64_t g, int64_t kk, int64_t j) {
     return c.w_transposed ? g * N * K + j * K + kk : g * K * N + kk * N + j;
   };
-  std::vector<Buffer> r = moe_run(cuda, {&x, &w, &offs, &out, &dy, &dw}, [&](const std::vector<void*>& p, Device d) {
+  std::vector<Buffer> r = run_case(cuda, {&x, &w, &offs, &out, &dy, &dw}, [&](const std::vector<void*>& p, Device d) {
     const TensorView wv = c.w_transposed ? raw(p[1], c.dtype, d, {E, K, N}, {N * K, 1, K})
                                          : raw(p[1], c.dtype, d, {E, K, N}, {K * N, N, 1});
     grouped_mm(raw(p[0], c.dtype, d, {M, K}, {lx, 1}), wv, raw(p[2], DType::kI32, d, {E}, {1}),
@@ -406,7 +385,7 @@ inline void run_and_check_permute(const std::vector<int32_t>& id_values, int64_t
   Buffer sorted(DType::kI32, std::max<int64_t>(1, P), Device::cpu()), slot(DType::kI32, std::max<int64_t>(1, P), Device::cpu());
   Buffer dropped(DType::kI32, 1, Device::cpu());
   for (Buffer* b : {&counts, &offsets, &sorted, &slot, &dropped}) b->fill_bytes(0x5A);  // poison
-  std::vector<Buffer> r = moe_run(cuda, {&ids, &counts, &offsets, &sorted, &slot, &dropped},
+  std::vector<Buffer> r = run_case(cuda, {&ids, &counts, &offsets, &sorted, &slot, &dropped},
                                   [&](const std::vector<void*>& p, Device d) {
                                     moe_permute(raw(p[0], DType::kI32, d, {T, k}, {k, 1}), E, capacity,
                                                 raw(p[1], DType::kI32, d, {E}, {1}), raw(p[2], DType::kI32, d, {E + 1}, {1}),
