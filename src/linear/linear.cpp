@@ -19,6 +19,13 @@
 // those rungs whenever C's dtype differs from A's. The bias gradient's dtype is handled by the
 // family's kernel (fp32 partial sums, rounded once into grad_bias).
 //
+// fp8 (LinearForwardOptions / LinearBackwardOptions::fp8, linear_fp8.h): the same composition on
+// scaled_matmul (the GEMM family's fp8 GEMM, with its bias / activation / aux / beta epilogue) over
+// fp8 copies the family's passes write: an amax pass (x, W; dy without an activation; g's amax comes
+// from the act_grad pass) and one cast pass writing each GEMM's K-major operands (x8, W8; g8 and W8^T
+// for dX; g8^T and x8^T for dW). Fp8Call holds that scratch (host memory or a CallWorkspace) and runs
+// the passes on either backend.
+//
 // Scratch: on the CPU plain vectors (pre, g); on CUDA one CallWorkspace (the caller's, or allocated
 // on the stream) holding pre, g (rows padded to 16 bytes, so that every GEMM rung's loads take them)
 // and the act_grad launcher's partial sums. With a caller's workspace, what is left after those
@@ -328,8 +335,6 @@ class Fp8Call {
   }
 
   Device device() const { return device_; }
-  const ExecutionContext& gemm_ctx() const { return gemm_ctx_; }
-  const ExecutionContext& ctx() const { return ctx_; }
   const std::string& what() const { return what_; }
 
   void zero(unsigned* bits, int count) const {

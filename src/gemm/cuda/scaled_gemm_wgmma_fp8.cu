@@ -306,13 +306,14 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
       cur.advance();
     }
     // The epilogue's instance: bias only (-1), or beta / aux / the activation (uniform over the grid).
+    const int m0 = t.m * Tile::kBM + rows, n0 = t.n * Tile::kBN;
     switch (args.epilogue) {
-      case -1: store_tile<T, Tile::kBN, -1>(total, args, t.m * Tile::kBM + rows, t.n * Tile::kBN); break;
-      case kernels::kActRelu: store_tile<T, Tile::kBN, kernels::kActRelu>(total, args, t.m * Tile::kBM + rows, t.n * Tile::kBN); break;
-      case kernels::kActGeluErf: store_tile<T, Tile::kBN, kernels::kActGeluErf>(total, args, t.m * Tile::kBM + rows, t.n * Tile::kBN); break;
-      case kernels::kActGeluTanh: store_tile<T, Tile::kBN, kernels::kActGeluTanh>(total, args, t.m * Tile::kBM + rows, t.n * Tile::kBN); break;
-      case kernels::kActSilu: store_tile<T, Tile::kBN, kernels::kActSilu>(total, args, t.m * Tile::kBM + rows, t.n * Tile::kBN); break;
-      default: store_tile<T, Tile::kBN, kernels::kActNone>(total, args, t.m * Tile::kBM + rows, t.n * Tile::kBN); break;
+      case -1: store_tile<T, Tile::kBN, -1>(total, args, m0, n0); break;
+      case kernels::kActRelu: store_tile<T, Tile::kBN, kernels::kActRelu>(total, args, m0, n0); break;
+      case kernels::kActGeluErf: store_tile<T, Tile::kBN, kernels::kActGeluErf>(total, args, m0, n0); break;
+      case kernels::kActGeluTanh: store_tile<T, Tile::kBN, kernels::kActGeluTanh>(total, args, m0, n0); break;
+      case kernels::kActSilu: store_tile<T, Tile::kBN, kernels::kActSilu>(total, args, m0, n0); break;
+      default: store_tile<T, Tile::kBN, kernels::kActNone>(total, args, m0, n0); break;
     }
   }
   kernels::ptx::cluster_sync();
