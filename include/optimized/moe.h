@@ -1,6 +1,6 @@
-// Mixture of Experts (the seed's moe_optimized family): routing and the permutation of the
-// (token, expert) pairs by expert. In progress: the grouped GEMM, the expert MLP, the combine and
-// the losses follow (docs/perf-notes/moe.md).
+// Mixture of Experts (the seed's moe_optimized family), in progress: routing, the permutation of the
+// (token, expert) pairs by expert, the combine, and the grouped GEMM's first rungs. The grouped
+// Hopper rung, the expert MLP, the losses and the layer follow (docs/perf-notes/moe.md).
 //
 // ---- Routing --------------------------------------------------------------------------------------
 //
@@ -39,6 +39,22 @@
 //
 // capacity: 0 = dropless; otherwise each expert keeps its first `capacity` pairs (the lowest p,
 // i.e. earlier tokens first) and drops the rest (moe_capacity gives ceil(cf T k / E)).
+//
+// ---- Combine ------------------------------------------------------------------------------------
+//
+//   y (S, N)            the experts' outputs in slot order (S >= the pairs kept), rows any stride
+//                       apart, unit stride along N; fp32, fp16 or bf16
+//   slot_of (T, k)      int32 (moe_permute's): the slot of each pair, -1 for a dropped one
+//   weights (T, k)      fp32 (moe_route's)
+//   out (T, N)          y's dtype: out[t] = sum over j of weights[t, j] y[slot_of[t, j]] (dropped
+//                       pairs add nothing), in fp32 in the order j = 0, 1, ...: no atomics, the same
+//                       bits every run
+//
+// moe_combine_backward, from dout (T, N) (out's dtype) and sorted_pairs (S) (moe_permute's; -1 for
+// a slot no pair uses): grad_y[s] = weights[p] dout[p / k] for the pair p in slot s (zero rows for
+// unused slots), grad_weights[t, j] = <dout[t], y[slot_of[t, j]]> (0 for a dropped pair; an fp32 sum
+// in a fixed order). Either gradient may be absent. Slots outside [0, S) and pairs outside [0, T k)
+// count as dropped / unused (never read out of bounds).
 //
 // ---- Grouped GEMM (torch._grouped_mm's 2-D x 3-D case) -----------------------------------------
 //
@@ -94,6 +110,12 @@ size_t moe_permute_workspace_bytes(int64_t pairs, int64_t experts, Device device
 void moe_permute(const TensorView& topk_ids, int64_t num_experts, int64_t capacity, const TensorView& counts,
                  const TensorView& offsets, const TensorView& sorted_pairs, const TensorView& slot_of,
                  const TensorView& dropped, const ExecutionContext& ctx = {});
+
+void moe_combine(const TensorView& y, const TensorView& slot_of, const TensorView& weights, const TensorView& out,
+                 const ExecutionContext& ctx = {});
+void moe_combine_backward(const TensorView& dout, const TensorView& y, const TensorView& slot_of,
+                          const TensorView& sorted_pairs, const TensorView& weights, const TensorView& grad_y,
+                          const TensorView& grad_weights, const ExecutionContext& ctx = {});
 
 enum class GroupedGemmVariant : uint8_t {
   kAuto,       // cpu on the CPU, naive on CUDA (for now)

@@ -49,7 +49,7 @@ from .attention import (attention_head_dims, attention_variants, flash_attention
 from .kv_cache import (DecodePlan, PagedKVCache, append_kv, kv_cache_variants, paged_attention_decode,
                        paged_attention_prefill, plan_paged_decode)
 from .linear import linear, linear_variants
-from .moe import grouped_gemm_variants, grouped_mm, moe_permute, moe_route
+from .moe import grouped_gemm_variants, grouped_mm, moe_combine, moe_permute, moe_route
 from . import nn  # the drop-in modules (LayerNorm, RMSNorm, Linear): after the families they run on
 
 __version__ = "0.1.0"
@@ -62,6 +62,6 @@ __all__ += ["scaled_mm", "scaled_gemm_variants"]
 __all__ += ["flash_attention", "flash_attention_varlen", "scaled_dot_product_attention", "attention_variants",
             "attention_head_dims", "resolve_attention_variant"]
 __all__ += ["linear", "linear_variants"]
-__all__ += ["moe_route", "moe_permute", "grouped_mm", "grouped_gemm_variants"]
+__all__ += ["moe_route", "moe_permute", "moe_combine", "grouped_mm", "grouped_gemm_variants"]
 __all__ += ["PagedKVCache", "append_kv", "paged_attention_decode", "paged_attention_prefill", "kv_cache_variants",
             "DecodePlan", "plan_paged_decode"]

@@ -14,6 +14,7 @@ namespace optimized::cuda {
 cudaError_t moe_route(const MoeRouteParams& p, const Workspace& workspace, cudaStream_t stream);
 cudaError_t moe_permute(const MoePermuteParams& p, const Workspace& workspace, cudaStream_t stream);
 size_t moe_permute_workspace_bytes(int64_t pairs, int64_t experts);
+cudaError_t moe_combine(const MoeCombineParams& p, const Workspace& workspace, cudaStream_t stream);
 cudaError_t grouped_gemm_naive(const GroupedGemmParams& p, const Workspace& workspace, cudaStream_t stream);
 
 }  // namespace optimized::cuda

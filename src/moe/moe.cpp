@@ -227,4 +227,112 @@ void moe_permute(const TensorView& topk_ids, int64_t num_experts, int64_t capaci
 #endif
 }
 
+// ---- combine -------------------------------------------------------------------------------------
+
+namespace {
+
+bool is_float(DType d) { return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16; }
+
+// A (rows, cols) matrix of `dtype` with unit stride along cols: its row stride.
+int64_t matrix_rows(arg::OperandSet& ops, const TensorView& t, const char* name, int64_t rows, int64_t cols,
+                    DType dtype, const std::string& what, bool output) {
+  if (t.rank != 2 || (rows >= 0 && t.shape[0] != rows) || t.shape[1] != cols)
+    invalid(std::string(name) + ": expected shape " + what + "; given " + (t.rank ? shape_string(t) : "absent"));
+  ops.add(t, name, output);
+  check_dtype(t, name, dtype);
+  if (cols > 1 && t.shape[0] > 0 && t.strides[1] != 1)
+    invalid(std::string(name) + ": expected unit stride in the last dimension; given " + t.describe());
+  if (t.shape[0] > 1 && t.strides[0] < cols)
+    invalid(std::string(name) + ": expected rows at least " + std::to_string(cols) + " elements apart; given " + t.describe());
+  return t.shape[0] > 1 ? t.strides[0] : cols;
+}
+
+void run_combine(const MoeCombineParams& p, const Device& device, const ExecutionContext& ctx, const char* what) {
+  if (!device.is_cuda()) {
+    cpu::moe_combine(p, ctx.cpu_threads);
+    return;
+  }
+#if OPTIMIZED_WITH_CUDA
+  DeviceGuard guard(device.index);
+  check_cuda(cuda::moe_combine(p, {}, static_cast<cudaStream_t>(ctx.cuda_stream)), what);
+#else
+  (void)what;
+#endif
+}
+
+// slot_of and weights (T, k): T and k.
+void check_pairs(arg::OperandSet& ops, const TensorView& slot_of, const TensorView& weights, int64_t* T, int64_t* k) {
+  if (slot_of.rank != 2)
+    invalid("slot_of: expected rank 2 (tokens T, k); given " + (slot_of.rank ? shape_string(slot_of) : std::string("absent")));
+  *T = slot_of.shape[0], *k = slot_of.shape[1];
+  const std::string tk = "(T, k) = (" + std::to_string(*T) + ", " + std::to_string(*k) + ")";
+  ops.add(slot_of, "slot_of", false);
+  check_dtype(slot_of, "slot_of", DType::kI32);
+  check_contiguous(slot_of, "slot_of", {*T, *k}, tk);
+  ops.add(weights, "weights", false);
+  check_dtype(weights, "weights", DType::kF32);
+  check_contiguous(weights, "weights", {*T, *k}, tk);
+}
+
+}  // namespace
+
+void moe_combine(const TensorView& y, const TensorView& slot_of, const TensorView& weights, const TensorView& out,
+                 const ExecutionContext& ctx) {
+  arg::OperandSet ops;
+  if (y.rank != 2) invalid("y: expected rank 2 (slots S, N); given " + (y.rank ? shape_string(y) : std::string("absent")));
+  if (!is_float(y.dtype)) unsupported("y: expected dtype fp32, fp16 or bf16; given " + dname(y.dtype));
+  const int64_t S = y.shape[0], N = y.shape[1];
+  if (N < 1) invalid("y: expected N >= 1 columns; given " + shape_string(y));
+  MoeCombineParams p;
+  p.ld_y = matrix_rows(ops, y, "y", S, N, y.dtype, "(S, N)", false);
+  check_pairs(ops, slot_of, weights, &p.tokens, &p.k);
+  p.ld_out = matrix_rows(ops, out, "out", p.tokens, N, y.dtype,
+                         "(T, N) = (" + std::to_string(p.tokens) + ", " + std::to_string(N) + ")", true);
+  ops.check_overlaps();
+  const Device device = ops.device();
+  cuda_prelude(device, "y");
+  p.dtype = y.dtype, p.n = N, p.slots = S;
+  p.y = y.data, p.slot_of = static_cast<const int32_t*>(slot_of.data), p.weights = static_cast<const float*>(weights.data);
+  p.out = out.data;
+  run_combine(p, device, ctx, "moe_combine");
+}
+
+void moe_combine_backward(const TensorView& dout, const TensorView& y, const TensorView& slot_of,
+                          const TensorView& sorted_pairs, const TensorView& weights, const TensorView& grad_y,
+                          const TensorView& grad_weights, const ExecutionContext& ctx) {
+  arg::OperandSet ops;
+  if (y.rank != 2) invalid("y: expected rank 2 (slots S, N); given " + (y.rank ? shape_string(y) : std::string("absent")));
+  if (!is_float(y.dtype)) unsupported("y: expected dtype fp32, fp16 or bf16; given " + dname(y.dtype));
+  const int64_t S = y.shape[0], N = y.shape[1];
+  if (N < 1) invalid("y: expected N >= 1 columns; given " + shape_string(y));
+  MoeCombineParams p;
+  p.ld_y = matrix_rows(ops, y, "y", S, N, y.dtype, "(S, N)", false);
+  check_pairs(ops, slot_of, weights, &p.tokens, &p.k);
+  p.ld_out = matrix_rows(ops, dout, "dout", p.tokens, N, y.dtype,
+                         "(T, N) = (" + std::to_string(p.tokens) + ", " + std::to_string(N) + ")", false);
+  ops.add(sorted_pairs, "sorted_pairs", false);
+  check_dtype(sorted_pairs, "sorted_pairs", DType::kI32);
+  check_contiguous(sorted_pairs, "sorted_pairs", {S}, "(S) = (" + std::to_string(S) + ") (y's rows)");
+  if (present(grad_y))
+    p.ld_gy = matrix_rows(ops, grad_y, "grad_y", S, N, y.dtype, "(S, N) = (" + std::to_string(S) + ", " +
+                          std::to_string(N) + ") (y's)", true);
+  if (present(grad_weights)) {
+    ops.add(grad_weights, "grad_weights", true);
+    check_dtype(grad_weights, "grad_weights", DType::kF32);
+    check_contiguous(grad_weights, "grad_weights", {p.tokens, p.k},
+                     "(T, k) = (" + std::to_string(p.tokens) + ", " + std::to_string(p.k) + ")");
+  }
+  ops.check_overlaps();
+  const Device device = ops.device();
+  cuda_prelude(device, "dout");
+  if (!present(grad_y) && !present(grad_weights)) return;
+  p.dtype = y.dtype, p.n = N, p.slots = S;
+  p.y = y.data, p.slot_of = static_cast<const int32_t*>(slot_of.data), p.weights = static_cast<const float*>(weights.data);
+  p.sorted_pairs = static_cast<const int32_t*>(sorted_pairs.data);
+  p.dout = dout.data;
+  p.grad_y = present(grad_y) ? grad_y.data : nullptr;
+  p.grad_weights = present(grad_weights) ? static_cast<float*>(grad_weights.data) : nullptr;
+  run_combine(p, device, ctx, "moe_combine_backward");
+}
+
 }  // namespace optimized

@@ -45,6 +45,24 @@ struct MoePermuteParams {
   int32_t* dropped = nullptr;    // (1) or null
 };
 
+// The combine and its backward (moe.h): y (slots, n) rows ld_y apart; out / dout (tokens, n) rows
+// ld_out apart; slot_of, weights (tokens, k); sorted_pairs (slots).
+struct MoeCombineParams {
+  DType dtype = DType::kBF16;  // y, out, dout, grad_y
+  int64_t tokens = 0, k = 0, n = 0, slots = 0;
+  const void* y = nullptr;
+  int64_t ld_y = 0;
+  const int32_t* slot_of = nullptr;
+  const int32_t* sorted_pairs = nullptr;  // backward
+  const float* weights = nullptr;
+  void* out = nullptr;        // forward: out; backward: null
+  const void* dout = nullptr; // backward
+  int64_t ld_out = 0;         // out's or dout's row stride
+  void* grad_y = nullptr;     // backward, (slots, n) rows ld_gy apart, or null
+  int64_t ld_gy = 0;
+  float* grad_weights = nullptr;  // backward, (tokens, k), or null
+};
+
 // The grouped GEMM (both directions): forward c (M, N) = a (M, K) @ b[g] (K, N) per group of rows;
 // weight_grad c[g] (K, N) = a[rows of g]^T (K, rows) @ b[rows of g] (rows, N), a = x (M, K), b = dout
 // (M, N). Strides in elements.

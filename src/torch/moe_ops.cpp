@@ -2,7 +2,9 @@
 //
 //   TORCH_LIBRARY_FRAGMENT(optimized, m)    the schemas of torch.ops.optimized.moe_route ((topk_ids,
 //                                           topk_weights, lse) from router logits), moe_permute (the
-//                                           stable counting sort of the pairs by expert), grouped_mm
+//                                           stable counting sort of the pairs by expert), moe_combine
+//                                           and its backward (the weighted sum of each token's expert
+//                                           outputs), grouped_mm
 //                                           (torch._grouped_mm's 2-D x 3-D case), grouped_mm_weight_grad
 //                                           (its weight gradient) and grouped_gemm_variants (the ladder)
 //   TORCH_LIBRARY_IMPL(optimized, CPU|CUDA) kernels that pass their operands to the C++ API as views,
@@ -93,6 +95,49 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_permu
   return {counts, offsets, sorted, slot_of, dropped};
 }
 
+at::Tensor moe_combine_op(const at::Tensor& y, const at::Tensor& slot_of, const at::Tensor& sorted_pairs,
+                          const at::Tensor& weights) {
+  const MoeOp op{"moe_combine"};
+  op.tensor(y, "y");
+  op.tensor(slot_of, "slot_of");
+  op.tensor(sorted_pairs, "sorted_pairs");
+  op.tensor(weights, "weights");
+  op.rank(y, "y", 2, "(slots S, N)");
+  op.rank(slot_of, "slot_of", 2, "(tokens T, k)");
+  at::Tensor out = at::empty({slot_of.size(0), y.size(1)}, y.options());
+  Launch launch(y.device());
+  op.api([&] {
+    const auto [yv, sv, wv, ov] =
+        std::array{op.view(y, "y"), op.view(slot_of, "slot_of"), op.view(weights, "weights"), op.view(out, "out")};
+    moe_combine(yv, sv, wv, ov, launch.ctx);
+  });
+  return out;
+}
+
+std::tuple<std::optional<at::Tensor>, std::optional<at::Tensor>> moe_combine_backward_op(
+    const at::Tensor& dout, const at::Tensor& y, const at::Tensor& slot_of, const at::Tensor& sorted_pairs,
+    const at::Tensor& weights, std::array<bool, 2> output_mask) {
+  const MoeOp op{"moe_combine_backward"};
+  op.tensor(dout, "dout");
+  op.tensor(y, "y");
+  op.tensor(slot_of, "slot_of");
+  op.tensor(sorted_pairs, "sorted_pairs");
+  op.tensor(weights, "weights");
+  op.rank(y, "y", 2, "(slots S, N)");
+  at::Tensor gy = output_mask[0] ? at::empty(y.sizes(), y.options()) : at::Tensor();
+  at::Tensor gw = output_mask[1] ? at::empty(weights.sizes(), weights.options()) : at::Tensor();
+  const at::Tensor d = dout.contiguous();
+  Launch launch(y.device());
+  op.api([&] {
+    const auto [dv, yv, sv, pv, wv, gyv, gwv] =
+        std::array{op.view(d, "dout"), op.view(y, "y"), op.view(slot_of, "slot_of"), op.view(sorted_pairs, "sorted_pairs"),
+                   op.view(weights, "weights"), op.view(gy, "grad_y"), op.view(gw, "grad_weights")};
+    moe_combine_backward(dv, yv, sv, pv, wv, gyv, gwv, launch.ctx);
+  });
+  return {gy.defined() ? std::optional<at::Tensor>(gy) : std::nullopt,
+          gw.defined() ? std::optional<at::Tensor>(gw) : std::nullopt};
+}
+
 GroupedGemmVariant grouped_variant(const MoeOp& op, c10::string_view v) { return op.parse(v, &parse_grouped_gemm_variant); }
 
 at::Tensor grouped_mm_op(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs, c10::string_view variant_name) {
@@ -156,6 +201,12 @@ TORCH_LIBRARY_FRAGMENT(optimized, m) {
       "moe_permute(Tensor topk_ids, int num_experts, int capacity=0) "
       "-> (Tensor counts, Tensor offsets, Tensor sorted_pairs, Tensor slot_of, Tensor dropped)",
       tags);
+  // out (T, N) = sum_j weights[t, j] y[slot_of[t, j]] (sorted_pairs: for the backward); no atomics.
+  m.def("moe_combine(Tensor y, Tensor slot_of, Tensor sorted_pairs, Tensor weights) -> Tensor", tags);
+  m.def(
+      "moe_combine_backward(Tensor dout, Tensor y, Tensor slot_of, Tensor sorted_pairs, Tensor weights, "
+      "bool[2] output_mask=[True, True]) -> (Tensor? grad_y, Tensor? grad_weights)",
+      tags);
   // out (M, N) = x (M, K) @ w[g] (K, N) over the rows of group g (offs (E,) int32 cumulative ends).
   m.def("grouped_mm(Tensor x, Tensor w, Tensor offs, *, str variant='auto') -> Tensor", tags);
   // dw (E, K, N): dw[g] = x[rows of g]^T @ dout[rows of g].
@@ -168,6 +219,8 @@ void register_moe_kernels(torch::Library& m) {
   using namespace optimized::torch_glue;
   m.impl("moe_route", &moe_route_op);
   m.impl("moe_permute", &moe_permute_op);
+  m.impl("moe_combine", &moe_combine_op);
+  m.impl("moe_combine_backward", &moe_combine_backward_op);
   m.impl("grouped_mm", &grouped_mm_op);
   m.impl("grouped_mm_weight_grad", &grouped_mm_weight_grad_op);
 }

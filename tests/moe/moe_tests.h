@@ -3,6 +3,8 @@
 // E, k, T, routing skews, capacities, invalid ids.
 #pragma once
 
+#include <array>
+
 #include "moe_test_util.h"
 
 namespace optimized::testing {
@@ -88,6 +90,78 @@ inline void grouped_offsets(bool cuda) {
     c.variant = v, c.dtype = DType::kBF16, c.m = 37, c.k = 24, c.n = 40, c.groups = 5, c.offs = offs;
     run_and_check_grouped(c, cuda, rng);
   }
+}
+
+// The combine and its backward against float64: pairs from a permutation (capacity: some dropped,
+// plus -1 and out-of-range slots written by hand), slots no pair uses, strided y, every dtype.
+inline void combine_checks(bool cuda) {
+  std::mt19937_64 rng = test_rng();
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+    for (const auto& [T, k, E, N] : std::vector<std::array<int64_t, 4>>{{1, 1, 1, 1}, {37, 2, 8, 67}, {131, 8, 16, 130}}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " T=" + std::to_string(T) + " k=" + std::to_string(k) + " N=" +
+                   std::to_string(N));
+      const std::vector<int32_t> ids = make_ids(T * k, E, 2, rng);
+      PermuteRef perm = permute_ref(ids, E, E > 1 ? moe_capacity(0.75, T, k, E) : 0);
+      const int64_t S = T * k + 3, ld = N + 5;  // 3 slots no pair uses; padded rows
+      if (T * k > 2) perm.slot_of[1] = -1, perm.slot_of[2] = static_cast<int32_t>(S + 7);  // dropped by hand
+      std::vector<int32_t> sorted(static_cast<size_t>(S), -1);
+      for (int64_t p = 0; p < T * k; ++p)
+        if (perm.slot_of[p] >= 0 && perm.slot_of[p] < S) sorted[perm.slot_of[p]] = static_cast<int32_t>(p);
+      Buffer y(dt, S * ld, Device::cpu()), slot(DType::kI32, T * k, Device::cpu()), w(DType::kF32, T * k, Device::cpu());
+      Buffer out(dt, T * N, Device::cpu()), dout(dt, T * N, Device::cpu()), sp(DType::kI32, S, Device::cpu());
+      Buffer gy(dt, S * ld, Device::cpu()), gw(DType::kF32, T * k, Device::cpu());
+      y.fill_bytes(0xFF), out.fill_bytes(0xFF), gy.fill_bytes(0xFF), gw.fill_bytes(0xFF);
+      std::uniform_real_distribution<double> u(-1.0, 1.0);
+      for (int64_t s = 0; s < S; ++s)
+        for (int64_t c = 0; c < N; ++c) store_from_double(y.data(), dt, s * ld + c, u(rng));
+      for (int64_t i = 0; i < T * N; ++i) store_from_double(dout.data(), dt, i, u(rng));
+      for (int64_t i = 0; i < T * k; ++i) store_from_double(w.data(), DType::kF32, i, u(rng));
+      std::memcpy(slot.data(), perm.slot_of.data(), static_cast<size_t>(T * k) * 4);
+      std::memcpy(sp.data(), sorted.data(), static_cast<size_t>(S) * 4);
+      std::vector<Buffer> r = run_case(cuda, {&y, &slot, &w, &out, &dout, &sp, &gy, &gw},
+                                       [&](const std::vector<void*>& p, Device d) {
+        const TensorView yv = raw(p[0], dt, d, {S, N}, {ld, 1});
+        const TensorView sv = raw(p[1], DType::kI32, d, {T, k}, {k, 1}), wv = raw(p[2], DType::kF32, d, {T, k}, {k, 1});
+        moe_combine(yv, sv, wv, raw(p[3], dt, d, {T, N}, {N, 1}));
+        moe_combine_backward(raw(p[4], dt, d, {T, N}, {N, 1}), yv, sv, raw(p[5], DType::kI32, d, {S}, {1}), wv,
+                             raw(p[6], dt, d, {S, N}, {ld, 1}), raw(p[7], DType::kF32, d, {T, k}, {k, 1}));
+      });
+      if (r.size() != 8) continue;
+      const auto Y = [&](int64_t s, int64_t c) { return load_as_double(y.data(), dt, s * ld + c); };
+      const auto DO = [&](int64_t t, int64_t c) { return load_as_double(dout.data(), dt, t * N + c); };
+      const auto W = [&](int64_t p) { return load_as_double(w.data(), DType::kF32, p); };
+      const auto kept = [&](int64_t p) { return perm.slot_of[p] >= 0 && perm.slot_of[p] < S; };
+      int failures = 0;
+      const auto expect = [&](const char* what, double got, double ref, double mag, int64_t terms, DType out_dt) {
+        if (failures < 3 && !(std::fabs(got - ref) <= gemm_allowed_error(out_dt, std::max<int64_t>(1, terms), ref, mag))) {
+          ADD_FAILURE() << what << ": got " << got << ", expected " << ref;
+          ++failures;
+        }
+      };
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t c = 0; c < N; ++c) {
+          double ref = 0, mag = 0;
+          for (int64_t j = 0; j < k; ++j)
+            if (kept(t * k + j)) ref += W(t * k + j) * Y(perm.slot_of[t * k + j], c), mag += std::fabs(W(t * k + j) * Y(perm.slot_of[t * k + j], c));
+          expect("out", load_as_double(r[3].data(), dt, t * N + c), ref, mag, k, dt);
+        }
+      for (int64_t s = 0; s < S; ++s)
+        for (int64_t c = 0; c < N; ++c) {
+          const int32_t p = sorted[s];
+          const double ref = p >= 0 ? W(p) * DO(p / k, c) : 0.0;
+          expect("grad_y", load_as_double(r[6].data(), dt, s * ld + c), ref, std::fabs(ref), 1, dt);
+        }
+      for (int64_t p = 0; p < T * k; ++p) {
+        double ref = 0, mag = 0;
+        for (int64_t c = 0; kept(p) && c < N; ++c) ref += DO(p / k, c) * Y(perm.slot_of[p], c), mag += std::fabs(DO(p / k, c) * Y(perm.slot_of[p], c));
+        expect("grad_weights", load_as_double(r[7].data(), DType::kF32, p), ref, mag, N, DType::kF32);
+      }
+      int64_t at = -1;
+      for (int64_t s = 0; s < S && at < 0; ++s)
+        for (int64_t c = N; c < ld; ++c)
+          if (!std::isnan(load_as_double(r[6].data(), dt, s * ld + c))) at = s;
+      EXPECT_LT(at, 0) << "grad_y written past its columns in row " << at;
+    }
 }
 
 }  // namespace optimized::testing

@@ -13,6 +13,7 @@ TEST(MoeCpu, RouteNan) { route_nan(false); }
 TEST(MoeCpu, PermuteSweep) { permute_sweep(false); }
 TEST(MoeCpu, PermuteEdges) { permute_edges(false); }
 TEST(MoeCpu, GroupedSweep) { grouped_sweep(false); }
+TEST(MoeCpu, Combine) { combine_checks(false); }
 TEST(MoeCpu, GroupedOffsets) { grouped_offsets(false); }
 
 TEST(MoeCpu, CapacityAndScoringNames) {

@@ -37,6 +37,11 @@ TEST(MoeCuda, GroupedOffsets) {
   grouped_offsets(true);
 }
 
+TEST(MoeCuda, Combine) {
+  SKIP_WITHOUT_CUDA();
+  combine_checks(true);
+}
+
 // Twice on the same ids: every output the same bits (no atomic decides an order).
 TEST(MoeCuda, PermuteIsDeterministic) {
   SKIP_WITHOUT_CUDA();

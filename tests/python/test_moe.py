@@ -78,6 +78,30 @@ def test_permute_is_a_stable_sort(device, capacity, rng):
     assert dropped.item() == t * k - n
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_combine_and_gradients(device, dtype, rng):
+    t, k, e, n = 37, 2, 8, 24
+    logits = rand((t, e), torch.float32, device, rng)
+    ids, weights, _ = optimized_ops.moe_route(logits, k)
+    counts, offsets, sorted_pairs, slot_of, dropped = optimized_ops.moe_permute(ids, e, 7)  # some dropped
+    y = rand((t * k, n), dtype, device, rng).requires_grad_()
+    weights = weights.clone().requires_grad_()
+    dout = rand((t, n), dtype, device, rng)
+    out = optimized_ops.moe_combine(y, slot_of, sorted_pairs, weights)
+    gy, gw = torch.autograd.grad(out, (y, weights), dout)
+    # the reference in float64: gather the kept slots, weight, sum
+    y64, w64 = y.detach().double().cpu().requires_grad_(), weights.detach().double().cpu().requires_grad_()
+    s = slot_of.long().cpu()
+    kept = (s >= 0).double()
+    ref = (y64[s.clamp(min=0)] * (w64 * kept).unsqueeze(-1)).sum(1)
+    rgy, rgw = torch.autograd.grad(ref, (y64, w64), dout.double().cpu())
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(out.double().cpu(), ref.detach(), **tol)
+    torch.testing.assert_close(gy.double().cpu(), rgy, **tol)
+    torch.testing.assert_close(gw.double().cpu(), rgw, **tol)
+
+
 def _grouped_ref(x, w, offs):
     out = torch.zeros(x.shape[0], w.shape[2], dtype=x.dtype, device=x.device)
     start = 0
@@ -124,6 +148,11 @@ def test_opcheck_fakes_and_compile(rng):
     offs = torch.tensor([4, 4, 19], dtype=torch.int32)
     torch.library.opcheck(ops.grouped_mm.default, (x, w, offs), {})
     torch.library.opcheck(ops.moe_route.default, (rand((7, 8), torch.float32, "cpu", rng), None), dict(top_k=2))
+    ids = torch.randint(0, 3, (19, 2), generator=rng, dtype=torch.int32)
+    _, _, sorted_pairs, slot_of, _ = optimized_ops.moe_permute(ids, 3)
+    yy = rand((38, 5), torch.float32, "cpu", rng).requires_grad_()
+    ww = rand((19, 2), torch.float32, "cpu", rng).requires_grad_()
+    torch.library.opcheck(ops.moe_combine.default, (yy, slot_of, sorted_pairs, ww), {})
     torch.library.opcheck(ops.moe_permute.default, (torch.randint(0, 8, (7, 2), generator=rng, dtype=torch.int32), 8),
                           {})
     meta = torch.empty(19, 8, device="meta")

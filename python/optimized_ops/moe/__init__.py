@@ -5,6 +5,7 @@ no host synchronisation (ids and offsets stay on the device).
 
 * :func:`moe_route`: router logits ``(T, E)`` -> ``(topk_ids, topk_weights, lse)``.
 * :func:`moe_permute`: ``topk_ids`` -> ``(counts, offsets, sorted_pairs, slot_of, dropped)``.
+* :func:`moe_combine`: the weighted sum of each token's expert outputs, with autograd.
 * :func:`grouped_mm`: ``torch._grouped_mm``'s 2-D x 3-D case, with autograd (its backward is
   ``grouped_mm`` on ``w.transpose(-2, -1)`` and ``grouped_mm_weight_grad``).
 
@@ -86,6 +87,17 @@ def moe_permute(topk_ids: torch.Tensor, num_experts: int, capacity: int = 0):
     dropped and counted. ``offsets[1:]`` is :func:`grouped_mm`'s ``offs``.
     """
     return _ops.moe_permute.default(topk_ids, num_experts, capacity)
+
+
+def moe_combine(y: torch.Tensor, slot_of: torch.Tensor, sorted_pairs: torch.Tensor,
+                weights: torch.Tensor) -> torch.Tensor:
+    """``out[t] = sum_j weights[t, j] * y[slot_of[t, j]]``: each token's expert outputs (``y`` ``(S, N)`` in
+    slot order, float32 / float16 / bfloat16) weighted and summed in float32, in the order j = 0, 1, ...
+    (no atomics: the same bits every run); dropped pairs (slot -1) add nothing. ``slot_of`` ``(T, k)`` and
+    ``sorted_pairs`` ``(S,)`` are :func:`moe_permute`'s (``sorted_pairs`` serves the backward), ``weights``
+    ``(T, k)`` float32. Autograd: ``y`` and ``weights``.
+    """
+    return _ops.moe_combine.default(y, slot_of, sorted_pairs, weights)
 
 
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, *, variant: str = "auto") -> torch.Tensor:

@@ -51,3 +51,19 @@ def _grouped_mm_weight_grad_fake(x, dout, offs, *, variant="auto"):
     _rank("grouped_mm_weight_grad", dout, "dout", 2, "(rows M, N)")
     _rank("grouped_mm_weight_grad", offs, "offs", 1, "(groups E)")
     return x.new_empty((offs.shape[0], x.shape[1], dout.shape[1]))
+
+
+@torch.library.register_fake("optimized::moe_combine")
+def _moe_combine_fake(y, slot_of, sorted_pairs, weights):
+    one_device("moe_combine", y=y, slot_of=slot_of, sorted_pairs=sorted_pairs, weights=weights)
+    _rank("moe_combine", y, "y", 2, "(slots S, N)")
+    _rank("moe_combine", slot_of, "slot_of", 2, "(tokens T, k)")
+    return y.new_empty((slot_of.shape[0], y.shape[1]))
+
+
+@torch.library.register_fake("optimized::moe_combine_backward")
+def _moe_combine_backward_fake(dout, y, slot_of, sorted_pairs, weights, output_mask=(True, True)):
+    one_device("moe_combine_backward", dout=dout, y=y, slot_of=slot_of, sorted_pairs=sorted_pairs, weights=weights)
+    _rank("moe_combine_backward", y, "y", 2, "(slots S, N)")
+    return (y.new_empty(y.shape) if output_mask[0] else None,
+            weights.new_empty(weights.shape) if output_mask[1] else None)

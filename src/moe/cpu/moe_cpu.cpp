@@ -65,6 +65,47 @@ void store(void* base, DType dtype, int64_t i, float v) {
 
 }  // namespace
 
+void moe_combine(const MoeCombineParams& p, int cpu_threads) {
+  const auto slot = [&](int64_t pair) -> int64_t {
+    const int32_t s = p.slot_of[pair];
+    return s >= 0 && s < p.slots ? s : -1;
+  };
+  if (p.out) {
+#pragma omp parallel for num_threads(cpu_thread_count(cpu_threads, p.tokens)) schedule(static)
+    for (int64_t t = 0; t < p.tokens; ++t) {
+      std::vector<float> acc(static_cast<size_t>(p.n), 0.0f);
+      for (int64_t j = 0; j < p.k; ++j) {
+        const int64_t s = slot(t * p.k + j);
+        if (s < 0) continue;
+        const float w = p.weights[t * p.k + j];
+        for (int64_t c = 0; c < p.n; ++c) acc[c] += w * load(p.y, p.dtype, s * p.ld_y + c);
+      }
+      for (int64_t c = 0; c < p.n; ++c) store(p.out, p.dtype, t * p.ld_out + c, acc[c]);
+    }
+    return;
+  }
+  if (p.grad_y) {
+#pragma omp parallel for num_threads(cpu_thread_count(cpu_threads, p.slots)) schedule(static)
+    for (int64_t s = 0; s < p.slots; ++s) {
+      const int64_t pair = p.sorted_pairs[s];
+      const bool used = pair >= 0 && pair < p.tokens * p.k;
+      const float w = used ? p.weights[pair] : 0.0f;
+      for (int64_t c = 0; c < p.n; ++c)
+        store(p.grad_y, p.dtype, s * p.ld_gy + c, used ? w * load(p.dout, p.dtype, (pair / p.k) * p.ld_out + c) : 0.0f);
+    }
+  }
+  if (p.grad_weights) {
+#pragma omp parallel for num_threads(cpu_thread_count(cpu_threads, p.tokens * p.k)) schedule(static)
+    for (int64_t pair = 0; pair < p.tokens * p.k; ++pair) {
+      const int64_t s = slot(pair), t = pair / p.k;
+      float acc = 0.0f;
+      for (int64_t c = 0; s >= 0 && c < p.n; ++c)
+        acc += load(p.dout, p.dtype, t * p.ld_out + c) * load(p.y, p.dtype, s * p.ld_y + c);
+      p.grad_weights[pair] = acc;
+    }
+  }
+}
+
 void grouped_gemm(const GroupedGemmParams& p, int cpu_threads) {
   std::vector<int64_t> begin(static_cast<size_t>(p.groups)), end(static_cast<size_t>(p.groups));
   for (int64_t g = 0; g < p.groups; ++g) grouped_rows(p, g, &begin[g], &end[g]);
