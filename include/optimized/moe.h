@@ -121,8 +121,10 @@ enum class GroupedGemmVariant : uint8_t {
   kAuto,       // cpu on the CPU, naive on CUDA (for now)
   kCpu,        // threads over rows (forward) or groups (weight grad), fp32 accumulation
   kCudaNaive,  // one thread per output, its group found on the device
+  kCudaLoop,   // one GEMM per non-empty group (the GEMM family's auto): reads offs to the host, so it
+               // synchronises the stream and cannot be captured in a CUDA graph (the torch loop's way)
 };
-std::string_view grouped_gemm_variant_name(GroupedGemmVariant variant);  // "cpu", "naive"
+std::string_view grouped_gemm_variant_name(GroupedGemmVariant variant);  // "cpu", "naive", "loop"
 GroupedGemmVariant parse_grouped_gemm_variant(std::string_view name);   // throws Error naming the choices
 std::span<const GroupedGemmVariant> all_grouped_gemm_variants();        // every variant but kAuto
 std::string grouped_gemm_variant_rejects_dtype(GroupedGemmVariant variant, DType dtype);  // empty: takes it

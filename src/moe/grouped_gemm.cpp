@@ -1,6 +1,7 @@
 // Public entry of the grouped GEMM (include/optimized/moe.h): validates the operands (messages name
 // the argument), builds GroupedGemmParams, picks the variant from the table (grouped_variants.h) and
 // runs the CPU backend or the CUDA launcher on the operands' device.
+#include <algorithm>
 #include <string>
 
 #include "core/arg_checks.h"
@@ -8,7 +9,14 @@
 #include "moe/moe_params.h"
 #include "optimized/moe.h"
 
+#include <vector>
+
+#include "optimized/gemm.h"
+
 #if OPTIMIZED_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "core/cuda_device_guard.h"
 #include "core/cuda_launch.h"
 #endif
 
@@ -56,6 +64,64 @@ GroupedGemmVariant resolve(GroupedGemmVariant v, DType dtype, const Device& devi
   return v;
 }
 
+TensorView view2d(const void* data, DType dtype, Device device, int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  TensorView t;
+  t.data = const_cast<void*>(data);
+  t.dtype = dtype;
+  t.device = device;
+  t.rank = 2;
+  t.shape[0] = rows, t.shape[1] = cols;
+  t.strides[0] = rs, t.strides[1] = cs;
+  return t;
+}
+
+#if OPTIMIZED_WITH_CUDA
+// The loop rung: the offsets read back (a synchronisation), then one GEMM per non-empty group on the
+// GEMM family's auto; rows past the last group (forward) and empty groups' dw (weight grad, without
+// accumulate) zeroed.
+void run_loop(const GroupedGemmParams& p, const Device& device, const ExecutionContext& ctx) {
+  DeviceGuard guard(device.index);
+  const auto stream = static_cast<cudaStream_t>(ctx.cuda_stream);
+  std::vector<int32_t> offs(static_cast<size_t>(p.groups));
+  check_cuda(cudaMemcpyAsync(offs.data(), p.offs, offs.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream),
+             "grouped_mm (loop): offsets read back");
+  check_cuda(cudaStreamSynchronize(stream), "grouped_mm (loop): offsets read back");
+  const size_t es = dtype_size(p.dtype), ces = dtype_size(p.c_dtype);
+  int64_t begin = 0, end = 0;
+  for (int64_t g = 0; g < p.groups; ++g) {
+    begin = end;
+    const int64_t o = std::clamp<int64_t>(offs[g], 0, p.m);
+    end = std::max(end, o);
+    const int64_t rows = end - begin;
+    if (!p.weight_grad) {
+      if (rows == 0) continue;
+      matmul(view2d(static_cast<const char*>(p.a) + begin * p.a_rs * es, p.dtype, device, rows, p.k, p.a_rs, 1),
+             view2d(static_cast<const char*>(p.b) + g * p.b_gs * es, p.dtype, device, p.k, p.n, p.b_rs, p.b_cs),
+             view2d(static_cast<char*>(p.c) + begin * p.c_rs * ces, p.c_dtype, device, rows, p.n, p.c_rs, 1),
+             GemmEpilogue{}, 1.0f, 0.0f, GemmVariant::kAuto, ctx);
+      continue;
+    }
+    char* dw = static_cast<char*>(p.c) + g * p.c_gs * ces;
+    if (rows == 0) {
+      if (!p.accumulate)
+        check_cuda(cudaMemset2DAsync(dw, static_cast<size_t>(p.c_rs) * ces, 0, static_cast<size_t>(p.n) * ces,
+                                     static_cast<size_t>(p.k), stream),
+                   "grouped_mm_weight_grad (loop): an empty group's dw zeroed");
+      continue;
+    }
+    // dw[g] (K, N) = x[rows]^T (K, rows) @ dout[rows] (rows, N)
+    matmul(view2d(static_cast<const char*>(p.a) + begin * p.a_rs * es, p.dtype, device, p.k, rows, 1, p.a_rs),
+           view2d(static_cast<const char*>(p.b) + begin * p.b_rs * es, p.dtype, device, rows, p.n, p.b_rs, 1),
+           view2d(dw, p.c_dtype, device, p.k, p.n, p.c_rs, 1), GemmEpilogue{}, 1.0f, p.accumulate ? 1.0f : 0.0f,
+           GemmVariant::kAuto, ctx);
+  }
+  if (!p.weight_grad && end < p.m)
+    check_cuda(cudaMemset2DAsync(static_cast<char*>(p.c) + end * p.c_rs * ces, static_cast<size_t>(p.c_rs) * ces, 0,
+                                 static_cast<size_t>(p.n) * ces, static_cast<size_t>(p.m - end), stream),
+               "grouped_mm (loop): rows past the last group zeroed");
+}
+#endif
+
 void run(GroupedGemmVariant v, const GroupedGemmParams& p, const Device& device, const ExecutionContext& ctx,
          const char* what) {
   const GroupedGemmVariantInfo& row = variant_row(kGroupedGemmVariants, v);
@@ -66,6 +132,11 @@ void run(GroupedGemmVariant v, const GroupedGemmParams& p, const Device& device,
 #if OPTIMIZED_WITH_CUDA
   static const std::string no_cuda = cuda_unavailable_reason();
   if (!no_cuda.empty()) unsupported(std::string("x: CUDA tensors given but ") + no_cuda);
+  if (v == GroupedGemmVariant::kCudaLoop) {
+    check_compute_capability(row.min_compute_capability, row.arch, row.name, device.index);
+    run_loop(p, device, ctx);
+    return;
+  }
   launch_on_cuda(row, p, device.index, ctx, std::string(what) + " (" + std::string(row.name) + ")");
 #else
   (void)device, (void)ctx, (void)what;

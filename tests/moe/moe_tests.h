@@ -68,17 +68,23 @@ inline void permute_edges(bool cuda) {
   run_and_check_permute({}, 0, 2, 8, 0, cuda, "no tokens");
 }
 
+// The rungs of the backend: cpu; naive and loop on CUDA.
+inline std::vector<GroupedGemmVariant> grouped_rungs(bool cuda) {
+  if (!cuda) return {GroupedGemmVariant::kCpu};
+  return {GroupedGemmVariant::kCudaNaive, GroupedGemmVariant::kCudaLoop};
+}
+
 inline void grouped_sweep(bool cuda) {
   std::mt19937_64 rng = test_rng();
-  for (const GroupedCase& c : grouped_cases(cuda ? GroupedGemmVariant::kCudaNaive : GroupedGemmVariant::kCpu))
-    run_and_check_grouped(c, cuda, rng);
+  for (GroupedGemmVariant v : grouped_rungs(cuda))
+    for (const GroupedCase& c : grouped_cases(v)) run_and_check_grouped(c, cuda, rng);
 }
 
 // Offsets with empty groups, one group holding every row, rows past the last offset (zeros), and
 // unchecked offsets (negative, decreasing, past M: clamped as documented).
 inline void grouped_offsets(bool cuda) {
   std::mt19937_64 rng = test_rng();
-  const GroupedGemmVariant v = cuda ? GroupedGemmVariant::kCudaNaive : GroupedGemmVariant::kCpu;
+  for (GroupedGemmVariant v : grouped_rungs(cuda))
   for (const std::vector<int32_t>& offs : std::vector<std::vector<int32_t>>{
            {0, 0, 37, 37, 37},        // empty groups
            {37, 37, 37, 37, 37},      // all rows to group 0

@@ -113,13 +113,16 @@ def _grouped_ref(x, w, offs):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-def test_grouped_mm_and_gradients(device, dtype, rng):
+@pytest.mark.parametrize("variant", ["auto", "loop"])
+def test_grouped_mm_and_gradients(device, dtype, variant, rng):
+    if variant == "loop" and device == "cpu":
+        pytest.skip("loop runs on CUDA tensors")
     m, k, n, e = 67, 24, 40, 5
     x = rand((m, k), dtype, device, rng).requires_grad_()
     w = rand((e, n, k), dtype, device, rng).transpose(-2, -1).detach().requires_grad_()  # (E, K, N), column-major
     offs = torch.tensor([10, 10, 31, 60, 64], dtype=torch.int32, device=device)  # an empty group, rows 64.. zeros
     dy = rand((m, n), dtype, device, rng)
-    y = optimized_ops.grouped_mm(x, w, offs)
+    y = optimized_ops.grouped_mm(x, w, offs, variant=variant)
     gx, gw = torch.autograd.grad(y, (x, w), dy)
     x64, w64 = x.detach().double().cpu().requires_grad_(), w.detach().double().cpu().requires_grad_()
     ref = _grouped_ref(x64, w64, offs.cpu())

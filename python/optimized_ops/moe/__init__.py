@@ -10,7 +10,8 @@ no host synchronisation (ids and offsets stay on the device).
   ``grouped_mm`` on ``w.transpose(-2, -1)`` and ``grouped_mm_weight_grad``).
 
 The grouped GEMM's ladder (``optimized_ops.variants("grouped_gemm")``): ``cpu``, ``naive`` (one thread
-per output); the per-expert loop and the Hopper grouped rung come next.
+per output), ``loop`` (one GEMM per group: reads ``offs`` to the host, a synchronisation, not
+capturable in a CUDA graph); the Hopper grouped rung comes next.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ _ops = torch.ops.optimized
 
 
 def grouped_gemm_variants() -> list[str]:
-    """Names of the grouped GEMM's variants, naive to best (``"auto"`` excluded): ``["cpu", "naive"]``."""
+    """Names of the grouped GEMM's variants, naive to best (``"auto"`` excluded): ``["cpu", "naive", "loop"]``."""
     return list(_ops.grouped_gemm_variants())
 
 
