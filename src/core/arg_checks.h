@@ -18,6 +18,9 @@ namespace optimized::arg {
 [[noreturn]] inline void invalid(const std::string& message) { throw Error(Status::kInvalidArgument, message); }
 [[noreturn]] inline void unsupported(const std::string& message) { throw Error(Status::kUnsupported, message); }
 
+// A dtype's name as a string, for messages ("bf16").
+inline std::string dname(DType d) { return std::string(dtype_name(d)); }
+
 // An optional operand passed as an empty view (rank 0) is absent.
 inline bool present(const TensorView& t) { return t.rank != 0; }
 

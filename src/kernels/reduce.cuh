@@ -1,4 +1,4 @@
-// Reductions of fp32 values over the threads of a warp, of a segment of a block (the threads of one
+// Reductions of fp32 values (and fp8 amax bits: warp_raise_max_bits) over the threads of a warp, of a segment of a block (the threads of one
 // row), of a block and of a thread-block cluster, with ONE SumOp and ONE MaxOp.
 //
 // NaN policy (one for the library): NaN propagates, as torch's max / softmax / norms do. MaxOp is
@@ -42,6 +42,17 @@ template <typename Op>
 __device__ __forceinline__ float warp_reduce(float v, int width = 32) {
   for (int o = width / 2; o > 0; o /= 2) v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
+}
+// The max over a warp of non-negative floats given as bits (__float_as_uint(|v|): the bits order as
+// the values do, NaN above every number), raised into *target by lane 0 with one atomicMax: a max, so
+// the result is the same in any order (an fp8 amax). Every lane of the warp must call it.
+__device__ __forceinline__ void warp_raise_max_bits(unsigned* target, unsigned bits) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  bits = __reduce_max_sync(0xffffffffu, bits);
+#else
+  for (int o = 16; o > 0; o /= 2) bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, o));
+#endif
+  if (threadIdx.x % 32 == 0 && bits != 0) atomicMax(target, bits);
 }
 template <typename Op, int N>
 __device__ __forceinline__ void warp_reduce(float (&v)[N], int width = 32) {

@@ -38,6 +38,7 @@ namespace optimized {
 
 namespace {
 
+using arg::dname;
 using arg::invalid;
 using arg::number;
 using arg::present;
@@ -51,7 +52,6 @@ std::string dims_string(std::initializer_list<int64_t> dims) {
   return s + ")";
 }
 
-std::string dname(DType d) { return std::string(dtype_name(d)); }
 
 bool float_data(DType d) { return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16 || d == DType::kF64; }
 

@@ -60,12 +60,12 @@ namespace optimized {
 
 namespace {
 
+using arg::dname;
 using arg::invalid;
 using arg::present;
 using arg::shape_string;
 using arg::unsupported;
 
-std::string dname(DType d) { return std::string(dtype_name(d)); }
 bool is_half(DType d) { return d == DType::kF16 || d == DType::kBF16; }
 int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/arg_checks.h"
+#include "moe/moe_checks.h"
 #include "moe/grouped_variants.h"
 #include "moe/moe_params.h"
 #include "optimized/moe.h"
@@ -24,26 +25,15 @@ namespace optimized {
 
 namespace {
 
+using arg::dname;
 using arg::invalid;
 using arg::present;
 using arg::shape_string;
 using arg::unsupported;
+using moe_checks::check_float;
+using moe_checks::row_stride;
 
 constexpr auto kVariantEnums = variant_enums(kGroupedGemmVariants);
-std::string dname(DType d) { return std::string(dtype_name(d)); }
-bool is_float(DType d) { return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16; }
-
-// A (rows, cols) matrix with unit stride along cols: its row stride.
-int64_t row_stride(const TensorView& t, const char* name, int64_t rows, int64_t cols, const std::string& what) {
-  if (t.rank != 2 || t.shape[0] != rows || t.shape[1] != cols)
-    invalid(std::string(name) + ": expected shape " + what + "; given " + (t.rank ? shape_string(t) : "absent"));
-  if (cols > 1 && rows > 0 && t.strides[1] != 1)
-    invalid(std::string(name) + ": expected unit stride in the last dimension; given " + t.describe());
-  if (rows > 1 && t.strides[0] < cols)
-    invalid(std::string(name) + ": expected rows at least " + std::to_string(cols) + " elements apart; given " + t.describe());
-  return rows > 1 ? t.strides[0] : cols;
-}
-
 void check_offs(arg::OperandSet& ops, const TensorView& offs, int64_t groups) {
   ops.add(offs, "offs", false);
   if (offs.dtype != DType::kI32) invalid("offs: expected dtype int32; given " + dname(offs.dtype));
@@ -129,9 +119,8 @@ void run(GroupedGemmVariant v, const GroupedGemmParams& p, const Device& device,
     row.cpu(p, ctx.cpu_threads);
     return;
   }
+  moe_checks::cuda_prelude(device, "x");  // throws in a CPU-only build
 #if OPTIMIZED_WITH_CUDA
-  static const std::string no_cuda = cuda_unavailable_reason();
-  if (!no_cuda.empty()) unsupported(std::string("x: CUDA tensors given but ") + no_cuda);
   if (v == GroupedGemmVariant::kCudaLoop) {
     check_compute_capability(row.min_compute_capability, row.arch, row.name, device.index);
     run_loop(p, device, ctx);
@@ -139,8 +128,7 @@ void run(GroupedGemmVariant v, const GroupedGemmParams& p, const Device& device,
   }
   launch_on_cuda(row, p, device.index, ctx, std::string(what) + " (" + std::string(row.name) + ")");
 #else
-  (void)device, (void)ctx, (void)what;
-  unsupported("x: CUDA tensors given but this build is CPU-only (built without CUDA)");
+  (void)ctx, (void)what;
 #endif
 }
 
@@ -166,7 +154,7 @@ void grouped_mm(const TensorView& x, const TensorView& w, const TensorView& offs
   ops.add(x, "x", false);
   ops.add(w, "w", false);
   const int64_t M = x.shape[0], K = x.shape[1], E = w.shape[0], N = w.shape[2];
-  if (!is_float(x.dtype)) unsupported("x: expected dtype fp32, fp16 or bf16; given " + dname(x.dtype));
+  check_float(x, "x");
   if (w.dtype != x.dtype) invalid("w: expected dtype " + dname(x.dtype) + " (x's); given " + dname(w.dtype));
   if (w.shape[1] != K) invalid("w: expected shape (E, " + std::to_string(K) + ", N) (K = x's columns); given " + shape_string(w));
   if (E < 1 || K < 1 || N < 1) invalid("w: expected E, K, N >= 1; given " + shape_string(w) + " with x " + shape_string(x));
@@ -195,7 +183,7 @@ void grouped_mm_weight_grad(const TensorView& x, const TensorView& dout, const T
     invalid("dw: expected rank 3 (groups E, K, N); given " + (dw.rank ? shape_string(dw) : std::string("absent")));
   ops.add(x, "x", false);
   const int64_t M = x.shape[0], K = x.shape[1], E = dw.shape[0], N = dw.shape[2];
-  if (!is_float(x.dtype)) unsupported("x: expected dtype fp32, fp16 or bf16; given " + dname(x.dtype));
+  check_float(x, "x");
   ops.add(dout, "dout", false);
   if (dout.dtype != x.dtype) invalid("dout: expected dtype " + dname(x.dtype) + " (x's); given " + dname(dout.dtype));
   if (dw.shape[1] != K || E < 1 || K < 1 || N < 1)

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/arg_checks.h"
+#include "moe/moe_checks.h"
 #include "moe/cpu/moe_cpu.h"
 #include "moe/moe_params.h"
 #include "optimized/moe.h"
@@ -22,36 +23,16 @@ namespace optimized {
 
 namespace {
 
+using arg::dname;
 using arg::invalid;
 using arg::present;
 using arg::shape_string;
 using arg::unsupported;
+using moe_checks::check_contiguous;
+using moe_checks::check_dtype;
+using moe_checks::check_float;
+using moe_checks::cuda_prelude;
 
-std::string dname(DType d) { return std::string(dtype_name(d)); }
-
-void check_dtype(const TensorView& t, const char* name, DType want) {
-  if (t.dtype != want) invalid(std::string(name) + ": expected dtype " + dname(want) + "; given " + dname(t.dtype));
-}
-
-// A contiguous tensor of exactly `shape` ("(T, k)" in messages).
-void check_contiguous(const TensorView& t, const char* name, std::initializer_list<int64_t> shape, const std::string& what) {
-  bool same = t.rank == static_cast<int>(shape.size());
-  int d = 0;
-  for (int64_t s : shape) same = same && t.shape[d++] == s;
-  if (!same) invalid(std::string(name) + ": expected shape " + what + "; given " + (t.rank ? shape_string(t) : "absent"));
-  if (!t.is_contiguous()) invalid(std::string(name) + ": expected a contiguous tensor; given " + t.describe());
-}
-
-// CUDA tensors: a usable device in this build, made current for the launches.
-void cuda_prelude([[maybe_unused]] const Device& device, const char* first) {
-  if (!device.is_cuda()) return;
-#if OPTIMIZED_WITH_CUDA
-  static const std::string no_cuda = cuda_unavailable_reason();
-  if (!no_cuda.empty()) unsupported(std::string(first) + ": CUDA tensors given but " + no_cuda);
-#else
-  unsupported(std::string(first) + ": CUDA tensors given but this build is CPU-only (built without CUDA)");
-#endif
-}
 
 }  // namespace
 
@@ -90,8 +71,7 @@ void moe_route(const TensorView& logits, const TensorView& bias, const TensorVie
             (logits.rank ? "rank " + std::to_string(logits.rank) + " " + shape_string(logits) : std::string("absent")));
   ops.add(logits, "logits", false);
   const int64_t T = logits.shape[0], E = logits.shape[1];
-  if (logits.dtype != DType::kF32 && logits.dtype != DType::kF16 && logits.dtype != DType::kBF16)
-    unsupported("logits: expected dtype fp32, fp16 or bf16; given " + dname(logits.dtype));
+  check_float(logits, "logits");
   if (E < 1 || E > kMoeMaxExperts)
     invalid("logits: expected 1 <= E <= " + std::to_string(kMoeMaxExperts) + " experts (its last dimension); given " +
             shape_string(logits));
@@ -231,20 +211,13 @@ void moe_permute(const TensorView& topk_ids, int64_t num_experts, int64_t capaci
 
 namespace {
 
-bool is_float(DType d) { return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16; }
-
-// A (rows, cols) matrix of `dtype` with unit stride along cols: its row stride.
+// A (rows, cols) operand of `dtype` with unit stride along cols: added to ops, its row stride.
 int64_t matrix_rows(arg::OperandSet& ops, const TensorView& t, const char* name, int64_t rows, int64_t cols,
                     DType dtype, const std::string& what, bool output) {
-  if (t.rank != 2 || (rows >= 0 && t.shape[0] != rows) || t.shape[1] != cols)
-    invalid(std::string(name) + ": expected shape " + what + "; given " + (t.rank ? shape_string(t) : "absent"));
+  const int64_t ld = moe_checks::row_stride(t, name, rows, cols, what);
   ops.add(t, name, output);
   check_dtype(t, name, dtype);
-  if (cols > 1 && t.shape[0] > 0 && t.strides[1] != 1)
-    invalid(std::string(name) + ": expected unit stride in the last dimension; given " + t.describe());
-  if (t.shape[0] > 1 && t.strides[0] < cols)
-    invalid(std::string(name) + ": expected rows at least " + std::to_string(cols) + " elements apart; given " + t.describe());
-  return t.shape[0] > 1 ? t.strides[0] : cols;
+  return ld;
 }
 
 void run_combine(const MoeCombineParams& p, const Device& device, const ExecutionContext& ctx, const char* what) {
@@ -274,26 +247,35 @@ void check_pairs(arg::OperandSet& ops, const TensorView& slot_of, const TensorVi
   check_contiguous(weights, "weights", {*T, *k}, tk);
 }
 
+// y (S, N) and the pairs (slot_of, weights (T, k)): the params the combine and its backward share.
+MoeCombineParams combine_params(arg::OperandSet& ops, const TensorView& y, const TensorView& slot_of,
+                                const TensorView& weights) {
+  if (y.rank != 2) invalid("y: expected rank 2 (slots S, N); given " + (y.rank ? shape_string(y) : std::string("absent")));
+  check_float(y, "y");
+  MoeCombineParams p;
+  p.dtype = y.dtype, p.slots = y.shape[0], p.n = y.shape[1];
+  if (p.n < 1) invalid("y: expected N >= 1 columns; given " + shape_string(y));
+  p.ld_y = matrix_rows(ops, y, "y", p.slots, p.n, y.dtype, "(S, N)", false);
+  check_pairs(ops, slot_of, weights, &p.tokens, &p.k);
+  p.y = y.data, p.slot_of = static_cast<const int32_t*>(slot_of.data), p.weights = static_cast<const float*>(weights.data);
+  return p;
+}
+
+std::string tn(const MoeCombineParams& p) {
+  return "(T, N) = (" + std::to_string(p.tokens) + ", " + std::to_string(p.n) + ")";
+}
+
 }  // namespace
 
 void moe_combine(const TensorView& y, const TensorView& slot_of, const TensorView& weights, const TensorView& out,
                  const ExecutionContext& ctx) {
   arg::OperandSet ops;
-  if (y.rank != 2) invalid("y: expected rank 2 (slots S, N); given " + (y.rank ? shape_string(y) : std::string("absent")));
-  if (!is_float(y.dtype)) unsupported("y: expected dtype fp32, fp16 or bf16; given " + dname(y.dtype));
-  const int64_t S = y.shape[0], N = y.shape[1];
-  if (N < 1) invalid("y: expected N >= 1 columns; given " + shape_string(y));
-  MoeCombineParams p;
-  p.ld_y = matrix_rows(ops, y, "y", S, N, y.dtype, "(S, N)", false);
-  check_pairs(ops, slot_of, weights, &p.tokens, &p.k);
-  p.ld_out = matrix_rows(ops, out, "out", p.tokens, N, y.dtype,
-                         "(T, N) = (" + std::to_string(p.tokens) + ", " + std::to_string(N) + ")", true);
+  MoeCombineParams p = combine_params(ops, y, slot_of, weights);
+  p.ld_out = matrix_rows(ops, out, "out", p.tokens, p.n, y.dtype, tn(p), true);
+  p.out = out.data;
   ops.check_overlaps();
   const Device device = ops.device();
   cuda_prelude(device, "y");
-  p.dtype = y.dtype, p.n = N, p.slots = S;
-  p.y = y.data, p.slot_of = static_cast<const int32_t*>(slot_of.data), p.weights = static_cast<const float*>(weights.data);
-  p.out = out.data;
   run_combine(p, device, ctx, "moe_combine");
 }
 
@@ -301,15 +283,9 @@ void moe_combine_backward(const TensorView& dout, const TensorView& y, const Ten
                           const TensorView& sorted_pairs, const TensorView& weights, const TensorView& grad_y,
                           const TensorView& grad_weights, const ExecutionContext& ctx) {
   arg::OperandSet ops;
-  if (y.rank != 2) invalid("y: expected rank 2 (slots S, N); given " + (y.rank ? shape_string(y) : std::string("absent")));
-  if (!is_float(y.dtype)) unsupported("y: expected dtype fp32, fp16 or bf16; given " + dname(y.dtype));
-  const int64_t S = y.shape[0], N = y.shape[1];
-  if (N < 1) invalid("y: expected N >= 1 columns; given " + shape_string(y));
-  MoeCombineParams p;
-  p.ld_y = matrix_rows(ops, y, "y", S, N, y.dtype, "(S, N)", false);
-  check_pairs(ops, slot_of, weights, &p.tokens, &p.k);
-  p.ld_out = matrix_rows(ops, dout, "dout", p.tokens, N, y.dtype,
-                         "(T, N) = (" + std::to_string(p.tokens) + ", " + std::to_string(N) + ")", false);
+  MoeCombineParams p = combine_params(ops, y, slot_of, weights);
+  const int64_t S = p.slots, N = p.n;
+  p.ld_out = matrix_rows(ops, dout, "dout", p.tokens, N, y.dtype, tn(p), false);
   ops.add(sorted_pairs, "sorted_pairs", false);
   check_dtype(sorted_pairs, "sorted_pairs", DType::kI32);
   check_contiguous(sorted_pairs, "sorted_pairs", {S}, "(S) = (" + std::to_string(S) + ") (y's rows)");
@@ -326,8 +302,6 @@ void moe_combine_backward(const TensorView& dout, const TensorView& y, const Ten
   const Device device = ops.device();
   cuda_prelude(device, "dout");
   if (!present(grad_y) && !present(grad_weights)) return;
-  p.dtype = y.dtype, p.n = N, p.slots = S;
-  p.y = y.data, p.slot_of = static_cast<const int32_t*>(slot_of.data), p.weights = static_cast<const float*>(weights.data);
   p.sorted_pairs = static_cast<const int32_t*>(sorted_pairs.data);
   p.dout = dout.data;
   p.grad_y = present(grad_y) ? grad_y.data : nullptr;

@@ -30,6 +30,7 @@
 #include "kernels/dtype.cuh"
 #include "kernels/epilogue/column_sums.cuh"
 #include "kernels/epilogue/fused_epilogue.cuh"
+#include "kernels/reduce.cuh"
 #include "linear/launchers.h"
 
 namespace optimized::cuda {
@@ -89,10 +90,7 @@ __global__ void __launch_bounds__(kCols * kSlices)
       if (g) store_vec<T, kVec>(g + r * ld_g + col, o);
     }
   }
-  if (amax_bits) {  // uniform over the grid
-    amax = __reduce_max_sync(0xffffffffu, amax);
-    if (threadIdx.x == 0 && amax != 0) atomicMax(amax_bits, amax);
-  }
+  if (amax_bits) warp_raise_max_bits(amax_bits, amax);  // uniform over the grid
   if (!partials) return;  // uniform over the grid
 #pragma unroll
   for (int e = 0; e < kVec; ++e) slice_sums[threadIdx.y][threadIdx.x * kVec + e] = s[e];

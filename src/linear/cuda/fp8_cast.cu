@@ -2,8 +2,8 @@
 // that amax gives, for up to kMaxFp8Jobs tensors a launch (grid.z or grid.y picks the job).
 //
 //   fp8_amax_kernel   block of 256 threads over rows (grid-stride), the threads along a row, 16
-//                     bytes a load when the rows allow; max |v| as float bits, reduced in the warp
-//                     (__reduce_max_sync) and raised into the job's amax with one atomicMax a warp.
+//                     bytes a load when the rows allow; max |v| as float bits, raised into the job's
+//                     amax one atomicMax a warp (kernels::warp_raise_max_bits).
 //   fp8_cast_kernel   one 64 x 64 tile a block: thread (r, c8) reads 8 neighbouring elements of rows
 //                     r and r + 32 (16 bytes of fp16 / bf16), converts v * q with saturation
 //                     (__nv_cvt_float_to_fp8, SATFINITE, round to nearest even), writes the 8 bytes
@@ -18,6 +18,7 @@
 
 #include "kernels/dispatch.cuh"
 #include "kernels/dtype.cuh"
+#include "kernels/reduce.cuh"
 #include "linear/launchers.h"
 #include "linear/linear_fp8.h"
 
@@ -60,8 +61,7 @@ __global__ void __launch_bounds__(kThreads) fp8_amax_kernel(const __grid_constan
       for (int e = 0; e < kVec; ++e) m = max(m, abs_bits(to_float(v.v[e])));
     }
   }
-  m = __reduce_max_sync(0xffffffffu, m);
-  if (threadIdx.x % 32 == 0 && m != 0) atomicMax(j.amax_bits, m);
+  warp_raise_max_bits(j.amax_bits, m);
 }
 
 __device__ __forceinline__ uint8_t to_fp8(float v, bool e5m2) {

@@ -1,4 +1,5 @@
-// The MoE family's CPU backend (moe_params.h): routing (threads over tokens, moe_route_token) and
+// The MoE family's CPU backend (moe_params.h): routing (threads over tokens, each running the rule of
+// moe.h in fp32) and
 // the permutation (a serial counting sort: the order is the documented one by construction).
 #pragma once
 

@@ -10,6 +10,7 @@
 
 #include "kernels/dispatch.cuh"
 #include "kernels/dtype.cuh"
+#include "kernels/reduce.cuh"
 #include "moe/launchers.h"
 
 namespace optimized::cuda {
@@ -60,8 +61,7 @@ __global__ void __launch_bounds__(kBlockX * kBlockY) grad_weights_kernel(const M
   float acc = 0.0f;
   if (s >= 0 && s < p.slots)
     for (int64_t c = threadIdx.x; c < p.n; c += kBlockX) acc += to_float(dout[t * p.ld_out + c]) * to_float(y[s * p.ld_y + c]);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  acc = warp_reduce<SumOp>(acc);
   if (threadIdx.x == 0) p.grad_weights[pair] = acc;
 }
 

@@ -2,24 +2,24 @@
 // l, l + 32, ...; kPer = ceil(E / 32) of them), every step a warp reduction:
 //
 //   1. max of the logits (NaN aside) and the sum of exp: the softmax statistics and lse
-//   2. each expert's score (softmax probability or sigmoid) and choice score (+ bias), as
-//      moe_route_token (moe_params.h) defines them for the CPU
+//   2. each expert's score (softmax probability or sigmoid) and choice score (+ bias), as moe.h
+//      defines them (the CPU backend's route_token, cpu/moe_cpu.cpp, is the same rule a thread a token)
 //   3. group-limited routing: per group, the two best choice scores merged across the warp; the
 //      topk_groups best groups (lower index on ties) stay allowed
 //   4. k rounds of a warp arg-max over the allowed, unchosen experts (NaN below every number, the
 //      lower index on ties), carrying the winner's logit and score
 //   5. lane 0: the weights (softmax over the chosen logits, or their scores), normalize, scale
 //
-// The CPU backend runs moe_route_token, one thread per token: the same rule, the same fp32 formulas;
+// The CPU backend runs route_token, one thread per token: the same rule, the same fp32 formulas;
 // sums run in a different order, so weights may differ in the last bits, never the choice (up to
 // exact ties of sums, which the rule breaks by index on both).
 //
 // Version 1 was that same function on the GPU (a thread per token walking E logits k + 3 times):
 // at T = 4096, E = 256, k = 8 it took 963 us against 75 for torch's softmax + topk (32 blocks of
 // threads on 132 SMs); logs/issue16/moe-timing.log.
-#include <cfloat>
 
 #include "kernels/dtype.cuh"
+#include "kernels/reduce.cuh"
 #include "moe/launchers.h"
 
 namespace optimized::cuda {
@@ -74,14 +74,12 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) route_warp_kernel(const M
     else m = fmaxf(m, l[i]);
   }
   nan = __any_sync(kAll, nan);
-#pragma unroll
-  for (int s = 16; s > 0; s >>= 1) m = fmaxf(m, __shfl_xor_sync(kAll, m, s));
+  m = kernels::warp_reduce<kernels::MaxOp>(m);  // no NaN here: a lane's NaN logits stayed out
   float sum = 0.0f;
 #pragma unroll
   for (int i = 0; i < kPer; ++i)
     if (lane + 32 * i < E) sum += expf(l[i] - m);
-#pragma unroll
-  for (int s = 16; s > 0; s >>= 1) sum += __shfl_xor_sync(kAll, sum, s);
+  sum = kernels::warp_reduce<kernels::SumOp>(sum);
   if (nan) sum = NAN;
   if (p.lse && lane == 0) p.lse[t] = nan ? NAN : m + logf(sum);
   const bool softmax = p.scoring == 0;
@@ -131,7 +129,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) route_warp_kernel(const M
   unsigned chosen = 0;  // bit i: this lane's expert lane + 32 i was chosen
   int32_t* ids = p.ids + t * p.k;
   float* w = p.weights + t * p.k;
-  float wl[kMoeMaxK];  // lane 0: the chosen experts' weights (scores, or logits for topk_softmax)
+  float wl[kMoeMaxTopK];  // lane 0: the chosen experts' weights (scores, or logits for topk_softmax)
   for (int j = 0; j < p.k; ++j) {
     Best b{NAN, 0, 0, -1};
 #pragma unroll
@@ -178,7 +176,7 @@ cudaError_t launch_for(const MoeRouteParams& p, unsigned blocks, cudaStream_t st
 
 cudaError_t moe_route(const MoeRouteParams& p, const Workspace&, cudaStream_t stream) {
   if (p.tokens < 1) return cudaSuccess;
-  if (p.experts > 32 * 32 || p.k > kMoeMaxK || p.n_groups > kMoeMaxGroups) return cudaErrorInvalidValue;
+  if (p.experts > kMoeMaxExperts || p.k > kMoeMaxTopK || p.n_groups > kMoeMaxGroups) return cudaErrorInvalidValue;
   const int64_t blocks = (p.tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   switch (p.dtype) {
