@@ -24,6 +24,30 @@
 // experts have numbers); a NaN logit makes that token's softmax weights NaN (and its lse), never a
 // silently finite answer.
 //
+// moe_route_backward: the gradient of the weights and of lse to the logits, for the ids the forward
+// chose (the choice itself -- the bias, the groups -- has no gradient: the bias gets none, and the
+// group options only need to be valid).
+//
+//   logits (T, E)         as the forward's (the same tensor): read in their dtype, math in fp32
+//   topk_ids (T, k)       int32, contiguous: the forward's ids; an id outside [0, E) leaves its pair
+//                         out of the list (never read or written out of bounds)
+//   grad_weights (T, k)   fp32, contiguous, or absent (zero): the gradient of topk_weights
+//   grad_lse (T)          fp32, contiguous, or absent (zero): the gradient of lse
+//   grad_logits (T, E)    the logits' dtype or fp32; rows any stride apart, unit stride along E
+//
+// With g_j = routed_scale grad_weights[t, j], p = softmax(logits[t]) and the pairs' scores s_j:
+//   softmax          s_j = p[id_j]:       grad[e] = p[e] (sum over j with id_j = e of g_j - sum_j g_j s_j)
+//   softmax with topk_softmax or normalize: the weights are q = the softmax over the chosen logits
+//                    (normalize divides p[id_j] by their sum: the same q), so grad[id_j] += q_j (g_j -
+//                    sum_i g_i q_i) and the other experts get exact zeros
+//   sigmoid          s_j = sigmoid(l[id_j]): grad[id_j] += h_j s_j (1 - s_j), h_j = g_j, or with
+//                    normalize (S = sum_i s_i) h_j = (g_j - sum_i g_i s_i / S) / S
+//   every mode       grad[e] += grad_lse[t] p[e]
+// A zero incoming gradient adds exact zeros: a token whose grad_weights row is all zero (or absent)
+// gets no weight term and a zero grad_lse no lse term, so that the zero gradient autograd passes for
+// an unused output never makes a NaN logit's row NaN. Otherwise NaN propagates: with softmax scoring a
+// NaN logit makes the token's whole gradient row NaN (as it made its weights and lse NaN).
+//
 // ---- Permutation ----------------------------------------------------------------------------------
 //
 // The T k pairs p = t k + j (token t's j-th choice, expert topk_ids[t, j]) sorted by expert, stably
@@ -100,6 +124,10 @@ constexpr int64_t kMoeMaxTopK = 32;
 void moe_route(const TensorView& logits, const TensorView& bias, const TensorView& topk_ids,
                const TensorView& topk_weights, const TensorView& lse, const MoeRouteOptions& options,
                const ExecutionContext& ctx = {});
+// The gradient to the logits (above); options as the forward's (top_k: topk_ids' second dimension).
+void moe_route_backward(const TensorView& logits, const TensorView& topk_ids, const TensorView& grad_weights,
+                        const TensorView& grad_lse, const TensorView& grad_logits, const MoeRouteOptions& options,
+                        const ExecutionContext& ctx = {});
 
 // ceil(capacity_factor * T * k / E) (capacity_factor > 0).
 int64_t moe_capacity(double capacity_factor, int64_t tokens, int64_t top_k, int64_t experts);
@@ -111,6 +139,13 @@ void moe_permute(const TensorView& topk_ids, int64_t num_experts, int64_t capaci
                  const TensorView& offsets, const TensorView& sorted_pairs, const TensorView& slot_of,
                  const TensorView& dropped, const ExecutionContext& ctx = {});
 
+// The dispatch of token rows to their slots (moe_permute's order), what the grouped GEMM reads:
+// xs[s] = x[sorted_pairs[s] / top_k] for the slots that hold a pair, zeros for the others (slots past
+// offsets[E], which dropped pairs leave unused). x (T, N) fp32 / fp16 / bf16 (rows may be strided),
+// sorted_pairs (S) int32, xs (S, N) of x's dtype. Its gradient is moe_combine with unit weights.
+void moe_gather(const TensorView& x, const TensorView& sorted_pairs, int64_t top_k, const TensorView& xs,
+                const ExecutionContext& ctx = {});
+
 void moe_combine(const TensorView& y, const TensorView& slot_of, const TensorView& weights, const TensorView& out,
                  const ExecutionContext& ctx = {});
 void moe_combine_backward(const TensorView& dout, const TensorView& y, const TensorView& slot_of,
@@ -118,13 +153,16 @@ void moe_combine_backward(const TensorView& dout, const TensorView& y, const Ten
                           const TensorView& grad_weights, const ExecutionContext& ctx = {});
 
 enum class GroupedGemmVariant : uint8_t {
-  kAuto,       // cpu on the CPU, naive on CUDA (for now)
+  kAuto,       // cpu on the CPU; on CUDA wgmma where it applies (sm_90, fp16 / bf16, operands TMA can
+               // describe), else loop, or naive while the stream is being captured (loop synchronises)
   kCpu,        // threads over rows (forward) or groups (weight grad), fp32 accumulation
   kCudaNaive,  // one thread per output, its group found on the device
   kCudaLoop,   // one GEMM per non-empty group (the GEMM family's auto): reads offs to the host, so it
                // synchronises the stream and cannot be captured in a CUDA graph (the torch loop's way)
+  kCudaWgmma,  // Hopper (sm_90a): the wgmma mainloop under a persistent scheduler over every group's tiles,
+               // one launch, offsets read on the device only; fp16 / bf16
 };
-std::string_view grouped_gemm_variant_name(GroupedGemmVariant variant);  // "cpu", "naive", "loop"
+std::string_view grouped_gemm_variant_name(GroupedGemmVariant variant);  // "cpu", "naive", "loop", "wgmma"
 GroupedGemmVariant parse_grouped_gemm_variant(std::string_view name);   // throws Error naming the choices
 std::span<const GroupedGemmVariant> all_grouped_gemm_variants();        // every variant but kAuto
 std::string grouped_gemm_variant_rejects_dtype(GroupedGemmVariant variant, DType dtype);  // empty: takes it
@@ -134,5 +172,15 @@ void grouped_mm(const TensorView& x, const TensorView& w, const TensorView& offs
 void grouped_mm_weight_grad(const TensorView& x, const TensorView& dout, const TensorView& offs, const TensorView& dw,
                             bool accumulate = false, GroupedGemmVariant variant = GroupedGemmVariant::kAuto,
                             const ExecutionContext& ctx = {});
+
+// The expert MLP's up projection with SwiGLU: w (E, K, 2F) holds [gate | up] of each group, and for the
+// rows of group g, out (M, F) = silu(x @ w[g][:, :F]) * (x @ w[g][:, F:]); rows past the last group are
+// zeros. pre (M, 2F), optional (rank 0: absent), receives x @ w[g] in x's dtype, what the backward needs.
+// wgmma applies the SwiGLU to the fp32 accumulators in its epilogue; the other variants run grouped_mm
+// into pre (or scratch) and then the fused family's silu_and_mul, which reads the rounded products. x,
+// w, out, pre: one dtype; w row-major per group (unit stride along 2F) for wgmma.
+void grouped_mm_swiglu(const TensorView& x, const TensorView& w, const TensorView& offs, const TensorView& out,
+                       const TensorView& pre = {}, GroupedGemmVariant variant = GroupedGemmVariant::kAuto,
+                       const ExecutionContext& ctx = {});
 
 }  // namespace optimized

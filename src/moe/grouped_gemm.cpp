@@ -12,6 +12,7 @@
 
 #include <vector>
 
+#include "optimized/fused.h"
 #include "optimized/gemm.h"
 
 #if OPTIMIZED_WITH_CUDA
@@ -19,6 +20,8 @@
 
 #include "core/cuda_device_guard.h"
 #include "core/cuda_launch.h"
+#include "core/device_facts.h"
+#include "core/tensor_map.h"
 #endif
 
 namespace optimized {
@@ -42,15 +45,69 @@ void check_offs(arg::OperandSet& ops, const TensorView& offs, int64_t groups) {
             (offs.rank ? offs.describe() : std::string("absent")));
 }
 
-GroupedGemmVariant resolve(GroupedGemmVariant v, DType dtype, const Device& device) {
-  if (v == GroupedGemmVariant::kAuto) v = device.is_cuda() ? GroupedGemmVariant::kCudaNaive : GroupedGemmVariant::kCpu;
+// Why the wgmma rung cannot take p (empty: it can): what TMA and its 32-bit tile arithmetic need.
+std::string wgmma_rejects(const GroupedGemmParams& p) {
+  if (p.dtype != DType::kF16 && p.dtype != DType::kBF16) return "wgmma supports fp16, bf16; given " + dname(p.dtype);
+  if (p.m >= INT32_MAX / 2 || p.n >= INT32_MAX / 2 || p.k >= INT32_MAX / 2 || p.groups >= INT32_MAX / 2)
+    return "wgmma takes sizes below 2^30; given M " + std::to_string(p.m) + ", N " + std::to_string(p.n) + ", K " +
+           std::to_string(p.k);
+#if OPTIMIZED_WITH_CUDA
+  std::string why;
+  const auto check = [&](const TmaMatrix& m, const char* name) {
+    if (why.empty()) why = tma_rejects(m, name);
+  };
+  if (p.weight_grad) {
+    check({p.a, p.m, p.k, p.a_rs, 1, 0, 2}, "x");
+    check({p.b, p.m, p.n, p.b_rs, 1, 0, 2}, "dout");
+    return why;
+  }
+  check({p.a, p.m, p.k, p.a_rs, 1, 0, 2}, "x");
+  if (p.swiglu && p.n % 16 != 0)  // the up half's columns start on a 16-byte boundary (TMA box coordinates)
+    return "w: wgmma's SwiGLU takes F a multiple of 8; given F = " + std::to_string(p.n / 2);
+  if (p.b_cs == 1)
+    check({p.b, p.k, p.n, p.b_rs, p.groups, p.b_gs, 2}, "w");
+  else if (p.b_rs == 1 && !p.swiglu)
+    check({p.b, p.n, p.k, p.b_cs, p.groups, p.b_gs, 2}, "w");
+  else
+    return std::string("w: wgmma reads w with unit stride along ") + (p.swiglu ? "2F" : "N or K") + "; given strides (" +
+           std::to_string(p.b_gs) + ", " + std::to_string(p.b_rs) + ", " + std::to_string(p.b_cs) + ")";
+  return why;
+#else
+  return "wgmma needs a CUDA build";
+#endif
+}
+
+// The variant that runs p: the one asked for (refused, naming why, where it cannot), or auto's pick.
+GroupedGemmVariant resolve(GroupedGemmVariant v, const GroupedGemmParams& p, const Device& device,
+                           const ExecutionContext& ctx) {
+  if (v == GroupedGemmVariant::kAuto) {
+    if (!device.is_cuda()) return GroupedGemmVariant::kCpu;
+    v = GroupedGemmVariant::kCudaNaive;
+#if OPTIMIZED_WITH_CUDA
+    const GroupedGemmVariantInfo& wgmma = variant_row(kGroupedGemmVariants, GroupedGemmVariant::kCudaWgmma);
+    const DeviceFacts* facts = nullptr;
+    if (wgmma.launch && device_facts(device.index, &facts) == cudaSuccess &&
+        facts->compute_capability == wgmma.min_compute_capability && wgmma_rejects(p).empty())
+      return GroupedGemmVariant::kCudaWgmma;
+    // loop reads the offsets back: not while the stream is being captured into a graph.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(static_cast<cudaStream_t>(ctx.cuda_stream), &capture) == cudaSuccess &&
+        capture == cudaStreamCaptureStatusNone)
+      v = GroupedGemmVariant::kCudaLoop;
+#else
+    (void)ctx;
+#endif
+    return v;
+  }
   if (!find_variant(kGroupedGemmVariants, v))
     invalid("variant: expected one of " + variant_choices(kGroupedGemmVariants) + "; given value " +
             std::to_string(static_cast<unsigned>(v)));
   const GroupedGemmVariantInfo& row = variant_row(kGroupedGemmVariants, v);
-  if (std::string why = variant_rejects_dtype(kGroupedGemmVariants, row, dtype, "grouped_mm"); !why.empty())
+  if (std::string why = variant_rejects_dtype(kGroupedGemmVariants, row, p.dtype, "grouped_mm"); !why.empty())
     unsupported("variant: " + why);
   if (std::string why = variant_rejects_device(row, device); !why.empty()) invalid(why);
+  if (v == GroupedGemmVariant::kCudaWgmma)
+    if (std::string why = wgmma_rejects(p); !why.empty()) unsupported("variant: " + why);
   return v;
 }
 
@@ -126,7 +183,12 @@ void run(GroupedGemmVariant v, const GroupedGemmParams& p, const Device& device,
     run_loop(p, device, ctx);
     return;
   }
-  launch_on_cuda(row, p, device.index, ctx, std::string(what) + " (" + std::string(row.name) + ")");
+  // No rows: nothing for the tensor cores (and no TMA map of zero rows); the weight gradient's zeros
+  // come from naive.
+  const GroupedGemmVariantInfo& runs =
+      v == GroupedGemmVariant::kCudaWgmma && p.m == 0 ? variant_row(kGroupedGemmVariants, GroupedGemmVariant::kCudaNaive)
+                                                     : row;
+  launch_on_cuda(runs, p, device.index, ctx, std::string(what) + " (" + std::string(row.name) + ")");
 #else
   (void)ctx, (void)what;
 #endif
@@ -170,9 +232,11 @@ void grouped_mm(const TensorView& x, const TensorView& w, const TensorView& offs
   p.c_rs = row_stride(out, "out", M, N, "(M, N) = (" + std::to_string(M) + ", " + std::to_string(N) + ")");
   ops.check_overlaps();
   const Device device = ops.device();
-  const GroupedGemmVariant v = resolve(variant, x.dtype, device);
-  if (M == 0) return;
-  run(v, p, device, ctx, "grouped_mm");
+  if (M == 0) {
+    resolve(variant, p, device, ctx);  // the variant's refusals still apply
+    return;
+  }
+  run(resolve(variant, p, device, ctx), p, device, ctx, "grouped_mm");
 }
 
 void grouped_mm_weight_grad(const TensorView& x, const TensorView& dout, const TensorView& offs, const TensorView& dw,
@@ -203,8 +267,76 @@ void grouped_mm_weight_grad(const TensorView& x, const TensorView& dout, const T
   p.c = dw.data, p.c_gs = dw.strides[0], p.c_rs = dw.strides[1];
   ops.check_overlaps();
   const Device device = ops.device();
-  const GroupedGemmVariant v = resolve(variant, x.dtype, device);
-  run(v, p, device, ctx, "grouped_mm_weight_grad");
+  run(resolve(variant, p, device, ctx), p, device, ctx, "grouped_mm_weight_grad");
+}
+
+void grouped_mm_swiglu(const TensorView& x, const TensorView& w, const TensorView& offs, const TensorView& out,
+                       const TensorView& pre, GroupedGemmVariant variant, const ExecutionContext& ctx) {
+  arg::OperandSet ops;
+  if (x.rank != 2) invalid("x: expected rank 2 (rows M, K); given " + (x.rank ? shape_string(x) : std::string("absent")));
+  if (w.rank != 3)
+    invalid("w: expected rank 3 (groups E, K, 2F: [gate | up]); given " + (w.rank ? shape_string(w) : std::string("absent")));
+  ops.add(x, "x", false);
+  ops.add(w, "w", false);
+  const int64_t M = x.shape[0], K = x.shape[1], E = w.shape[0], N = w.shape[2];
+  check_float(x, "x");
+  if (w.dtype != x.dtype) invalid("w: expected dtype " + dname(x.dtype) + " (x's); given " + dname(w.dtype));
+  if (w.shape[1] != K || E < 1 || K < 1 || N < 2 || N % 2 != 0)
+    invalid("w: expected shape (E, " + std::to_string(K) + ", 2F) with E, F >= 1 (K = x's columns); given " +
+            shape_string(w));
+  const int64_t F = N / 2;
+  check_offs(ops, offs, E);
+  ops.add(out, "out", true);
+  if (out.dtype != x.dtype) invalid("out: expected dtype " + dname(x.dtype) + " (x's); given " + dname(out.dtype));
+  GroupedGemmParams p;
+  p.swiglu = true;
+  p.m = M, p.n = N, p.k = K, p.groups = E, p.dtype = x.dtype, p.c_dtype = out.dtype;
+  p.a = x.data, p.a_rs = row_stride(x, "x", M, K, "(M, K)");
+  p.b = w.data, p.b_gs = w.strides[0], p.b_rs = w.strides[1], p.b_cs = w.strides[2];
+  p.offs = static_cast<const int32_t*>(offs.data);
+  p.c = out.data;
+  p.c_rs = row_stride(out, "out", M, F, "(M, F) = (" + std::to_string(M) + ", " + std::to_string(F) + ")");
+  if (pre.rank != 0) {
+    ops.add(pre, "pre", true);
+    if (pre.dtype != x.dtype) invalid("pre: expected dtype " + dname(x.dtype) + " (x's); given " + dname(pre.dtype));
+    p.pre = pre.data;
+    p.pre_rs = row_stride(pre, "pre", M, N, "(M, 2F) = (" + std::to_string(M) + ", " + std::to_string(N) + ")");
+  }
+  ops.check_overlaps();
+  const Device device = ops.device();
+  const GroupedGemmVariant v = resolve(variant, p, device, ctx);
+  if (M == 0) return;
+  if (v == GroupedGemmVariant::kCudaWgmma) {
+    run(v, p, device, ctx, "grouped_mm_swiglu");
+    return;
+  }
+  // The other rungs: the products by grouped_mm into pre (or scratch), then silu_and_mul. The inner
+  // calls get no caller workspace (it may hold the scratch).
+  ExecutionContext inner = ctx;
+  inner.workspace = {};
+  const size_t bytes = static_cast<size_t>(M) * N * dtype_size(x.dtype);
+  const auto finish = [&](void* h, int64_t ld) {
+    const TensorView hv = view2d(h, x.dtype, device, M, N, ld, 1);
+    grouped_mm(x, w, offs, hv, v, inner);
+    silu_and_mul_forward(hv, out, FusedVariant::kAuto, inner);
+  };
+  if (p.pre) {
+    finish(p.pre, p.pre_rs);
+    return;
+  }
+  if (!device.is_cuda()) {
+    std::vector<char> scratch(bytes);
+    finish(scratch.data(), N);
+    return;
+  }
+#if OPTIMIZED_WITH_CUDA
+  DeviceGuard guard(device.index);
+  const auto stream = static_cast<cudaStream_t>(ctx.cuda_stream);
+  CallWorkspace ws(ctx, bytes, "grouped_mm_swiglu (" + std::string(grouped_gemm_variant_name(v)) + ")", device.index,
+                   stream);
+  finish(ws.get().data, N);
+  ws.release("grouped_mm_swiglu");
+#endif
 }
 
 }  // namespace optimized

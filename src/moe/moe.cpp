@@ -62,10 +62,11 @@ int64_t moe_capacity(double capacity_factor, int64_t tokens, int64_t top_k, int6
 
 // ---- routing -------------------------------------------------------------------------------------
 
-void moe_route(const TensorView& logits, const TensorView& bias, const TensorView& topk_ids,
-               const TensorView& topk_weights, const TensorView& lse, const MoeRouteOptions& o,
-               const ExecutionContext& ctx) {
-  arg::OperandSet ops;
+namespace {
+
+// The router's logits (T, E) (recorded as an input of ops) and the options (the forward's rules, which
+// the backward shares so that any options the forward takes it takes too).
+void check_route_logits(arg::OperandSet& ops, const TensorView& logits) {
   if (logits.rank != 2)
     invalid("logits: expected rank 2 (tokens T, experts E); given " +
             (logits.rank ? "rank " + std::to_string(logits.rank) + " " + shape_string(logits) : std::string("absent")));
@@ -79,6 +80,9 @@ void moe_route(const TensorView& logits, const TensorView& bias, const TensorVie
     invalid("logits: expected unit stride along the experts; given " + logits.describe());
   if (T > 1 && logits.strides[0] < E)
     invalid("logits: expected rows at least E = " + std::to_string(E) + " elements apart; given " + logits.describe());
+}
+
+void check_route_options(const MoeRouteOptions& o, int64_t E) {
   const int k = o.top_k;
   if (k < 1 || k > E || k > kMoeMaxTopK)
     invalid("top_k: expected 1 <= k <= min(E, " + std::to_string(kMoeMaxTopK) + ") = " +
@@ -98,6 +102,18 @@ void moe_route(const TensorView& logits, const TensorView& bias, const TensorVie
             std::to_string(o.topk_groups) + " groups of " + std::to_string(E / o.n_groups) + ")");
   if (!std::isfinite(o.routed_scale))
     invalid("routed_scale: expected a finite number; given " + arg::number(o.routed_scale));
+}
+
+}  // namespace
+
+void moe_route(const TensorView& logits, const TensorView& bias, const TensorView& topk_ids,
+               const TensorView& topk_weights, const TensorView& lse, const MoeRouteOptions& o,
+               const ExecutionContext& ctx) {
+  arg::OperandSet ops;
+  check_route_logits(ops, logits);
+  const int64_t T = logits.shape[0], E = logits.shape[1];
+  check_route_options(o, E);
+  const int k = o.top_k;
   if (present(bias)) {
     ops.add(bias, "bias", false);
     check_dtype(bias, "bias", DType::kF32);
@@ -136,6 +152,58 @@ void moe_route(const TensorView& logits, const TensorView& bias, const TensorVie
 #if OPTIMIZED_WITH_CUDA
   DeviceGuard guard(device.index);
   check_cuda(cuda::moe_route(p, {}, static_cast<cudaStream_t>(ctx.cuda_stream)), "moe_route");
+#endif
+}
+
+void moe_route_backward(const TensorView& logits, const TensorView& topk_ids, const TensorView& grad_weights,
+                        const TensorView& grad_lse, const TensorView& grad_logits, const MoeRouteOptions& o,
+                        const ExecutionContext& ctx) {
+  arg::OperandSet ops;
+  check_route_logits(ops, logits);
+  const int64_t T = logits.shape[0], E = logits.shape[1];
+  check_route_options(o, E);
+  const int k = o.top_k;
+  const std::string tk = "(T, k) = (" + std::to_string(T) + ", " + std::to_string(k) + ")";
+  ops.add(topk_ids, "topk_ids", false);
+  check_dtype(topk_ids, "topk_ids", DType::kI32);
+  check_contiguous(topk_ids, "topk_ids", {T, k}, tk);
+  if (present(grad_weights)) {
+    ops.add(grad_weights, "grad_weights", false);
+    check_dtype(grad_weights, "grad_weights", DType::kF32);
+    check_contiguous(grad_weights, "grad_weights", {T, k}, tk);
+  }
+  if (present(grad_lse)) {
+    ops.add(grad_lse, "grad_lse", false);
+    check_dtype(grad_lse, "grad_lse", DType::kF32);
+    check_contiguous(grad_lse, "grad_lse", {T}, "(T) = (" + std::to_string(T) + ")");
+  }
+  const int64_t ld_grad = moe_checks::row_stride(grad_logits, "grad_logits", T, E,
+                                                 "(T, E) = (" + std::to_string(T) + ", " + std::to_string(E) + ")");
+  ops.add(grad_logits, "grad_logits", true);
+  if (grad_logits.dtype != logits.dtype && grad_logits.dtype != DType::kF32)
+    invalid("grad_logits: expected dtype " + dname(logits.dtype) + " (the logits') or fp32; given " +
+            dname(grad_logits.dtype));
+  ops.check_overlaps();
+  const Device device = ops.device();
+  cuda_prelude(device, "logits");
+  if (T == 0) return;
+
+  MoeRouteBackwardParams p;
+  p.logits = logits.data, p.dtype = logits.dtype, p.tokens = T, p.experts = E;
+  p.ld = T > 1 ? logits.strides[0] : E;
+  p.ids = static_cast<const int32_t*>(topk_ids.data);
+  p.grad_weights = present(grad_weights) ? static_cast<const float*>(grad_weights.data) : nullptr;
+  p.grad_lse = present(grad_lse) ? static_cast<const float*>(grad_lse.data) : nullptr;
+  p.grad_logits = grad_logits.data, p.grad_dtype = grad_logits.dtype, p.ld_grad = ld_grad;
+  p.k = k, p.scoring = static_cast<int>(o.scoring), p.topk_softmax = o.topk_softmax, p.normalize = o.normalize;
+  p.routed_scale = o.routed_scale;
+  if (!device.is_cuda()) {
+    cpu::moe_route_backward(p, ctx.cpu_threads);
+    return;
+  }
+#if OPTIMIZED_WITH_CUDA
+  DeviceGuard guard(device.index);
+  check_cuda(cuda::moe_route_backward(p, {}, static_cast<cudaStream_t>(ctx.cuda_stream)), "moe_route_backward");
 #endif
 }
 

@@ -25,6 +25,24 @@ struct MoeRouteParams {
   float routed_scale = 1.0f;
 };
 
+// The router's backward (moe.h's moe_route_backward): the scoring options that shape the gradient;
+// the choice's (bias, groups) play no part.
+struct MoeRouteBackwardParams {
+  const void* logits = nullptr;         // (tokens, experts), rows ld apart, unit stride along experts
+  DType dtype = DType::kF32;            // fp32, fp16, bf16
+  int64_t tokens = 0, experts = 0, ld = 0;
+  const int32_t* ids = nullptr;         // (tokens, k); ids outside [0, experts) leave their pair out
+  const float* grad_weights = nullptr;  // (tokens, k) or null (zero)
+  const float* grad_lse = nullptr;      // (tokens) or null (zero)
+  void* grad_logits = nullptr;          // (tokens, experts), rows ld_grad apart
+  DType grad_dtype = DType::kF32;       // dtype or fp32
+  int64_t ld_grad = 0;
+  int k = 1;
+  int scoring = 0;                      // MoeScoring: 0 softmax, 1 sigmoid
+  bool topk_softmax = false, normalize = false;
+  float routed_scale = 1.0f;
+};
+
 struct MoePermuteParams {
   const int32_t* ids = nullptr;  // (pairs): pair p = t k + j
   int64_t pairs = 0, experts = 0;
@@ -70,6 +88,11 @@ struct GroupedGemmParams {
   void* c = nullptr;
   int64_t c_gs = 0, c_rs = 0;    // forward: rows c_rs apart; weight_grad: c[g](k, n) at g c_gs + k c_rs + n
   bool accumulate = false;       // weight_grad: c += ...
+  // Forward with SwiGLU in the epilogue: b[g] (k, n) is [gate | up] (n = 2F), c (m, F) = silu(a b[g][:, :F]) *
+  // (a b[g][:, F:]) in fp32 from the accumulators; pre (m, n) rows pre_rs apart, or null, gets a b[g].
+  bool swiglu = false;
+  void* pre = nullptr;
+  int64_t pre_rs = 0;
 };
 
 // Group g's rows [begin, end) from unchecked offsets: clamped to [0, m], each end at least the one
@@ -85,6 +108,18 @@ OPTIMIZED_HOST_DEVICE inline void grouped_rows(const GroupedGemmParams& p, int64
   *begin = prev;
   *end = cur;
 }
+
+// The gather of token rows into slot order (moe.h's moe_gather): xs[s] = x[sorted_pairs[s] / k], zeros
+// where sorted_pairs[s] is not a pair of [0, T k).
+struct MoeGatherParams {
+  DType dtype = DType::kBF16;
+  int64_t tokens = 0, k = 1, n = 0, slots = 0;
+  const void* x = nullptr;  // (tokens, n), rows ld_x apart
+  int64_t ld_x = 0;
+  const int32_t* sorted_pairs = nullptr;  // (slots)
+  void* xs = nullptr;       // (slots, n), rows ld_xs apart
+  int64_t ld_xs = 0;
+};
 
 constexpr int kMoeMaxGroups = 64;  // group-limited routing: the allowed groups are bits of a uint64_t
 

@@ -205,6 +205,19 @@ inline int64_t changed_elements(const GuardedLayout& layout, size_t elem_size, c
       GTEST_SKIP() << "no CUDA device: " << ::optimized::cuda_unavailable_reason();                          \
   } while (0)
 
+// Whether device 0 has compute capability 9.0, where the sm_90a rungs (wgmma, TMA, setmaxnreg) run.
+inline bool hopper_device() {
+#if OPTIMIZED_WITH_CUDA
+  if (::optimized::cuda_device_count() == 0) return false;
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  return major == 9 && minor == 0;
+#else
+  return false;
+#endif
+}
+
 // A CUDA stream of our own, non-blocking with respect to the legacy default stream, so that a
 // launcher that ignores ctx.cuda_stream (and runs on stream 0) races with the synchronization
 // the test does and is caught.

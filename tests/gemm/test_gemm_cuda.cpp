@@ -27,8 +27,6 @@ std::vector<VariantParam> cuda_variants() {
   return out;
 }
 
-bool hopper_device();  // compute capability 9.0 (below)
-
 bool is_hopper(GemmVariant v) {
   return v == GemmVariant::kCudaWgmmaTma || v == GemmVariant::kCudaWgmmaWs || v == GemmVariant::kCudaWgmmaPersistent;
 }
@@ -421,18 +419,6 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaGemmAuto, ::testing::Values(DType::kF32, DTyp
                          [](const ::testing::TestParamInfo<DType>& info) { return dtype_label(info.param); });
 
 // ---- split-K's workspace (wgmma_persistent) ------------------------------------------------------
-
-bool hopper_device() {
-#if OPTIMIZED_WITH_CUDA
-  if (cuda_device_count() == 0) return false;
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-  return major == 9 && minor == 0;
-#else
-  return false;
-#endif
-}
 
 TEST(CudaGemmSplitK, WorkspaceQueryGivenWorkspaceAndDeterminism) {
   SKIP_WITHOUT_CUDA();

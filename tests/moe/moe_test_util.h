@@ -209,6 +209,226 @@ inline std::vector<RouteCase> route_cases() {
 }
 
 
+// ---- routing's backward ------------------------------------------------------------------------------
+
+// The float64 gradient of one token's (weights, lse) to its logits (moe.h's moe_route_backward), by the
+// chain rule through the whole Jacobian, written independently of the library's reduced formulas:
+//   grad[e] = sum_j sum_i routed_scale g_j (dn_j / ds_i) (ds_i / dl_e) + gl p[e]
+// with s_i the pairs' scores (p[id_i], the softmax q_i over the chosen logits, or sigmoid(l[id_i])) and
+// n_j = s_j / sum_i s_i with normalize (else s_j). Pairs with an id outside [0, E) are left out, a zero
+// incoming gradient adds nothing, and with softmax scoring a NaN logit makes the row NaN (moe.h).
+struct RouteGradRef {
+  std::vector<double> grad;  // (E)
+  std::vector<double> mag;   // (E): the magnitude of the terms summed into each element (before they cancel)
+  std::vector<bool> live;    // (E): whether any term reaches the element (elsewhere exact zeros)
+};
+
+inline RouteGradRef route_backward_ref(const std::vector<double>& l, const std::vector<int>& ids,
+                                       const std::vector<double>& gw, double gl, const MoeRouteOptions& o) {
+  const int64_t E = static_cast<int64_t>(l.size());
+  const size_t k = ids.size();
+  bool nan = false;
+  double m = -INFINITY, sum = 0;
+  for (double v : l) nan = nan || std::isnan(v), m = std::isnan(v) ? m : std::max(m, v);
+  for (double v : l) sum += std::exp(v - m);
+  std::vector<double> p(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) p[e] = nan ? NAN : std::exp(l[e] - m) / sum;
+  std::vector<size_t> valid;
+  for (size_t j = 0; j < k; ++j)
+    if (ids[j] >= 0 && ids[j] < E) valid.push_back(j);
+  bool has_w = false;
+  for (size_t j : valid) has_w = has_w || gw[j] != 0;
+  const bool has_l = gl != 0;
+  const bool softmax = o.scoring == MoeScoring::kSoftmax, chosen_softmax = softmax && o.topk_softmax;
+  // the scores s_i and their Jacobian ds_i / dl_e (k x E; rows of left-out pairs stay zero); ds_mag: the
+  // magnitude of its terms before they cancel (s_i (1 + p[e]) for s_i (1 - p[e]) at e = id_i)
+  std::vector<double> s(k, 0.0);
+  std::vector<std::vector<double>> ds(k, std::vector<double>(static_cast<size_t>(E), 0.0)), ds_mag = ds;
+  double mk = -INFINITY, sk = 0;
+  for (size_t i : valid) mk = std::max(mk, l[ids[i]]);
+  for (size_t i : valid) sk += std::exp(l[ids[i]] - mk);
+  for (size_t i : valid) {
+    const int id = ids[i];
+    if (chosen_softmax) s[i] = std::exp(l[id] - mk) / sk;
+    else if (softmax) s[i] = p[id];
+    else s[i] = 1 / (1 + std::exp(-l[id]));
+  }
+  for (size_t i : valid)
+    for (int64_t e = 0; e < E; ++e) {
+      const double at = ids[i] == e ? 1.0 : 0.0;
+      if (chosen_softmax) {
+        double q_e = 0;  // the chosen softmax's total at e (several pairs when an id repeats)
+        for (size_t m2 : valid) q_e += ids[m2] == e ? s[m2] : 0.0;
+        ds[i][e] = s[i] * (at - q_e), ds_mag[i][e] = s[i] * (at + q_e);
+      } else if (softmax) {
+        ds[i][e] = s[i] * (at - p[e]), ds_mag[i][e] = s[i] * (at + p[e]);
+      } else {
+        ds[i][e] = at * s[i] * (1 - s[i]), ds_mag[i][e] = std::fabs(ds[i][e]);
+      }
+    }
+  double S = 0;
+  for (size_t i : valid) S += s[i];
+  RouteGradRef r;
+  r.grad.assign(static_cast<size_t>(E), 0.0);
+  r.mag.assign(static_cast<size_t>(E), 0.0);
+  r.live.assign(static_cast<size_t>(E), has_l);
+  for (int64_t e = 0; has_w && e < E; ++e)
+    for (size_t j : valid)
+      for (size_t i : valid) {
+        const double at = i == j ? 1.0 : 0.0;
+        const double dn = o.normalize ? at / S - s[j] / (S * S) : at;
+        const double dn_mag = o.normalize ? at / S + s[j] / (S * S) : at;
+        const double g = o.routed_scale * gw[j];
+        r.grad[e] += g * dn * ds[i][e], r.mag[e] += std::fabs(g) * dn_mag * ds_mag[i][e];
+      }
+  if (has_w) {
+    // mathematically: the plain softmax reaches every expert, the other rules only the chosen ones
+    // (normalize's p[id_j] / sum_i p[id_i] is the softmax over the chosen logits)
+    const bool every = softmax && !o.topk_softmax && !o.normalize;
+    for (size_t j : valid) r.live[ids[j]] = true;
+    for (int64_t e = 0; every && e < E; ++e) r.live[e] = true;
+  }
+  for (int64_t e = 0; has_l && e < E; ++e) r.grad[e] += gl * p[e], r.mag[e] += std::fabs(gl * p[e]);
+  if (softmax && nan && has_w) std::fill(r.grad.begin(), r.grad.end(), NAN);
+  return r;
+}
+
+struct RouteBackwardCase {
+  RouteCase route;                  // the logits and options (the forward chooses the ids)
+  DType grad_dtype = DType::kF32;   // the logits' dtype or fp32
+  bool grad_weights = true, grad_lse = true;
+  int64_t grad_pad = 0;             // extra elements between grad_logits rows
+  std::string name() const {
+    return route.name() + " grad=" + std::string(dtype_name(grad_dtype)) + (grad_weights ? " +gw" : "") +
+           (grad_lse ? " +glse" : "") + " grad_pad=" + std::to_string(grad_pad);
+  }
+};
+
+// Runs moe_route then moe_route_backward on its ids (or, given `ids`, the backward alone on those) with
+// fresh logits and incoming gradients, the output poisoned; checks every token against the reference:
+// NaN exactly where it has NaN, exact zeros where no term reaches, each row within the reduction rule
+// of tolerance.h (n = E; no same-dtype term), and the rows' padding untouched.
+// `fill`, `fill_gw`, `fill_gl`: the values of the logits, grad_weights, grad_lse (default: uniform).
+inline void run_and_check_route_backward(const RouteBackwardCase& c, bool cuda, std::mt19937_64& rng,
+                                         const std::function<double(int64_t, int64_t)>& fill = nullptr,
+                                         const std::vector<int32_t>& ids_given = {},
+                                         const std::function<double(int64_t, int64_t)>& fill_gw = nullptr,
+                                         const std::function<double(int64_t)>& fill_gl = nullptr) {
+  SCOPED_TRACE(c.name());
+  const RouteCase& rc = c.route;
+  const int64_t T = rc.tokens, E = rc.experts, k = rc.o.top_k, ld = E + rc.pad, ldg = E + c.grad_pad;
+  const DType dt = rc.dtype, gdt = c.grad_dtype;
+  const auto at_least_1 = [](int64_t n) { return std::max<int64_t>(1, n); };
+  Buffer logits(dt, at_least_1(T * ld), Device::cpu()), bias(DType::kF32, E, Device::cpu());
+  Buffer ids(DType::kI32, at_least_1(T * k), Device::cpu()), w(DType::kF32, at_least_1(T * k), Device::cpu());
+  Buffer lse(DType::kF32, at_least_1(T), Device::cpu()), gw(DType::kF32, at_least_1(T * k), Device::cpu());
+  Buffer gl(DType::kF32, at_least_1(T), Device::cpu()), grad(gdt, at_least_1(T * ldg), Device::cpu());
+  for (Buffer* b : {&logits, &ids, &w, &lse, &grad}) b->fill_bytes(0xFF);  // padding, outputs: poison
+  std::uniform_real_distribution<double> u(-3.0, 3.0), ub(-0.5, 0.5), ug(-1.0, 1.0);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t e = 0; e < E; ++e) store_from_double(logits.data(), dt, t * ld + e, fill ? fill(t, e) : u(rng));
+    for (int64_t j = 0; j < k; ++j) store_from_double(gw.data(), DType::kF32, t * k + j, fill_gw ? fill_gw(t, j) : ug(rng));
+    store_from_double(gl.data(), DType::kF32, t, fill_gl ? fill_gl(t) : ug(rng));
+  }
+  for (int64_t e = 0; e < E; ++e) store_from_double(bias.data(), DType::kF32, e, ub(rng));
+  const bool given = !ids_given.empty();
+  if (given) std::memcpy(ids.data(), ids_given.data(), static_cast<size_t>(T * k) * 4);
+  std::vector<Buffer> r = run_case(cuda, {&logits, &bias, &ids, &w, &lse, &gw, &gl, &grad},
+                                   [&](const std::vector<void*>& p, Device d) {
+    const TensorView lv = raw(p[0], dt, d, {T, E}, {ld, 1}), iv = raw(p[2], DType::kI32, d, {T, k}, {k, 1});
+    if (!given)
+      moe_route(lv, rc.bias ? raw(p[1], DType::kF32, d, {E}, {1}) : TensorView{}, iv,
+                raw(p[3], DType::kF32, d, {T, k}, {k, 1}), raw(p[4], DType::kF32, d, {T}, {1}), rc.o);
+    moe_route_backward(lv, iv, c.grad_weights ? raw(p[5], DType::kF32, d, {T, k}, {k, 1}) : TensorView{},
+                       c.grad_lse ? raw(p[6], DType::kF32, d, {T}, {1}) : TensorView{},
+                       raw(p[7], gdt, d, {T, E}, {ldg, 1}), rc.o);
+  });
+  if (r.size() != 8) return;
+  int failures = 0;
+  for (int64_t t = 0; t < T && failures < 3; ++t) {
+    std::vector<double> l(static_cast<size_t>(E)), g(static_cast<size_t>(k), 0.0);
+    for (int64_t e = 0; e < E; ++e) l[e] = load_as_double(logits.data(), dt, t * ld + e);
+    const auto* got_ids = static_cast<const int32_t*>(r[2].data()) + t * k;
+    const std::vector<int> chosen(got_ids, got_ids + k);
+    for (int64_t j = 0; c.grad_weights && j < k; ++j) g[j] = load_as_double(gw.data(), DType::kF32, t * k + j);
+    const double glv = c.grad_lse ? load_as_double(gl.data(), DType::kF32, t) : 0.0;
+    const RouteGradRef ref = route_backward_ref(l, chosen, g, glv, rc.o);
+    double max_ref = 0, terms = 0, max_err = 0;
+    int64_t worst = -1;
+    for (int64_t e = 0; e < E; ++e) {
+      const double want = ref.grad[e], got = load_as_double(r[7].data(), gdt, t * ldg + e);
+      std::string why;
+      if (std::isnan(want) != std::isnan(got)) why = "NaN mismatch";
+      else if (!std::isnan(want) && !ref.live[e] && got != 0.0) why = "expected an exact zero (no term reaches it)";
+      if (!why.empty()) {
+        ADD_FAILURE() << "token " << t << " expert " << e << ": got " << got << ", expected " << want << ": " << why;
+        ++failures;
+        break;
+      }
+      if (std::isnan(want)) continue;
+      max_ref = std::max(max_ref, std::fabs(want)), terms = std::max(terms, ref.mag[e]);
+      if (std::fabs(got - want) > max_err) max_err = std::fabs(got - want), worst = e;
+    }
+    const double allowed = reduction_allowed_error(gdt, E, 0.0, max_ref, terms, 0x1p-24);
+    if (worst >= 0 && !(max_err <= allowed)) {
+      ADD_FAILURE() << "token " << t << " expert " << worst << ": got "
+                    << load_as_double(r[7].data(), gdt, t * ldg + worst) << ", expected " << ref.grad[worst]
+                    << " (max error " << max_err << " > allowed " << allowed << ")";
+      ++failures;
+    }
+    for (int64_t e = E; e < ldg; ++e)
+      if (!std::isnan(load_as_double(r[7].data(), gdt, t * ldg + e))) {
+        ADD_FAILURE() << "token " << t << ": grad_logits written past its columns at " << e;
+        ++failures;
+        break;
+      }
+  }
+}
+
+// The backward's sweep: E in {1, 8, 64, 256}, k in {1, 2, 8}, T in {1, 7, 4097} (3 of the 8 modes at
+// 4097), every scoring mode; the dtypes, fp32 or same-dtype gradients, padded rows of the logits and of
+// the gradient, and absent incoming gradients in turn.
+inline std::vector<RouteBackwardCase> route_backward_cases() {
+  std::vector<RouteBackwardCase> out;
+  int i = 0;
+  for (int64_t E : {1, 8, 64, 256})
+    for (int k : {1, 2, 8})
+      for (int64_t T : {1, 7, 4097}) {
+        if (k > E) continue;
+        for (int mode = 0; mode < 8; ++mode) {
+          if (T == 4097 && mode != 0 && mode != 3 && mode != 5) continue;
+          if (mode >= 6 && E < 8) continue;
+          RouteBackwardCase c;
+          RouteCase& rc = c.route;
+          rc.tokens = T, rc.experts = E, rc.o.top_k = k;
+          rc.dtype = i % 3 == 0 ? DType::kF32 : i % 3 == 1 ? DType::kBF16 : DType::kF16;
+          rc.pad = i % 4 == 1 ? 3 : 0;
+          c.grad_dtype = i % 2 ? DType::kF32 : rc.dtype;
+          c.grad_pad = i % 5 == 2 ? 2 : 0;
+          c.grad_weights = i % 7 != 6;
+          c.grad_lse = i % 4 != 3;
+          ++i;
+          switch (mode) {
+            case 0: break;                                                           // softmax, then top-k
+            case 1: rc.o.normalize = true, rc.o.routed_scale = 2.5f; break;          // renormalized
+            case 2: rc.o.topk_softmax = true; break;                                 // Mixtral
+            case 3: rc.o.topk_softmax = true, rc.o.normalize = true; break;
+            case 4: rc.o.scoring = MoeScoring::kSigmoid; break;
+            case 5: rc.o.scoring = MoeScoring::kSigmoid, rc.o.normalize = true, rc.bias = true, rc.o.routed_scale = 2.5f; break;
+            case 6:                                                                  // DeepSeek-V3 groups
+            case 7:                                                                  // softmax, groups, bias
+              rc.o.scoring = mode == 6 ? MoeScoring::kSigmoid : MoeScoring::kSoftmax;
+              rc.o.normalize = mode == 6, rc.bias = true;
+              rc.o.n_groups = 8, rc.o.topk_groups = std::min(8, static_cast<int>((k * 8 + E - 1) / E) + 1);
+              break;
+          }
+          out.push_back(c);
+        }
+      }
+  return out;
+}
+
+
 // ---- grouped GEMM ----------------------------------------------------------------------------------
 
 struct GroupedCase {
@@ -337,6 +557,94 @@ inline std::vector<GroupedCase> grouped_cases(GroupedGemmVariant v) {
         out.push_back(c);
       }
   return out;
+}
+
+// The wgmma rung's cases: 16-bit operands TMA can describe (rows of x, w and dout whole 16-byte units,
+// padding of 8 elements), sizes that are not multiples of the 128 x 256 x 64 tiles, groups that start
+// and end inside tiles, empty groups (random cuts) and many groups.
+inline std::vector<GroupedCase> grouped_wgmma_cases() {
+  std::vector<GroupedCase> out;
+  int i = 0;
+  for (int64_t E : {1, 8, 64})
+    for (int64_t M : {0, 1, 7, 131, 1000})
+      for (const auto& [K, N] : std::vector<std::pair<int64_t, int64_t>>{{8, 8}, {72, 136}, {200, 520}}) {
+        GroupedCase c;
+        c.variant = GroupedGemmVariant::kCudaWgmma, c.groups = E, c.m = M, c.k = K, c.n = N;
+        c.dtype = i % 2 ? DType::kBF16 : DType::kF16;
+        c.dw_dtype = i % 3 == 1 ? c.dtype : DType::kF32;
+        c.w_transposed = i % 4 == 2;
+        c.pad = i % 5 == 3 ? 8 : 0;
+        c.accumulate = i % 6 == 5;
+        ++i;
+        out.push_back(c);
+      }
+  GroupedCase big;  // several tiles per group in every direction, K past one k-block's multiple
+  big.variant = GroupedGemmVariant::kCudaWgmma, big.dtype = DType::kBF16, big.groups = 5;
+  big.m = 2300, big.k = 328, big.n = 600;
+  out.push_back(big);
+  return out;
+}
+
+// grouped_mm_swiglu of one case against float64: h = x @ w[g] (w (E, K, 2F) = [gate | up]), out =
+// silu(gate) * up, pre = h; rows past the last group zeros. The error allowed in out carries the GEMM
+// rule's error of gate and up through silu(g) u (|silu'| <= 1.1), plus out's own rounding.
+inline void run_and_check_swiglu(GroupedCase c, bool cuda, std::mt19937_64& rng, bool with_pre) {
+  const int64_t M = c.m, K = c.k, F = c.n, N = 2 * F, E = c.groups, lx = K + c.pad;
+  if (c.offs.empty()) {
+    std::uniform_int_distribution<int64_t> u(0, M);
+    std::vector<int32_t> cuts;
+    for (int64_t g = 0; g + 1 < E; ++g) cuts.push_back(static_cast<int32_t>(u(rng)));
+    std::sort(cuts.begin(), cuts.end());
+    cuts.push_back(static_cast<int32_t>(M));
+    c.offs = cuts;
+  }
+  SCOPED_TRACE("swiglu " + c.name() + (with_pre ? " pre" : ""));
+  Buffer x(c.dtype, std::max<int64_t>(1, M * lx), Device::cpu()), w(c.dtype, E * K * N, Device::cpu());
+  Buffer offs(DType::kI32, E, Device::cpu()), out(c.dtype, std::max<int64_t>(1, M * F), Device::cpu());
+  Buffer pre(c.dtype, std::max<int64_t>(1, M * N), Device::cpu());
+  x.fill_bytes(0xFF), out.fill_bytes(0xFF), pre.fill_bytes(0xFF);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t kk = 0; kk < K; ++kk) store_from_double(x.data(), c.dtype, r * lx + kk, u(rng));
+  for (int64_t i = 0; i < E * K * N; ++i) store_from_double(w.data(), c.dtype, i, u(rng));
+  std::memcpy(offs.data(), c.offs.data(), static_cast<size_t>(E) * 4);
+  std::vector<Buffer> r = run_case(cuda, {&x, &w, &offs, &out, &pre}, [&](const std::vector<void*>& p, Device d) {
+    grouped_mm_swiglu(raw(p[0], c.dtype, d, {M, K}, {lx, 1}), raw(p[1], c.dtype, d, {E, K, N}, {K * N, N, 1}),
+                      raw(p[2], DType::kI32, d, {E}, {1}), raw(p[3], c.dtype, d, {M, F}, {F, 1}),
+                      with_pre ? raw(p[4], c.dtype, d, {M, N}, {N, 1}) : TensorView{}, c.variant);
+  });
+  if (r.size() != 5) return;
+  const std::vector<int64_t> ends = clamped_ends(c.offs, M);
+  const double ud = unit_roundoff(c.dtype);
+  int failures = 0;
+  for (int64_t row = 0; row < M && failures < 3; ++row) {
+    int64_t g = 0;
+    while (g < E && ends[g] <= row) ++g;
+    for (int64_t j = 0; j < F && failures < 3; ++j) {
+      double h[2] = {0, 0}, mag[2] = {0, 0};
+      for (int64_t kk = 0; g < E && kk < K; ++kk)
+        for (int half = 0; half < 2; ++half) {
+          const double v = load_as_double(x.data(), c.dtype, row * lx + kk) *
+                           load_as_double(w.data(), c.dtype, g * K * N + kk * N + half * F + j);
+          h[half] += v, mag[half] += std::fabs(v);
+        }
+      const double sg = h[0] / (1.0 + std::exp(-h[0])), ref = sg * h[1];
+      const double eg = gemm_allowed_error(c.dtype, K, h[0], mag[0]), eu = gemm_allowed_error(c.dtype, K, h[1], mag[1]);
+      const double allowed = 1.1 * eg * (std::fabs(h[1]) + eu) + (std::fabs(sg) + 1.1 * eg) * eu + 2 * ud * std::fabs(ref) + 1e-30;
+      const double got = load_as_double(r[3].data(), c.dtype, row * F + j);
+      if (!(std::fabs(got - ref) <= allowed)) {
+        ADD_FAILURE() << "out[" << row << ", " << j << "] = " << got << ", expected " << ref << " (group " << g << ")";
+        ++failures;
+      }
+      for (int half = 0; with_pre && half < 2; ++half) {
+        const double got_h = load_as_double(r[4].data(), c.dtype, row * N + half * F + j);
+        if (!(std::fabs(got_h - h[half]) <= (half ? eu : eg))) {
+          ADD_FAILURE() << "pre[" << row << ", " << half * F + j << "] = " << got_h << ", expected " << h[half];
+          ++failures;
+        }
+      }
+    }
+  }
 }
 
 // ---- permutation -----------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-// The MoE family on CUDA (routing, permutation) against the references of moe_test_util.h; every
-// test skips without a CUDA device.
+// The MoE family on CUDA (routing and its backward, permutation) against the references of
+// moe_test_util.h; every test skips without a CUDA device.
 #include <gtest/gtest.h>
 
 #include "moe_tests.h"
@@ -19,6 +19,22 @@ TEST(MoeCuda, RouteNan) {
   SKIP_WITHOUT_CUDA();
   route_nan(true);
 }
+TEST(MoeCuda, RouteBackwardSweep) {
+  SKIP_WITHOUT_CUDA();
+  route_backward_sweep(true);
+}
+TEST(MoeCuda, RouteBackwardNan) {
+  SKIP_WITHOUT_CUDA();
+  route_backward_nan(true);
+}
+TEST(MoeCuda, RouteBackwardEdges) {
+  SKIP_WITHOUT_CUDA();
+  route_backward_edges(true);
+}
+TEST(MoeCuda, RouteBackwardWidest) {
+  SKIP_WITHOUT_CUDA();
+  route_backward_widest(true);
+}
 TEST(MoeCuda, PermuteSweep) {
   SKIP_WITHOUT_CUDA();
   permute_sweep(true);
@@ -31,6 +47,14 @@ TEST(MoeCuda, PermuteEdges) {
 TEST(MoeCuda, GroupedSweep) {
   SKIP_WITHOUT_CUDA();
   grouped_sweep(true);
+}
+TEST(MoeCuda, Gather) {
+  SKIP_WITHOUT_CUDA();
+  gather_checks(true);
+}
+TEST(MoeCuda, GroupedSwiglu) {
+  SKIP_WITHOUT_CUDA();
+  grouped_swiglu(true);
 }
 TEST(MoeCuda, GroupedOffsets) {
   SKIP_WITHOUT_CUDA();

@@ -1,5 +1,6 @@
 """optimized_ops.moe_route, moe_permute and grouped_mm (the MoE family, in progress) against torch: the
-router against torch's softmax / sigmoid + topk in float64, the permutation against a stable argsort,
+router against torch's softmax / sigmoid + topk in float64 and its gradients (moe_route_backward) against
+autograd of the same in float64, the permutation against a stable argsort,
 grouped_mm and its gradients against a per-group loop of torch.matmul in float64 (and
 torch._grouped_mm on CUDA); opcheck, fake kernels, torch.compile. CUDA tests skip without a GPU."""
 
@@ -50,6 +51,149 @@ def test_route_ties_and_nan(device):
     ids, w, lse = optimized_ops.moe_route(logits, 2)
     assert torch.isnan(w[1]).all() and torch.isnan(lse[1]) and not torch.isnan(w[[0, 2, 3]]).any()
     assert 5 not in ids[1].tolist()  # NaN ranks last
+
+
+# The router's scoring modes: moe_route's keyword options (the forward's choice: the bias and groups
+# change only which experts, not the gradient's formula).
+ROUTE_MODES = {
+    "softmax": dict(),
+    "softmax-normalize": dict(normalize=True, routed_scale=2.5),
+    "topk_softmax": dict(topk_softmax=True),
+    "topk_softmax-normalize": dict(topk_softmax=True, normalize=True),
+    "sigmoid": dict(scoring="sigmoid"),
+    "sigmoid-normalize-bias": dict(scoring="sigmoid", normalize=True, routed_scale=2.5, bias=True),
+    "sigmoid-groups": dict(scoring="sigmoid", normalize=True, bias=True, n_groups=8, topk_groups=3),
+    "softmax-groups-bias": dict(bias=True, n_groups=8, topk_groups=3),
+}
+
+
+def _route_weights_ref(l64, ids, scoring="softmax", topk_softmax=False, normalize=False, routed_scale=1.0, **_):
+    """(topk_weights, lse) of the chosen ids with torch ops on float64 logits: softmax then gather, softmax of
+    the gathered logits, or sigmoid then gather; normalize; scale."""
+    ids = ids.long()
+    if scoring == "sigmoid":
+        w = torch.sigmoid(l64).gather(-1, ids)
+    elif topk_softmax:
+        w = torch.softmax(l64.gather(-1, ids), -1)
+    else:
+        w = torch.softmax(l64, -1).gather(-1, ids)
+    if normalize:
+        w = w / w.sum(-1, keepdim=True)
+    return w * routed_scale, torch.logsumexp(l64, -1)
+
+
+def _route_options(mode, e, device, rng):
+    opts = dict(ROUTE_MODES[mode])
+    bias = rand((e,), torch.float32, device, rng) * 0.3 if opts.pop("bias", False) else None
+    return opts, bias
+
+
+# Route-backward tolerances: float32 gradients to fp32 rounding of the softmax terms; float16 and
+# bfloat16 ones to one rounding of the output (relative), with a floor for the smallest elements.
+_GRAD_TOL = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.float16: dict(rtol=2e-3, atol=1e-6),
+             torch.bfloat16: dict(rtol=1e-2, atol=1e-5)}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("mode", list(ROUTE_MODES))
+def test_route_gradients_match_torch(device, dtype, mode, rng):
+    """autograd through moe_route (topk_weights and lse to the logits, strided rows) against the float64
+    torch reference on the same ids, the logits' dtype kept; the bias gets no gradient."""
+    t, e, k = 37, 64, 8
+    opts, bias = _route_options(mode, e, device, rng)
+    if bias is not None:
+        bias.requires_grad_()
+    wide = (rand((t, e + 5), torch.float32, device, rng) * 3).to(dtype)
+    logits = wide[:, :e].detach().requires_grad_()  # rows e + 5 apart
+    ids, w, lse = optimized_ops.moe_route(logits, k, bias=bias, **opts)
+    gw, gl = rand((t, k), torch.float32, device, rng), rand((t,), torch.float32, device, rng)
+    grad, = torch.autograd.grad((w, lse), logits, (gw, gl))
+    assert grad.dtype == dtype and grad.shape == logits.shape and grad.device == logits.device
+    l64 = logits.detach().double().cpu().requires_grad_()
+    rw, rlse = _route_weights_ref(l64, ids.cpu(), **opts)
+    torch.testing.assert_close(w.double().cpu(), rw.detach(), rtol=2e-5, atol=1e-6)
+    rgrad, = torch.autograd.grad((rw, rlse), l64, (gw.double().cpu(), gl.double().cpu()))
+    torch.testing.assert_close(grad.double().cpu(), rgrad, **_GRAD_TOL[dtype])
+    if bias is not None:
+        w2 = optimized_ops.moe_route(logits, k, bias=bias, **opts)[1]
+        assert torch.autograd.grad(w2.sum(), bias, allow_unused=True)[0] is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_route_gradient_of_one_output(device, rng):
+    """Only the weights, or only lse (the router z-loss), used: autograd passes zeros for the other, which
+    add nothing -- a NaN logit's sigmoid row stays finite without the lse term; with softmax scoring its
+    row is NaN (its weights were)."""
+    t, e, k = 9, 16, 2
+    logits = (rand((t, e), torch.float32, device, rng) * 3).requires_grad_()
+    with torch.no_grad():
+        logits[4, 7] = float("nan")
+    for scoring in ("sigmoid", "softmax"):
+        ids, w, lse = optimized_ops.moe_route(logits, k, scoring=scoring, normalize=True)
+        c = rand((t, k), torch.float32, device, rng)
+        grad, = torch.autograd.grad((w * c).sum(), logits)
+        l64 = logits.detach().double().cpu().requires_grad_()
+        rw, _ = _route_weights_ref(l64, ids.cpu(), scoring=scoring, normalize=True)
+        rgrad, = torch.autograd.grad((rw * c.double().cpu()).sum(), l64)
+        if scoring == "sigmoid":
+            # the weights do not depend on the unchosen NaN logit: its gradient is 0 (torch's reference has
+            # NaN there, sigmoid's element-wise backward multiplying the zero by NaN)
+            assert 7 not in ids[4].tolist() and grad[4, 7].item() == 0
+            assert torch.isnan(rgrad[4, 7])
+            rgrad[4, 7] = 0
+            torch.testing.assert_close(grad.double().cpu(), rgrad, rtol=1e-5, atol=1e-6)
+        else:
+            assert torch.isnan(grad[4]).all()
+            keep = [i for i in range(t) if i != 4]
+            torch.testing.assert_close(grad[keep].double().cpu(), rgrad[keep], rtol=1e-5, atol=1e-6)
+    # the router z-loss alone: the gradient is 2 lse softmax(logits) / T, NaN for the NaN row
+    _, _, lse = optimized_ops.moe_route(logits, k, scoring="sigmoid")
+    grad, = torch.autograd.grad(lse.square().mean(), logits)
+    l64 = logits.detach().double().cpu().requires_grad_()
+    rgrad, = torch.autograd.grad(torch.logsumexp(l64, -1).square().mean(), l64)
+    assert torch.isnan(grad[4]).all()
+    keep = [i for i in range(t) if i != 4]
+    torch.testing.assert_close(grad[keep].double().cpu(), rgrad[keep], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_route_backward_op(device, rng):
+    """The backward op itself: absent gradients are zeros, incoming gradients of any strides (a sum's
+    expanded ones), opcheck (schema, fake, dispatch) with and without them, and autograd's registration."""
+    t, e, k = 13, 8, 2
+    logits = rand((t, e), torch.bfloat16, device, rng)
+    ids, _, _ = optimized_ops.moe_route(logits, k)
+    gw, gl = rand((t, k), torch.float32, device, rng), rand((t,), torch.float32, device, rng)
+    zero = ops.moe_route_backward(logits, ids, None, None)
+    assert zero.dtype == torch.bfloat16 and (zero == 0).all()
+    ones = torch.ones(1, 1, device=device).expand(t, k)
+    torch.testing.assert_close(ops.moe_route_backward(logits, ids, ones, None),
+                               ops.moe_route_backward(logits, ids, ones.contiguous(), None))
+    for args, kwargs in [((logits, ids, gw, gl), {}), ((logits, ids, None, gl), dict(scoring="sigmoid")),
+                         ((logits, ids, gw, None), dict(topk_softmax=True, normalize=True, routed_scale=2.0))]:
+        torch.library.opcheck(ops.moe_route_backward.default, args, kwargs)
+    # moe_route with logits that require grad: autograd's registration checked; aot_dispatch's helper sums
+    # every output into one tensor starting from the int32 ids and fails casting the weights' float sum to
+    # int64, so the compiled backward is test_route_gradients_compile's
+    torch.library.opcheck(ops.moe_route.default, (rand((7, 8), torch.float32, device, rng).requires_grad_(), None),
+                          dict(top_k=2, normalize=True),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+def test_route_gradients_compile(rng):
+    """torch.compile(fullgraph=True) of a router loss, forward and backward, equals eager."""
+    logits = (rand((19, 16), torch.float32, "cpu", rng) * 3).requires_grad_()
+    c = rand((19, 4), torch.float32, "cpu", rng)
+
+    def loss(logits):
+        _, w, lse = optimized_ops.moe_route(logits, 4, scoring="sigmoid", normalize=True)
+        return (w * c).sum() + 1e-2 * lse.square().mean()
+
+    torch._dynamo.reset()
+    want, = torch.autograd.grad(loss(logits), logits)
+    got, = torch.autograd.grad(torch.compile(loss, fullgraph=True)(logits), logits)
+    torch.testing.assert_close(got, want)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -182,3 +326,68 @@ def test_bad_inputs_name_the_argument():
         optimized_ops.grouped_mm(torch.randn(4, 3), torch.randn(3, 5), torch.tensor([2, 4], dtype=torch.int32))
     with pytest.raises(ValueError, match=r"optimized::moe_route: scoring: expected one of softmax, sigmoid"):
         optimized_ops.moe_route(torch.randn(3, 8), 2, scoring="relu")
+    ids = torch.zeros(3, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"optimized::moe_route_backward: topk_ids: expected 1 <= k <= min\(E, 32\) = 8 "
+                                         r"columns; given shape \[3, 9\]"):
+        ops.moe_route_backward(torch.randn(3, 8), torch.zeros(3, 9, dtype=torch.int32), None, None)
+    with pytest.raises(ValueError, match=r"optimized::moe_route_backward: grad_weights: expected shape \(T, k\) = "
+                                         r"\(3, 2\); given \(3, 3\)"):
+        ops.moe_route_backward(torch.randn(3, 8), ids, torch.randn(3, 3), None)
+    with pytest.raises(ValueError, match=r"optimized::moe_route_backward: grad_lse: expected dtype fp32; given bf16"):
+        ops.moe_route_backward(torch.randn(3, 8), ids, None, torch.randn(3, dtype=torch.bfloat16))
+
+
+# ---- the expert MLP's pieces: gather, grouped_mm_swiglu ---------------------------------------------------
+
+
+def _offs_random(M, E, gen):
+    cuts = torch.sort(torch.randint(0, M + 1, (E - 1,), generator=gen)).values
+    return torch.cat([cuts, torch.tensor([M])]).to(torch.int32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", ["auto", "loop", "wgmma"])
+def test_grouped_mm_swiglu_and_gradients(device, variant):
+    if variant != "auto" and device == "cpu":
+        pytest.skip(f"{variant} is a CUDA rung")
+    if variant == "wgmma" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma is sm_90a code: needs compute capability 9.0")
+    gen = torch.Generator().manual_seed(3)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    M, K, F, E = 300, 72, 136, 5
+    x = torch.randn(M, K, generator=gen).to(device, dtype).requires_grad_()
+    w = (torch.randn(E, K, 2 * F, generator=gen) / K ** 0.5).to(device, dtype).requires_grad_()
+    offs = _offs_random(M - 7, E, gen).to(device)  # 7 rows past the last group
+    out = optimized_ops.moe.grouped_mm_swiglu(x, w, offs, variant=variant)
+    dout = torch.randn(M, F, generator=gen).to(device, dtype)
+    gx, gw = torch.autograd.grad(out, (x, w), dout)
+    x64, w64 = x.detach().cpu().double().requires_grad_(), w.detach().cpu().double().requires_grad_()
+    h = _grouped_ref(x64, w64, offs.cpu())
+    ref = torch.nn.functional.silu(h[:, :F]) * h[:, F:]
+    rx, rw = torch.autograd.grad(ref, (x64, w64), dout.cpu().double())
+    tol = dict(rtol=2e-2, atol=3e-2) if dtype != torch.float32 else dict(rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out.cpu().double(), ref, **tol)
+    assert (out[M - 7:] == 0).all()
+    torch.testing.assert_close(gx.cpu().double(), rx, **tol)
+    torch.testing.assert_close(gw.cpu().double(), rw, **tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_moe_gather_and_gradient(device):
+    gen = torch.Generator().manual_seed(5)
+    T, k, E, N = 37, 2, 8, 24
+    ids = torch.randint(0, E, (T, k), generator=gen).to(torch.int32).to(device)
+    counts, offsets, sorted_pairs, slot_of, dropped = optimized_ops.moe_permute(ids, E, capacity=5)
+    x = torch.randn(T, N, generator=gen).to(device).requires_grad_()
+    xs = optimized_ops.moe.moe_gather(x, sorted_pairs, slot_of)
+    sp = sorted_pairs.cpu().long()
+    want = torch.where((sp >= 0)[:, None], x.detach().cpu()[sp.clamp(min=0) // k], 0.0)
+    assert torch.equal(xs.detach().cpu(), want)
+    g = torch.randn(xs.shape, generator=gen).to(device)
+    (gx,) = torch.autograd.grad(xs, x, g)
+    ref = torch.zeros(T, N, dtype=torch.float64)
+    for s, p in enumerate(sp.tolist()):
+        if p >= 0:
+            ref[p // k] += g.cpu().double()[s]
+    torch.testing.assert_close(gx.cpu().double(), ref, rtol=1e-6, atol=1e-6)
+    torch.library.opcheck(torch.ops.optimized.moe_gather.default, (x.detach(), sorted_pairs, slot_of), {})

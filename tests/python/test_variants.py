@@ -17,7 +17,7 @@ GEMM = ["cpu_naive", "cpu_blocked", "cpu_packed", "naive", "coalesced", "smem_ti
 FUSED = ["cpu", "unfused", "fused_streaming", "fused_registers"]
 LOADER = ["synchronous", "pipelined"]
 SCALED_GEMM = ["cpu", "naive", "wgmma_fp8"]
-GROUPED_GEMM = ["cpu", "naive", "loop"]
+GROUPED_GEMM = ["cpu", "naive", "loop", "wgmma"]
 
 
 def test_every_family_naive_to_best():

@@ -3,15 +3,21 @@ the permutation of the (token, expert) pairs by expert, and the grouped GEMM, ea
 ``torch.ops.optimized`` op of the C++ library (``src/torch/moe_ops.cpp``), on CPU and CUDA tensors, with
 no host synchronisation (ids and offsets stay on the device).
 
-* :func:`moe_route`: router logits ``(T, E)`` -> ``(topk_ids, topk_weights, lse)``.
+* :func:`moe_route`: router logits ``(T, E)`` -> ``(topk_ids, topk_weights, lse)``, with autograd
+  (``topk_weights`` and ``lse`` to the logits: ``torch.ops.optimized.moe_route_backward``).
 * :func:`moe_permute`: ``topk_ids`` -> ``(counts, offsets, sorted_pairs, slot_of, dropped)``.
 * :func:`moe_combine`: the weighted sum of each token's expert outputs, with autograd.
+* :func:`moe_gather`: the token rows in slot order (the dispatch), with autograd.
 * :func:`grouped_mm`: ``torch._grouped_mm``'s 2-D x 3-D case, with autograd (its backward is
   ``grouped_mm`` on ``w.transpose(-2, -1)`` and ``grouped_mm_weight_grad``).
+* :func:`grouped_mm_swiglu`: the expert MLP's up projection with SwiGLU in the GEMM's epilogue, with autograd.
 
 The grouped GEMM's ladder (``optimized_ops.variants("grouped_gemm")``): ``cpu``, ``naive`` (one thread
 per output), ``loop`` (one GEMM per group: reads ``offs`` to the host, a synchronisation, not
-capturable in a CUDA graph); the Hopper grouped rung comes next.
+capturable in a CUDA graph), ``wgmma`` (Hopper: the GEMM family's wgmma mainloop under a persistent
+scheduler over every group's tiles, one launch, offsets read on the device only). ``auto`` takes
+``wgmma`` where it applies (a 9.0 device, 16-bit operands TMA can describe), else ``loop``, or ``naive``
+while the stream is being captured.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ _ops = torch.ops.optimized
 
 
 def grouped_gemm_variants() -> list[str]:
-    """Names of the grouped GEMM's variants, naive to best (``"auto"`` excluded): ``["cpu", "naive", "loop"]``."""
+    """Names of the grouped GEMM's variants, naive to best (``"auto"`` excluded): ``["cpu", "naive", "loop", "wgmma"]``."""
     return list(_ops.grouped_gemm_variants())
 
 
@@ -69,8 +75,15 @@ def moe_route(logits: torch.Tensor, top_k: int, *, bias: Optional[torch.Tensor] 
     Notes
     -----
     Ties go to the lower expert index (and group), the same on every backend and run. A NaN choice
-    score ranks below every number; a NaN logit makes that token's softmax weights and lse NaN. No
-    autograd yet: the weights do not carry gradients to the logits.
+    score ranks below every number; a NaN logit makes that token's softmax weights and lse NaN.
+
+    Autograd: ``topk_weights`` and ``lse`` carry gradients to ``logits`` (in the logits' dtype, computed in
+    float32 by ``torch.ops.optimized.moe_route_backward``) for the experts the forward chose: the
+    derivative of the scoring rule (softmax, the softmax over the chosen k, sigmoid; normalize and
+    routed_scale) plus ``grad_lse * softmax(logits)``. The choice has no gradient: ``topk_ids`` are
+    integers and ``bias`` gets none. A zero incoming gradient adds exact zeros (an unused output never
+    turns a NaN logit's row NaN); otherwise NaN propagates: with softmax scoring, a NaN logit makes its
+    token's gradient row NaN. No double backward yet.
     """
     return _ops.moe_route.default(logits, bias, top_k=top_k, scoring=scoring, topk_softmax=topk_softmax,
                                   normalize=normalize, n_groups=n_groups, topk_groups=topk_groups,
@@ -101,6 +114,16 @@ def moe_combine(y: torch.Tensor, slot_of: torch.Tensor, sorted_pairs: torch.Tens
     return _ops.moe_combine.default(y, slot_of, sorted_pairs, weights)
 
 
+def moe_gather(x: torch.Tensor, sorted_pairs: torch.Tensor, slot_of: torch.Tensor) -> torch.Tensor:
+    """The token rows in slot order, what the experts' grouped GEMM reads: ``xs[s] = x[sorted_pairs[s] // k]``
+    (``k = slot_of.shape[1]``) for the slots that hold a pair, zero rows for the others (``sorted_pairs`` and
+    ``slot_of`` are :func:`moe_permute`'s). ``x`` ``(T, N)`` float32 / float16 / bfloat16; returns ``(S, N)``,
+    ``S = sorted_pairs.numel()``. Autograd: ``x``, through :func:`moe_combine` with unit weights (each token's
+    slots summed in pair order, no atomics: the same bits every run, where ``index_add`` would not be).
+    """
+    return _ops.moe_gather.default(x, sorted_pairs, slot_of)
+
+
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, *, variant: str = "auto") -> torch.Tensor:
     """``torch._grouped_mm(x, w, offs)`` for 2-D ``x`` and 3-D ``w``: ``out[r] = x[r] @ w[g]`` for the rows
     ``offs[g-1] <= r < offs[g]`` of group g; rows from ``offs[-1]`` on are zeros.
@@ -110,6 +133,20 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, *, variant:
     (float32, float16, bfloat16), products accumulated in float32. Autograd: ``x`` and ``w`` (not offs).
     """
     return _ops.grouped_mm.default(x, w, offs, variant=variant)
+
+
+def grouped_mm_swiglu(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, *, variant: str = "auto") -> torch.Tensor:
+    """The expert MLP's up projection with SwiGLU: ``w`` ``(E, K, 2F)`` holds ``[gate | up]`` of each group, and
+    ``out[r] = silu(x[r] @ w[g][:, :F]) * (x[r] @ w[g][:, F:])`` for the rows of group g (``offs`` as in
+    :func:`grouped_mm`; rows from ``offs[-1]`` on are zeros); ``out`` is ``(M, F)``.
+
+    The same as ``silu_and_mul(grouped_mm(x, w, offs))``, in one pass on the ``wgmma`` rung: the SwiGLU runs on
+    the float32 accumulators in the GEMM's epilogue (each tile holds 128 gate columns and the same 128 up
+    columns), so the ``(M, 2F)`` product is written only when autograd needs it (the backward's input) and
+    never read back in the forward. Autograd: ``x`` and ``w``.
+    """
+    save = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
+    return _ops.grouped_mm_swiglu.default(x, w, offs, save_pre=save, variant=variant)[0]
 
 
 # The registrations around the C++ ops: the fake kernels, then autograd.

@@ -27,6 +27,14 @@ def _moe_route_fake(logits, bias=None, *, top_k, scoring="softmax", topk_softmax
             logits.new_empty((t,), dtype=torch.float32))
 
 
+@torch.library.register_fake("optimized::moe_route_backward")
+def _moe_route_backward_fake(logits, topk_ids, grad_weights, grad_lse, *, scoring="softmax", topk_softmax=False,
+                             normalize=False, routed_scale=1.0):
+    one_device("moe_route_backward", logits=logits, topk_ids=topk_ids, grad_weights=grad_weights, grad_lse=grad_lse)
+    _rank("moe_route_backward", logits, "logits", 2, "(tokens T, experts E)")
+    return logits.new_empty(logits.shape)
+
+
 @torch.library.register_fake("optimized::moe_permute")
 def _moe_permute_fake(topk_ids, num_experts, capacity=0):
     _rank("moe_permute", topk_ids, "topk_ids", 2, "(tokens T, k)")
@@ -51,6 +59,23 @@ def _grouped_mm_weight_grad_fake(x, dout, offs, *, variant="auto"):
     _rank("grouped_mm_weight_grad", dout, "dout", 2, "(rows M, N)")
     _rank("grouped_mm_weight_grad", offs, "offs", 1, "(groups E)")
     return x.new_empty((offs.shape[0], x.shape[1], dout.shape[1]))
+
+
+@torch.library.register_fake("optimized::grouped_mm_swiglu")
+def _grouped_mm_swiglu_fake(x, w, offs, *, save_pre=True, variant="auto"):
+    one_device("grouped_mm_swiglu", x=x, w=w, offs=offs)
+    _rank("grouped_mm_swiglu", x, "x", 2, "(rows M, K)")
+    _rank("grouped_mm_swiglu", w, "w", 3, "(groups E, K, 2F: [gate | up])")
+    pre = x.new_empty((x.shape[0], w.shape[2])) if save_pre else None
+    return x.new_empty((x.shape[0], w.shape[2] // 2)), pre
+
+
+@torch.library.register_fake("optimized::moe_gather")
+def _moe_gather_fake(x, sorted_pairs, slot_of):
+    one_device("moe_gather", x=x, sorted_pairs=sorted_pairs, slot_of=slot_of)
+    _rank("moe_gather", x, "x", 2, "(tokens T, N)")
+    _rank("moe_gather", sorted_pairs, "sorted_pairs", 1, "(slots S)")
+    return x.new_empty((sorted_pairs.shape[0], x.shape[1]))
 
 
 @torch.library.register_fake("optimized::moe_combine")

@@ -1,6 +1,7 @@
 #include "moe/cpu/moe_cpu.h"
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <vector>
 
@@ -122,11 +123,84 @@ void route_token(const MoeRouteParams& p, int64_t t) {
   for (int j = 0; j < p.k; ++j) w[j] = (p.normalize ? w[j] / total : w[j]) * p.routed_scale;
 }
 
+// The router's backward of token t (moe.h's rule): each pair j adds add[j] at expert ids[j], and where
+// a softmax term is live every expert adds p[e] coef (coef: grad_lse, minus sum_j g_j s_j for the
+// plain softmax). cuda/route_backward.cu runs the same rule a warp a token.
+void route_backward_token(const MoeRouteBackwardParams& p, int64_t t) {
+  const int64_t E = p.experts;
+  const int k = p.k;
+  const auto logit = [&](int64_t e) { return load(p.logits, p.dtype, t * p.ld + e); };
+  // softmax statistics, as the forward's
+  float m = -INFINITY;
+  bool nan = false;
+  for (int64_t e = 0; e < E; ++e) {
+    const float l = logit(e);
+    if (is_nan(l)) nan = true;
+    else if (l > m) m = l;
+  }
+  float sum = 0.0f;
+  for (int64_t e = 0; e < E; ++e) sum += expf(logit(e) - m);
+  if (nan) sum = NAN;
+  // the pairs: g_j = routed_scale grad_weights, the logit of each (pairs with an id out of range: out)
+  const int32_t* ids = p.ids + t * k;
+  bool valid[kMoeMaxTopK], has_w = false;
+  float g[kMoeMaxTopK], lj[kMoeMaxTopK], add[kMoeMaxTopK];
+  for (int j = 0; j < k; ++j) {
+    valid[j] = ids[j] >= 0 && ids[j] < E;
+    g[j] = valid[j] && p.grad_weights ? p.grad_weights[t * k + j] * p.routed_scale : 0.0f;
+    lj[j] = valid[j] ? logit(ids[j]) : 0.0f;
+    add[j] = 0.0f;
+    has_w = has_w || g[j] != 0.0f;  // a NaN gradient counts: it propagates
+  }
+  const float gl = p.grad_lse ? p.grad_lse[t] : 0.0f;
+  bool dense = gl != 0.0f;  // whether every expert gets p[e] coef
+  float coef = dense ? gl : 0.0f;
+  const bool softmax = p.scoring == 0;
+  if (has_w && softmax && (p.topk_softmax || p.normalize)) {
+    // q = the softmax over the chosen logits (normalize's p[id_j] / sum_i p[id_i] is the same q)
+    float mk = -INFINITY, sk = 0.0f, dot = 0.0f, q[kMoeMaxTopK];
+    for (int j = 0; j < k; ++j)
+      if (valid[j] && lj[j] > mk) mk = lj[j];
+    for (int j = 0; j < k; ++j) sk += valid[j] ? expf(lj[j] - mk) : 0.0f;
+    for (int j = 0; j < k; ++j) q[j] = valid[j] ? expf(lj[j] - mk) / sk : 0.0f, dot += g[j] * q[j];
+    for (int j = 0; j < k; ++j) add[j] = q[j] * (g[j] - dot);
+  } else if (has_w && softmax) {
+    // s_j = p[id_j]: grad[e] = p[e] (g at e) - p[e] sum_j g_j s_j
+    float dot = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      const float s = valid[j] ? expf(lj[j] - m) / sum : 0.0f;
+      add[j] = g[j] * s, dot += g[j] * s;
+    }
+    coef -= dot, dense = true;
+  } else if (has_w) {
+    // s_j = sigmoid(l[id_j]); normalize: h_j = (g_j - sum_i g_i s_i / S) / S. The derivative s (1 - s)
+    // takes 1 - s as sigmoid(-l): no cancellation where s is near 1.
+    float s[kMoeMaxTopK], total = 0.0f, dot = 0.0f;
+    for (int j = 0; j < k; ++j) s[j] = valid[j] ? 1.0f / (1.0f + expf(-lj[j])) : 0.0f, total += s[j], dot += g[j] * s[j];
+    for (int j = 0; j < k; ++j) {
+      const float h = p.normalize ? (g[j] - dot / total) / total : g[j];
+      add[j] = valid[j] ? h * s[j] * (1.0f / (1.0f + expf(lj[j]))) : 0.0f;
+    }
+  }
+  // the row in fp32, then one rounding to the output's dtype
+  float row[kMoeMaxExperts];
+  for (int64_t e = 0; e < E; ++e) row[e] = dense ? expf(logit(e) - m) / sum * coef : 0.0f;
+  for (int j = 0; j < k; ++j)
+    if (valid[j]) row[ids[j]] += add[j];
+  const bool all_nan = softmax && nan && has_w;  // the weights were NaN: so is their gradient
+  for (int64_t e = 0; e < E; ++e) store(p.grad_logits, p.grad_dtype, t * p.ld_grad + e, all_nan ? NAN : row[e]);
+}
+
 }  // namespace
 
 void moe_route(const MoeRouteParams& p, int cpu_threads) {
 #pragma omp parallel for num_threads(cpu_thread_count(cpu_threads, p.tokens)) schedule(static)
   for (int64_t t = 0; t < p.tokens; ++t) route_token(p, t);
+}
+
+void moe_route_backward(const MoeRouteBackwardParams& p, int cpu_threads) {
+#pragma omp parallel for num_threads(cpu_thread_count(cpu_threads, p.tokens)) schedule(static)
+  for (int64_t t = 0; t < p.tokens; ++t) route_backward_token(p, t);
 }
 
 void moe_permute(const MoePermuteParams& p) {
@@ -237,6 +311,19 @@ void grouped_gemm(const GroupedGemmParams& p, int cpu_threads) {
         store(p.c, p.c_dtype, i, p.accumulate ? load(p.c, p.c_dtype, i) + acc[j] : acc[j]);
       }
     }
+}
+
+void moe_gather(const MoeGatherParams& p, int cpu_threads) {
+  const size_t es = dtype_size(p.dtype), row = static_cast<size_t>(p.n) * es;
+#pragma omp parallel for num_threads(cpu_thread_count(cpu_threads, p.slots)) schedule(static)
+  for (int64_t s = 0; s < p.slots; ++s) {
+    const int32_t pair = p.sorted_pairs[s];
+    char* dst = static_cast<char*>(p.xs) + static_cast<size_t>(s * p.ld_xs) * es;
+    if (pair >= 0 && pair < p.tokens * p.k)
+      std::memcpy(dst, static_cast<const char*>(p.x) + static_cast<size_t>((pair / p.k) * p.ld_x) * es, row);
+    else
+      std::memset(dst, 0, row);
+  }
 }
 
 }  // namespace optimized::cpu
