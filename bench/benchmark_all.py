@@ -37,6 +37,7 @@ import benchmark_fused  # noqa: E402,F401 - registers fused
 import benchmark_attention  # noqa: E402,F401 - registers attention (and attention-memory, standalone)
 import benchmark_kv_cache  # noqa: E402,F401 - registers kv_cache
 import benchmark_linear  # noqa: E402,F401 - registers linear
+import benchmark_moe  # noqa: E402,F401 - registers moe
 import loader_bench  # noqa: E402,F401 - registers loader (standalone)
 
 main = runner.main

@@ -49,8 +49,10 @@ from .attention import (attention_head_dims, attention_variants, flash_attention
 from .kv_cache import (DecodePlan, PagedKVCache, append_kv, kv_cache_variants, paged_attention_decode,
                        paged_attention_prefill, plan_paged_decode)
 from .linear import linear, linear_variants
-from .moe import grouped_gemm_variants, grouped_mm, moe_combine, moe_permute, moe_route
-from . import nn  # the drop-in modules (LayerNorm, RMSNorm, Linear): after the families they run on
+from .moe import (grouped_gemm_variants, grouped_mm, grouped_mm_swiglu, moe_combine, moe_gather, moe_permute, moe_route,
+                  moe_unpermute)
+from .moe.layer import MoEMetrics, moe_layer
+from . import nn  # the modules (LayerNorm, RMSNorm, Linear, MoE): after the families they run on
 
 __version__ = "0.1.0"
 __all__ = ["library_path", "matmul", "variants", "variant_supports", "built_with_cuda", "__version__",
@@ -62,6 +64,8 @@ __all__ += ["scaled_mm", "scaled_gemm_variants"]
 __all__ += ["flash_attention", "flash_attention_varlen", "scaled_dot_product_attention", "attention_variants",
             "attention_head_dims", "resolve_attention_variant"]
 __all__ += ["linear", "linear_variants"]
-__all__ += ["moe_route", "moe_permute", "moe_combine", "grouped_mm", "grouped_gemm_variants"]
+__all__ += ["moe_route", "moe_permute", "moe_gather", "moe_combine", "moe_unpermute", "grouped_mm", "grouped_mm_swiglu",
+            "grouped_gemm_variants"]
+__all__ += ["moe_layer", "MoEMetrics"]
 __all__ += ["PagedKVCache", "append_kv", "paged_attention_decode", "paged_attention_prefill", "kv_cache_variants",
             "DecodePlan", "plan_paged_decode"]

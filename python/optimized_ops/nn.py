@@ -1,7 +1,9 @@
 """Drop-in ``nn`` modules on the library's kernels: :class:`LayerNorm` and :class:`RMSNorm` (the fused
-family), :class:`Linear` (the linear family: bias and activation fused into the GEMM).
+family), :class:`Linear` (the linear family: bias and activation fused into the GEMM), and
+:class:`MoE` (a Mixture-of-Experts feed-forward layer, the moe family; a module of its own, torch has
+none to replace).
 
-Each is a subclass of its torch counterpart (:class:`torch.nn.LayerNorm`,
+The first three are subclasses of their torch counterparts (:class:`torch.nn.LayerNorm`,
 :class:`torch.nn.RMSNorm`, :class:`torch.nn.Linear`): the same constructor arguments, attributes
 (``normalized_shape``, ``eps``, ``elementwise_affine``; ``in_features``, ``out_features``), parameters
 (``weight``, ``bias``), ``reset_parameters`` and
@@ -19,14 +21,17 @@ keyword-only ``variant``.
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
 
 from .fused import _VARIANTS, _normalized_shape, _ShapeLike, layer_norm, rms_norm
 from .linear import _VARIANTS as _LINEAR_VARIANTS, ACTIVATIONS as _ACTIVATIONS, linear
+from .moe import grouped_gemm_variants
+from .moe.layer import MoEMetrics, moe_layer
 
-__all__ = ["LayerNorm", "RMSNorm", "Linear"]
+__all__ = ["LayerNorm", "RMSNorm", "Linear", "MoE"]
 
 
 def _check_variant(variant: str, choices=_VARIANTS) -> str:
@@ -182,3 +187,127 @@ class Linear(torch.nn.Linear):
         extra = "" if self.activation in (None, "none") else f", activation={self.activation!r}"
         return (super().extra_repr() + extra + ("" if self.variant == "auto" else f", variant={self.variant!r}") +
                 (", fp8=True" if self.fp8 else ""))
+
+
+class MoE(torch.nn.Module):
+    r"""A Mixture-of-Experts feed-forward layer: a top-k router over ``num_experts`` SwiGLU experts, on
+    :func:`optimized_ops.moe_layer` (the routing, the permutation, the grouped GEMMs and the combine of
+    the moe family; no host synchronisation).
+
+    .. math::
+        \mathrm{out}_t = \sum_{j < k} w_{tj}\,
+            \big(\mathrm{silu}(x_t G_{e_{tj}}) \odot (x_t U_{e_{tj}})\big) D_{e_{tj}}
+
+    Parameters
+    ----------
+    d_model, d_ff : int
+        The model width and each expert's hidden width.
+    num_experts : int
+        E, 1 to 1024.
+    top_k : int
+        Experts per token, 1 <= k <= min(E, 32).
+    activation : str, keyword-only
+        ``"swiglu"`` (the only one: the experts' gate and up projections are ``w13``'s two halves).
+    capacity_factor : float, optional, keyword-only
+        ``None`` (dropless, the default) or each expert's capacity ``ceil(cf * T * k / E)`` pairs
+        (:func:`optimized_ops.moe_layer`).
+    aux_loss_coef, z_loss_coef : float, keyword-only
+        The weights of the load-balancing loss and the router z-loss in ``last_metrics.loss``.
+    scoring : str, keyword-only
+        ``"softmax"`` or ``"sigmoid"``.
+    normalize : bool, optional, keyword-only
+        Divide each token's k weights by their sum; ``None``: for k > 1.
+    device, dtype : optional, keyword-only
+        Of the parameters, as in torch; the input must have ``dtype``.
+    variant : str, keyword-only
+        The grouped GEMM's rung (``"auto"`` or one of ``optimized_ops.variants("grouped_gemm")``); not
+        part of the state_dict.
+
+    Attributes
+    ----------
+    router : torch.nn.Linear
+        ``router.weight`` ``(E, d_model)``, no bias: the logits are computed in float32 from it.
+    w13 : torch.nn.Parameter
+        ``(E, d_model, 2 * d_ff)``: each expert's gate and up projections, columns ``[gate | up]``.
+    w2 : torch.nn.Parameter
+        ``(E, d_ff, d_model)``: each expert's down projection.
+    last_metrics : MoEMetrics or None
+        The :class:`optimized_ops.MoEMetrics` of the last forward (device tensors): loads, utilization,
+        dropped pairs and the losses. **Add** ``last_metrics.loss`` **to the task loss**: the forward
+        returns only the output.
+
+    Notes
+    -----
+    Initialization (:meth:`reset_parameters`), as ``torch.nn.Linear`` initializes each projection:
+    ``router.weight`` and ``w13`` uniform in :math:`\pm 1/\sqrt{d_\mathrm{model}}`, ``w2`` uniform in
+    :math:`\pm 1/\sqrt{d_\mathrm{ff}}` (each expert as an ``nn.Linear(d_model, d_ff)`` pair and an
+    ``nn.Linear(d_ff, d_model)`` would be), so that the logits and the experts' pre-activations are
+    O(1) for inputs of unit scale.
+
+    Examples
+    --------
+    >>> moe = optimized_ops.nn.MoE(512, 1024, num_experts=8, top_k=2)
+    >>> y = moe(torch.randn(4, 128, 512))
+    >>> loss = y.square().mean() + moe.last_metrics.loss
+    """
+
+    def __init__(self, d_model: int, d_ff: int, num_experts: int, top_k: int, *, activation: str = "swiglu",
+                 capacity_factor: Optional[float] = None, aux_loss_coef: float = 0.01, z_loss_coef: float = 0.001,
+                 scoring: str = "softmax", normalize: Optional[bool] = None, device=None, dtype=None,
+                 variant: str = "auto") -> None:
+        super().__init__()
+        for name, v in (("d_model", d_model), ("d_ff", d_ff)):
+            if not (isinstance(v, int) and v >= 1):
+                raise ValueError(f"{name}: expected an int >= 1; given {v!r}")
+        if not (isinstance(num_experts, int) and 1 <= num_experts <= 1024):
+            raise ValueError(f"num_experts: expected an int 1 <= E <= 1024; given {num_experts!r}")
+        if not (isinstance(top_k, int) and 1 <= top_k <= min(num_experts, 32)):
+            raise ValueError(f"top_k: expected an int 1 <= k <= min(E, 32) = {min(num_experts, 32)}; given {top_k!r}")
+        if activation != "swiglu":
+            raise ValueError(f"activation: expected 'swiglu' (the only expert activation so far); given {activation!r}")
+        if capacity_factor is not None and not (isinstance(capacity_factor, (int, float))
+                                                and math.isfinite(capacity_factor) and capacity_factor > 0):
+            raise ValueError(f"capacity_factor: expected None or a finite number > 0; given {capacity_factor!r}")
+        if scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"scoring: expected one of softmax, sigmoid; given {scoring!r}")
+        factory = {"device": device, "dtype": dtype}
+        self.d_model, self.d_ff, self.num_experts, self.top_k = d_model, d_ff, num_experts, top_k
+        self.activation, self.capacity_factor = activation, capacity_factor
+        self.scoring, self.normalize = scoring, normalize
+        self.aux_loss_coef, self.z_loss_coef = float(aux_loss_coef), float(z_loss_coef)
+        self.variant = _check_variant(variant, ("auto", *grouped_gemm_variants()))
+        self.router = torch.nn.Linear(d_model, num_experts, bias=False, **factory)
+        self.w13 = torch.nn.Parameter(torch.empty(num_experts, d_model, 2 * d_ff, **factory))
+        self.w2 = torch.nn.Parameter(torch.empty(num_experts, d_ff, d_model, **factory))
+        self.last_metrics: Optional[MoEMetrics] = None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The initialization of the Notes: ``nn.Linear``'s bound ``1 / sqrt(fan_in)`` for each projection."""
+        self.router.reset_parameters()
+        with torch.no_grad():
+            bound = 1.0 / math.sqrt(self.d_model)
+            self.w13.uniform_(-bound, bound)
+            bound = 1.0 / math.sqrt(self.d_ff)
+            self.w2.uniform_(-bound, bound)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """``input`` ``(*, d_model)`` -> a new tensor of its shape; sets :attr:`last_metrics`."""
+        out, self.last_metrics = moe_layer(
+            input, self.router.weight, self.w13, self.w2, self.top_k, capacity_factor=self.capacity_factor,
+            scoring=self.scoring, normalize=self.normalize, aux_loss_coef=self.aux_loss_coef,
+            z_loss_coef=self.z_loss_coef, variant=self.variant)
+        return out
+
+    def extra_repr(self) -> str:
+        extra = [f"d_model={self.d_model}", f"d_ff={self.d_ff}", f"num_experts={self.num_experts}",
+                 f"top_k={self.top_k}"]
+        if self.capacity_factor is not None:
+            extra.append(f"capacity_factor={self.capacity_factor}")
+        if self.scoring != "softmax":
+            extra.append(f"scoring={self.scoring!r}")
+        if self.normalize is not None:
+            extra.append(f"normalize={self.normalize}")
+        if self.variant != "auto":
+            extra.append(f"variant={self.variant!r}")
+        return ", ".join(extra)

@@ -6,7 +6,8 @@ no host synchronisation (ids and offsets stay on the device).
 * :func:`moe_route`: router logits ``(T, E)`` -> ``(topk_ids, topk_weights, lse)``, with autograd
   (``topk_weights`` and ``lse`` to the logits: ``torch.ops.optimized.moe_route_backward``).
 * :func:`moe_permute`: ``topk_ids`` -> ``(counts, offsets, sorted_pairs, slot_of, dropped)``.
-* :func:`moe_combine`: the weighted sum of each token's expert outputs, with autograd.
+* :func:`moe_combine` (also :func:`moe_unpermute`): the weighted sum of each token's expert outputs, with
+  autograd.
 * :func:`moe_gather`: the token rows in slot order (the dispatch), with autograd.
 * :func:`grouped_mm`: ``torch._grouped_mm``'s 2-D x 3-D case, with autograd (its backward is
   ``grouped_mm`` on ``w.transpose(-2, -1)`` and ``grouped_mm_weight_grad``).
@@ -112,6 +113,11 @@ def moe_combine(y: torch.Tensor, slot_of: torch.Tensor, sorted_pairs: torch.Tens
     ``(T, k)`` float32. Autograd: ``y`` and ``weights``.
     """
     return _ops.moe_combine.default(y, slot_of, sorted_pairs, weights)
+
+
+# The unpermute step of an MoE layer under the name frameworks give it: the combine (slot order back to token
+# order, weighted), which :func:`moe_combine` documents.
+moe_unpermute = moe_combine
 
 
 def moe_gather(x: torch.Tensor, sorted_pairs: torch.Tensor, slot_of: torch.Tensor) -> torch.Tensor:
