@@ -20,7 +20,8 @@
  * the fused memory-bound ops (softmax, norms, bias + GELU, SiLU-and-mul; forward and backward), the
  * streaming loader (opaque handles: a shard writer and a loader), attention (forward and backward,
  * fixed length and varlen), the paged KV cache (append with RoPE, decode and prefill attention), linear
- * layers (forward and backward, bias and activation fused), and one variant query for every family (optimized_variant_name / optimized_variant_check), read from the C++ variant tables.
+ * layers (forward and backward, bias and activation fused), the Mixture-of-Experts layer's forward
+ * (optimized_moe), and one variant query for every family (optimized_variant_name / optimized_variant_check), read from the C++ variant tables.
  *
  * Example (C = A @ B, fp32 on the CPU, contiguous row-major):
  *
@@ -167,13 +168,15 @@ OPTIMIZED_C_EXPORT optimized_status optimized_scaled_matmul(const optimized_tens
 
 /* ---- every family: one variant query ------------------------------------------------------
  * The families with named variants: "gemm", "fused", "loader", "scaled_gemm", "attention",
- * "kv_cache", "linear". Each query reads the family's C++ variant table (all_gemm_variants(), all_fused_variants(),
+ * "kv_cache", "linear", "moe" (the grouped GEMM's rungs, which optimized_moe's variant names). Each
+ * query reads the family's C++ variant table (all_gemm_variants(), all_fused_variants(),
  * all_loader_variants(), all_scaled_gemm_variants(), all_attention_variants(), all_kv_cache_variants(),
- * all_linear_variants()), so a variant added in C++ is listed here without a C edit. A family
- * name that is not one of these: INVALID_ARGUMENT, with a message naming the families. */
+ * all_linear_variants(), all_grouped_gemm_variants()), so a variant added in C++ is listed here without
+ * a C edit. A family name that is not one of these: INVALID_ARGUMENT, with a message naming the
+ * families. */
 
 /* Name of family `index` (0-based: "gemm", "fused", "loader", "scaled_gemm", "attention", "kv_cache",
- * "linear"), or NULL past the end. */
+ * "linear", "moe"), or NULL past the end. */
 OPTIMIZED_C_EXPORT const char* optimized_family_name(int32_t index);
 
 /* *count = the number of variants of `family` ("auto" excluded). */
@@ -194,7 +197,8 @@ OPTIMIZED_C_EXPORT const char* optimized_variant_name(const char* family, int32_
  * (UNSUPPORTED). For "attention" `dtype` is q's (the table's dtypes: fp32 and fp64 refused by flash2,
  * fp64 by every CUDA variant). For "kv_cache" `dtype` is q's (cpu: fp32, fp16, bf16, fp64; "auto" on
  * CUDA: UNSUPPORTED, no CUDA rung yet). For "linear" `dtype` is x's (cpu: fp32, fp16, bf16, fp64; naive:
- * fp32, fp16, bf16; fused, persistent: fp16, bf16; "auto" on CUDA: what naive takes). */
+ * fp32, fp16, bf16; fused, persistent: fp16, bf16; "auto" on CUDA: what naive takes). For "moe"
+ * `dtype` is x's (cpu, naive, loop: fp32, fp16, bf16; wgmma: fp16, bf16; "auto": the three). */
 OPTIMIZED_C_EXPORT optimized_status optimized_variant_check(const char* family, const char* variant,
                                                             int32_t dtype, int32_t device_type);
 
@@ -659,6 +663,58 @@ OPTIMIZED_C_EXPORT optimized_status optimized_linear_backward_fp8(
     const optimized_tensor* grad_output, const optimized_tensor* input, const optimized_tensor* weight,
     const optimized_tensor* pre, const optimized_tensor* bias, int32_t activation, int32_t accumulate,
     const char* variant, void* cuda_stream);
+
+/* ---- Mixture of Experts (include/optimized/moe.h, moe_forward) ---------------------------------
+ * The forward of an MoE feed-forward layer with SwiGLU experts:
+ *   logits = x @ router_weight^T (fp32); top-k routing; the (token, expert) pairs sorted by expert
+ *   (capacity: each expert keeps its first pairs, earlier tokens first); per expert e, for its tokens:
+ *   y = (silu(x @ G_e) * (x @ U_e)) @ D_e with w13[e] = [G_e | U_e], w2[e] = D_e;
+ *   out[t] = sum_j weight[t, j] y[t, j] (dropped pairs add nothing; fp32 sums, the same bits every run).
+ *   x (T, d):               fp32, fp16 or bf16; unit stride along d, rows any stride apart
+ *   router_weight (E, d):   x's dtype, or fp32 (fp32 with 16-bit x: CPU only for now, UNSUPPORTED on
+ *                           CUDA); unit stride along d
+ *   w13 (E, d, 2F):         x's dtype, any strides (the wgmma rung wants unit stride along 2F, F a
+ *                           multiple of 8)
+ *   w2 (E, F, d):           x's dtype, any strides
+ *   out (T, d):             x's dtype; unit stride along d
+ *   tokens_per_expert (E):  int32, contiguous, or NULL: the pairs each expert processed (after the
+ *                           capacity)
+ *   dropped (1):            int32, or NULL: the pairs the capacity dropped
+ * E at most 1024; 1 <= top_k <= min(E, 32). variant: the grouped GEMM's, "auto" (or NULL) or a name
+ * from optimized_variant_name("moe", i): "cpu", "naive", "loop" (one GEMM per expert: reads the
+ * offsets back, a synchronisation), "wgmma" (Hopper, fp16 / bf16). cuda_stream as for optimized_matmul:
+ * no step synchronises the host except the "loop" rung (which "auto" picks on CUDA devices without
+ * wgmma, outside stream capture). The intermediates live in a workspace allocated per call on the
+ * stream. Outputs may not overlap any operand. Errors name the argument (x, router_weight, w13, w2,
+ * out, tokens_per_expert, dropped, top_k, options.scoring, topk_softmax, routed_scale, capacity_factor,
+ * variant, ...). */
+
+/* The router's scores: the same values as the C++ optimized::MoeScoring. */
+typedef enum optimized_moe_scoring {
+  OPTIMIZED_MOE_SCORING_SOFTMAX = 0, /* softmax over the E logits */
+  OPTIMIZED_MOE_SCORING_SIGMOID = 1  /* sigmoid of each logit */
+} optimized_moe_scoring;
+
+typedef struct optimized_moe_options {
+  int32_t top_k;           /* experts per token */
+  int32_t scoring;         /* an optimized_moe_scoring */
+  int32_t topk_softmax;    /* 1: choose on the logits, weights = the softmax over the chosen k (Mixtral's
+                              order; softmax scoring only) */
+  int32_t normalize;       /* 1: weights / their sum over the k */
+  float routed_scale;      /* weights * routed_scale (after normalize) */
+  double capacity_factor;  /* <= 0: dropless; > 0: each expert keeps ceil(capacity_factor T k / E) pairs */
+} optimized_moe_options;
+
+/* Fills *options with the defaults of the C++ MoeLayerOptions: top_k 2, softmax, no topk_softmax, no
+ * normalize, routed_scale 1, dropless. */
+OPTIMIZED_C_EXPORT optimized_status optimized_moe_options_default(optimized_moe_options* options);
+
+/* out (and tokens_per_expert, dropped, when not NULL) of the layer. options: NULL for the defaults. */
+OPTIMIZED_C_EXPORT optimized_status optimized_moe(const optimized_tensor* x, const optimized_tensor* router_weight,
+                                                  const optimized_tensor* w13, const optimized_tensor* w2,
+                                                  optimized_tensor* out, optimized_tensor* tokens_per_expert,
+                                                  optimized_tensor* dropped, const optimized_moe_options* options,
+                                                  const char* variant, void* cuda_stream);
 
 /* The message of the most recent call on this thread; "" when it succeeded. Valid until the next
  * call into the library on this thread. Never NULL. */

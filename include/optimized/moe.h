@@ -183,4 +183,60 @@ void grouped_mm_swiglu(const TensorView& x, const TensorView& w, const TensorVie
                        const TensorView& pre = {}, GroupedGemmVariant variant = GroupedGemmVariant::kAuto,
                        const ExecutionContext& ctx = {});
 
+// ---- The layer's forward (src/moe/moe_layer.cpp) ---------------------------------------------------
+//
+// A Mixture-of-Experts feed-forward layer with SwiGLU experts, for inference (and the C API's
+// optimized_moe): the pieces above composed, with every intermediate in one workspace.
+//
+//   x (T, d)                 fp32, fp16 or bf16; rows any stride apart, unit stride along d
+//   router_weight (E, d)     x's dtype, or fp32 (fp32 with 16-bit x: CPU only for now -- the GEMM takes
+//                            one operand dtype and the family has no cast kernel yet: kUnsupported on
+//                            CUDA); rows any stride apart, unit stride along d
+//   w13 (E, d, 2F)           x's dtype: each expert's [gate | up] (any strides; the wgmma rung wants
+//                            unit stride along 2F and F a multiple of 8)
+//   w2 (E, F, d)             x's dtype (any strides)
+//   out (T, d)               x's dtype; rows any stride apart, unit stride along d
+//   tokens_per_expert (E)    int32, contiguous, or absent: the pairs each expert processed (after the
+//                            capacity: moe_permute's counts)
+//   dropped (1)              int32, or absent: the pairs the capacity dropped (0 when dropless)
+//
+// The steps, on ctx's stream, with no host synchronisation of their own (the `loop` grouped GEMM,
+// which auto picks on CUDA devices without wgmma outside stream capture, reads its offsets back):
+//   logits (T, E) fp32  = x @ router_weight^T   (matmul with an fp32 output: fp32 products and sums)
+//   ids, weights        = moe_route(logits)     (options below; ties: the lower expert index)
+//   permutation         = moe_permute(ids, E, capacity)        S = T k slots (min(T k, E capacity))
+//   xs (S, d)           = moe_gather(x)
+//   a (S, F)            = grouped_mm_swiglu(xs, w13, offsets[1:])
+//   y (S, d)            = grouped_mm(a, w2, offsets[1:])
+//   out                 = moe_combine(y, slot_of, weights)     (dropped pairs add nothing)
+// xs, a and y are rounded to x's dtype between the steps (as the pieces called one by one round
+// them); the combine sums in fp32 in the order j = 0, 1, ...: the same bits every run.
+struct MoeLayerOptions {
+  int top_k = 2;                               // 1 <= k <= min(E, kMoeMaxTopK)
+  MoeScoring scoring = MoeScoring::kSoftmax;
+  bool topk_softmax = false;                   // Mixtral's order (kSoftmax only): moe_route's
+  bool normalize = false;                      // weights / their sum over the k (Mixtral: true)
+  float routed_scale = 1.0f;                   // weights * routed_scale (after normalize)
+  double capacity_factor = 0.0;                // <= 0: dropless; else capacity = moe_capacity(cf, T, k, E)
+  GroupedGemmVariant variant = GroupedGemmVariant::kAuto;  // of both grouped GEMMs
+};
+
+// Workspace bytes moe_forward needs for T tokens on `device` (0 on the CPU): its intermediates
+// (logits, routing, permutation, xs, a, y) and moe_permute's scratch, carved in one piece. The inner
+// calls get no caller workspace: those that need scratch of their own (the matmul's split-K partials,
+// grouped_mm_swiglu's products on the rungs that do not fuse SwiGLU) allocate it on the stream.
+size_t moe_forward_workspace_bytes(int64_t tokens, int64_t d_model, int64_t d_ff, int64_t experts, DType dtype,
+                                   const MoeLayerOptions& options, Device device);
+
+// Validates every argument first (messages name it: x, router_weight, w13, w2, out, tokens_per_expert,
+// dropped, top_k, capacity_factor, variant, ...), then runs the steps above on x's device. T = 0:
+// tokens_per_expert and dropped are zeroed, nothing else runs.
+void moe_forward(const TensorView& x, const TensorView& router_weight, const TensorView& w13, const TensorView& w2,
+                 const MoeLayerOptions& options, const TensorView& out, const TensorView& tokens_per_expert = {},
+                 const TensorView& dropped = {}, const ExecutionContext& ctx = {});
+
+// Whether the grouped GEMM's `variant` runs CUDA tensors (false for kCpu and kAuto): its table's
+// backend, for callers that check a variant against a device before running (the C API).
+bool grouped_gemm_variant_is_cuda(GroupedGemmVariant variant);
+
 }  // namespace optimized

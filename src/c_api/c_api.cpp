@@ -3,9 +3,10 @@
 // thrown crosses the extern "C" boundary: each entry runs inside guarded() (catch (...)).
 //
 // One section per family: core (views, errors), GEMM, the scaled (fp8) GEMM, fused, loader, attention,
-// the KV cache, linear, and the variant query of every family, which reads the C++ tables (all_gemm_variants(),
-// all_scaled_gemm_variants(), all_fused_variants(), the loader's names, all_attention_variants(), all_kv_cache_variants(),
-// all_linear_variants()) so that a variant added in
+// the KV cache, linear, MoE (the layer's forward), and the variant query of every family, which reads the C++
+// tables (all_gemm_variants(), all_scaled_gemm_variants(), all_fused_variants(), the loader's names,
+// all_attention_variants(), all_kv_cache_variants(), all_linear_variants(), all_grouped_gemm_variants()) so
+// that a variant added in
 // C++ is reachable from C without an edit here (tests/c_api/test_c_api_tables.cpp checks it).
 #include "optimized/c_api.h"
 
@@ -24,6 +25,7 @@
 #include "optimized/kv_cache.h"
 #include "optimized/linear.h"
 #include "optimized/loader.h"
+#include "optimized/moe.h"
 
 namespace {
 
@@ -361,6 +363,43 @@ void linear_check(const char* variant, int32_t dtype, int32_t device_type) {
     throw optimized::Error(optimized::Status::kUnsupported, "variant: " + why);
 }
 
+// ---- MoE ---------------------------------------------------------------------------------------
+
+// The grouped GEMM's variant, which optimized_moe takes (NULL: auto).
+optimized::GroupedGemmVariant moe_variant(const char* variant) {
+  return variant ? optimized::parse_grouped_gemm_variant(variant) : optimized::GroupedGemmVariant::kAuto;
+}
+
+// The C options as the C++ ones (NULL: the defaults). The C++ API checks the ranges and names them.
+optimized::MoeLayerOptions moe_options(const optimized_moe_options* c, optimized::GroupedGemmVariant variant) {
+  optimized::MoeLayerOptions o;
+  o.variant = variant;
+  if (!c) return o;
+  o.top_k = c->top_k;
+  if (c->scoring != OPTIMIZED_MOE_SCORING_SOFTMAX && c->scoring != OPTIMIZED_MOE_SCORING_SIGMOID)
+    invalid("options.scoring: expected OPTIMIZED_MOE_SCORING_SOFTMAX (0) or OPTIMIZED_MOE_SCORING_SIGMOID (1); given " +
+            std::to_string(c->scoring));
+  o.scoring = static_cast<optimized::MoeScoring>(c->scoring);  // the same values (c_api.h)
+  o.topk_softmax = flag(c->topk_softmax, "options.topk_softmax");
+  o.normalize = flag(c->normalize, "options.normalize");
+  o.routed_scale = c->routed_scale;
+  o.capacity_factor = c->capacity_factor;
+  return o;
+}
+
+// A grouped GEMM variant (what optimized_moe runs its experts on) runs on one kind of device, on the
+// dtypes (of x) of its table row; "auto" takes what some variant takes.
+void moe_check(const char* variant, int32_t dtype, int32_t device_type) {
+  if (!variant) invalid("variant: expected a name (\"auto\" or a variant); given NULL");
+  const optimized::GroupedGemmVariant v = optimized::parse_grouped_gemm_variant(variant);
+  const optimized::DType d = to_dtype(dtype, "dtype");
+  const optimized::Device device = to_device(device_type, 0, "device_type");
+  check_variant_device(variant, v == optimized::GroupedGemmVariant::kAuto, optimized::grouped_gemm_variant_is_cuda(v),
+                       device);
+  if (std::string why = optimized::grouped_gemm_variant_rejects_dtype(v, d); !why.empty())
+    throw optimized::Error(optimized::Status::kUnsupported, "variant: " + why);
+}
+
 // ---- every family ------------------------------------------------------------------------------
 
 struct Family {
@@ -389,6 +428,9 @@ constexpr Family kFamilies[] = {
     {"linear", [] { return optimized::all_linear_variants().size(); },
      [](size_t i) { return optimized::linear_variant_name(optimized::all_linear_variants()[i]).data(); },
      linear_check},
+    {"moe", [] { return optimized::all_grouped_gemm_variants().size(); },
+     [](size_t i) { return optimized::grouped_gemm_variant_name(optimized::all_grouped_gemm_variants()[i]).data(); },
+     moe_check},
 };
 
 const Family& family(const char* name) {
@@ -1218,6 +1260,36 @@ optimized_status optimized_linear_backward_fp8(optimized_tensor* grad_input, opt
   });
 }
 
+// ---- MoE ---------------------------------------------------------------------------------------
+
+optimized_status optimized_moe_options_default(optimized_moe_options* options) {
+  return guarded("optimized_moe_options_default", [&] {
+    require_out(options, "options");
+    const optimized::MoeLayerOptions o;
+    optimized_moe_options out{};
+    out.top_k = o.top_k;
+    out.scoring = static_cast<int32_t>(o.scoring);
+    out.topk_softmax = o.topk_softmax ? 1 : 0;
+    out.normalize = o.normalize ? 1 : 0;
+    out.routed_scale = o.routed_scale;
+    out.capacity_factor = o.capacity_factor;
+    *options = out;
+  });
+}
+
+optimized_status optimized_moe(const optimized_tensor* x, const optimized_tensor* router_weight,
+                               const optimized_tensor* w13, const optimized_tensor* w2, optimized_tensor* out,
+                               optimized_tensor* tokens_per_expert, optimized_tensor* dropped,
+                               const optimized_moe_options* options, const char* variant, void* cuda_stream) {
+  return guarded("optimized_moe", [&] {
+    const optimized::MoeLayerOptions o = moe_options(options, moe_variant(variant));
+    optimized::moe_forward(to_view(x, "x"), to_view(router_weight, "router_weight"), to_view(w13, "w13"),
+                           to_view(w2, "w2"), o, to_view(out, "out"),
+                           optional_view(tokens_per_expert, "tokens_per_expert"), optional_view(dropped, "dropped"),
+                           context(cuda_stream));
+  });
+}
+
 const char* optimized_last_error(void) { return g_last_error.c_str(); }
 
 const char* optimized_status_string(optimized_status status) {
@@ -1256,4 +1328,6 @@ static_assert(OPTIMIZED_DTYPE_BF16 == static_cast<int>(optimized::DType::kBF16))
 static_assert(OPTIMIZED_DTYPE_I64 == static_cast<int>(optimized::DType::kI64));
 static_assert(OPTIMIZED_DTYPE_F64 == static_cast<int>(optimized::DType::kF64));
 static_assert(OPTIMIZED_MAX_RANK == optimized::TensorView::kMaxRank);
+static_assert(OPTIMIZED_MOE_SCORING_SOFTMAX == static_cast<int>(optimized::MoeScoring::kSoftmax));
+static_assert(OPTIMIZED_MOE_SCORING_SIGMOID == static_cast<int>(optimized::MoeScoring::kSigmoid));
 static_assert(OPTIMIZED_SHARD_MAX_RANK == optimized::kShardMaxRank);

@@ -10,6 +10,8 @@
  *     tanh), silu_and_mul, forward and backward, odd sizes, padded rows, optional operands present
  *     and absent;
  *   - the generic variant query of every family, against the GEMM-specific and fused-specific ones;
+ *   - the MoE layer (optimized_moe): a two-token layer worked out by hand, dropless and with a capacity
+ *     that drops a pair, and its refusals;
  *   - the loader: a dataset written through the shard writer into a temporary directory, read back
  *     (every record exactly once per epoch, shuffled, over ranks, each I/O engine), resumed from a
  *     saved position, and refused when the directory is missing, a shard is truncated, a record is
@@ -381,15 +383,15 @@ static void thread_local_error(void) {
 
 static void variant_queries(void) {
   const optimized_status I = OPTIMIZED_STATUS_INVALID_ARGUMENT, U = OPTIMIZED_STATUS_UNSUPPORTED;
-  const char* const families[] = {"gemm", "fused", "loader", "scaled_gemm", "attention", "kv_cache", "linear"};
+  const char* const families[] = {"gemm", "fused", "loader", "scaled_gemm", "attention", "kv_cache", "linear", "moe"};
   int nf = 0;
   while (optimized_family_name(nf) != NULL) ++nf;
-  check(nf == 7 && strcmp(optimized_family_name(0), families[0]) == 0 &&
+  check(nf == 8 && strcmp(optimized_family_name(0), families[0]) == 0 &&
             strcmp(optimized_family_name(1), families[1]) == 0 && strcmp(optimized_family_name(2), families[2]) == 0 &&
             strcmp(optimized_family_name(3), families[3]) == 0 && strcmp(optimized_family_name(4), families[4]) == 0 &&
             strcmp(optimized_family_name(5), families[5]) == 0 && strcmp(optimized_family_name(6), families[6]) == 0 &&
-            optimized_family_name(-1) == NULL,
-        "families: gemm, fused, loader, scaled_gemm, attention, kv_cache, linear", NULL);
+            strcmp(optimized_family_name(7), families[7]) == 0 && optimized_family_name(-1) == NULL,
+        "families: gemm, fused, loader, scaled_gemm, attention, kv_cache, linear, moe", NULL);
 
   for (int f = 0; f < nf; ++f) {
     const char* family = optimized_family_name(f);
@@ -497,18 +499,18 @@ static void variant_queries(void) {
 
   /* unknown families */
   int32_t count = 77;
-  const char* name = optimized_variant_name("moe", 0);
-  check(name == NULL && strstr(optimized_last_error(), "family: expected one of gemm, fused, loader, scaled_gemm, attention, kv_cache, linear; given 'moe'"),
+  const char* name = optimized_variant_name("distributed", 0);
+  check(name == NULL && strstr(optimized_last_error(), "family: expected one of gemm, fused, loader, scaled_gemm, attention, kv_cache, linear, moe; given 'distributed'"),
         "variant name: an unknown family is NULL with a message naming the families", optimized_last_error());
-  expect_error("variant count: unknown family", optimized_variant_count("moe", &count), I,
-               "family: expected one of gemm, fused, loader, scaled_gemm, attention, kv_cache, linear; given 'moe'");
+  expect_error("variant count: unknown family", optimized_variant_count("distributed", &count), I,
+               "family: expected one of gemm, fused, loader, scaled_gemm, attention, kv_cache, linear, moe; given 'distributed'");
   check(count == 77, "variant count: an unknown family leaves *count alone", NULL);
   expect_error("variant count: NULL family", optimized_variant_count(NULL, &count), I,
-               "family: expected one of gemm, fused, loader, scaled_gemm, attention, kv_cache, linear; given NULL");
+               "family: expected one of gemm, fused, loader, scaled_gemm, attention, kv_cache, linear, moe; given NULL");
   expect_error("variant count: NULL result", optimized_variant_count("gemm", NULL), I, "count: expected a pointer");
   expect_error("variant check: unknown family",
                optimized_variant_check("GEMM", "auto", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU), I,
-               "family: expected one of gemm, fused, loader, scaled_gemm, attention, kv_cache, linear; given 'GEMM'");
+               "family: expected one of gemm, fused, loader, scaled_gemm, attention, kv_cache, linear, moe; given 'GEMM'");
   check(optimized_variant_name("fused", 0) != NULL && optimized_last_error()[0] == '\0',
         "variant name: success clears the message", optimized_last_error());
 }
@@ -524,6 +526,81 @@ static int same_floats(const float* got, const float* want, int n) {
   for (int i = 0; i < n; ++i)
     if (got[i] != want[i]) return 0;
   return 1;
+}
+
+/* ---- MoE: the layer's forward ---------------------------------------------------------------- */
+
+/* Two tokens, d = 2, E = 2 experts of F = 1, top-1, softmax weights (not normalized): with x = I and
+ * router_weight = I token t's logits are e_t, so it picks expert t with weight sigmoid(1); expert 0:
+ * gate = up = x0 (w13[0] = [[1, 1], [0, 0]]), w2[0] = [2, -1]; expert 1: gate = 2 x1, up = 3 x1,
+ * w2[1] = [1, 0.5]. With both tokens on expert 0 and capacity_factor 0.5 (capacity ceil(0.5 * 2 / 2) = 1)
+ * token 1's pair is dropped: its output is 0. */
+static double silu(double z) { return z / (1.0 + exp(-z)); }
+
+static void moe_tests(void) {
+  const optimized_status I = OPTIMIZED_STATUS_INVALID_ARGUMENT;
+  const float x[4] = {1, 0, 0, 1}, x_same[4] = {1, 0, 1, 0}, rw[4] = {1, 0, 0, 1};
+  const float w13[8] = {1, 1, 0, 0, /* expert 1: */ 0, 0, 2, 3}, w2[4] = {2, -1, 1, 0.5f};
+  float out[4] = {-7, -7, -7, -7};
+  int32_t counts[2] = {-7, -7}, dropped = -7;
+  const int64_t s_x[2] = {2, 2}, s_13[3] = {2, 2, 2}, s_2[3] = {2, 1, 2}, s_e[1] = {2}, s_1[1] = {1};
+  optimized_tensor tx, tx_same, trw, t13, t2, tout, tcounts, tdropped;
+  optimized_tensor_contiguous(&tx, (void*)x, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, s_x);
+  optimized_tensor_contiguous(&tx_same, (void*)x_same, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, s_x);
+  optimized_tensor_contiguous(&trw, (void*)rw, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, s_x);
+  optimized_tensor_contiguous(&t13, (void*)w13, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 3, s_13);
+  optimized_tensor_contiguous(&t2, (void*)w2, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 3, s_2);
+  optimized_tensor_contiguous(&tout, out, OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CPU, 0, 2, s_x);
+  optimized_tensor_contiguous(&tcounts, counts, OPTIMIZED_DTYPE_I32, OPTIMIZED_DEVICE_CPU, 0, 1, s_e);
+  optimized_tensor_contiguous(&tdropped, &dropped, OPTIMIZED_DTYPE_I32, OPTIMIZED_DEVICE_CPU, 0, 1, s_1);
+
+  optimized_moe_options o;
+  optimized_status st = optimized_moe_options_default(&o);
+  check(st == OPTIMIZED_STATUS_OK && o.top_k == 2 && o.scoring == OPTIMIZED_MOE_SCORING_SOFTMAX && o.topk_softmax == 0 &&
+            o.normalize == 0 && o.routed_scale == 1.0f && o.capacity_factor == 0.0,
+        "moe: options default (top_k 2, softmax, dropless)", optimized_last_error());
+  o.top_k = 1;
+  const double p = 1.0 / (1.0 + exp(-1.0)), a0 = silu(1.0), a1 = silu(2.0) * 3.0;
+  const double want[4] = {p * 2 * a0, -p * a0, p * a1, p * 0.5 * a1};
+  st = optimized_moe(&tx, &trw, &t13, &t2, &tout, &tcounts, &tdropped, &o, "cpu", NULL);
+  int close = st == OPTIMIZED_STATUS_OK && counts[0] == 1 && counts[1] == 1 && dropped == 0;
+  for (int i = 0; i < 4; ++i) close &= fabs(out[i] - want[i]) <= 1e-6 * fabs(want[i]) + 1e-7;
+  check(close, "moe: a two-token layer = the hand-computed one, counts 1, 1, none dropped", optimized_last_error());
+
+  for (int i = 0; i < 4; ++i) out[i] = -7;
+  o.capacity_factor = 0.5;
+  st = optimized_moe(&tx_same, &trw, &t13, &t2, &tout, &tcounts, NULL, &o, NULL, NULL);
+  close = st == OPTIMIZED_STATUS_OK && counts[0] == 1 && counts[1] == 0 && out[2] == 0.0f && out[3] == 0.0f;
+  close &= fabs(out[0] - want[0]) <= 1e-6 * fabs(want[0]) && fabs(out[1] - want[1]) <= 1e-6 * fabs(want[1]);
+  check(close, "moe: capacity 1, both tokens on expert 0: token 1 dropped (zero output), variant NULL, dropped NULL",
+        optimized_last_error());
+  st = optimized_moe(&tx_same, &trw, &t13, &t2, &tout, NULL, &tdropped, &o, "auto", NULL);
+  check(st == OPTIMIZED_STATUS_OK && dropped == 1, "moe: the dropped pair counted", optimized_last_error());
+
+  expect_error("moe: w2 of rank 2", optimized_moe(&tx, &trw, &t13, &tx, &tout, NULL, NULL, NULL, NULL, NULL), I,
+               "w2: expected rank 3");
+  optimized_tensor t2_wide = t2;
+  t2_wide.shape[2] = 1;
+  expect_error("moe: w2's d_model", optimized_moe(&tx, &trw, &t13, &t2_wide, &tout, NULL, NULL, NULL, NULL, NULL), I,
+               "w2: expected shape (2, 1, 2)");
+  o.scoring = 9;
+  expect_error("moe: options.scoring", optimized_moe(&tx, &trw, &t13, &t2, &tout, NULL, NULL, &o, NULL, NULL), I,
+               "options.scoring");
+  o.scoring = OPTIMIZED_MOE_SCORING_SOFTMAX, o.top_k = 3;
+  expect_error("moe: top_k past E", optimized_moe(&tx, &trw, &t13, &t2, &tout, NULL, NULL, &o, NULL, NULL), I, "top_k");
+  o.top_k = 1;
+  expect_error("moe: a CUDA variant on CPU tensors",
+               optimized_moe(&tx, &trw, &t13, &t2, &tout, NULL, NULL, &o, "naive", NULL), I, "variant: naive runs on CUDA");
+  expect_error("moe: an unknown variant", optimized_moe(&tx, &trw, &t13, &t2, &tout, NULL, NULL, &o, "fastest", NULL), I,
+               "variant: expected one of");
+  expect_error("moe: x NULL", optimized_moe(NULL, &trw, &t13, &t2, &tout, NULL, NULL, &o, NULL, NULL), I,
+               "x: expected a pointer");
+  expect_error("moe: options_default(NULL)", optimized_moe_options_default(NULL), I, "options");
+  check(optimized_variant_check("moe", "cpu", OPTIMIZED_DTYPE_BF16, OPTIMIZED_DEVICE_CPU) == OPTIMIZED_STATUS_OK,
+        "moe: variant check, cpu takes bf16", optimized_last_error());
+  expect_error("moe: variant check, wgmma on fp32",
+               optimized_variant_check("moe", "wgmma", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CUDA),
+               OPTIMIZED_STATUS_UNSUPPORTED, "variant: wgmma supports fp16, bf16");
 }
 
 static void linear_tests(void) {
@@ -2548,6 +2625,7 @@ int main(void) {
   attention_tests();
   kv_cache_tests();
   linear_tests();
+  moe_tests();
 
   /* Odd shapes (1, primes), strided A, broadcast B, both dtypes, every CPU variant. */
   const gemm_case cases[] = {

@@ -32,6 +32,7 @@
 #include "optimized/kv_cache.h"
 #include "optimized/linear.h"
 #include "optimized/loader.h"
+#include "optimized/moe.h"
 
 namespace {
 
@@ -93,7 +94,8 @@ void expect_named_values_reachable(const std::vector<std::pair<E, std::string>>&
 TEST(CApiTables, FamiliesAreListed) {
   std::vector<std::string> families;
   for (int32_t i = 0; const char* f = optimized_family_name(i); ++i) families.emplace_back(f);
-  EXPECT_EQ(families, (std::vector<std::string>{"gemm", "fused", "loader", "scaled_gemm", "attention", "kv_cache", "linear"}));
+  EXPECT_EQ(families,
+            (std::vector<std::string>{"gemm", "fused", "loader", "scaled_gemm", "attention", "kv_cache", "linear", "moe"}));
   for (const std::string& f : families) {
     int32_t count = -1;
     ASSERT_EQ(optimized_variant_count(f.c_str(), &count), OPTIMIZED_STATUS_OK) << optimized_last_error();
@@ -157,6 +159,51 @@ TEST(CApiTables, LinearListIsTheTable) {
   const auto named = named_values<LinearVariant>(linear_variant_name, parse_linear_variant);
   EXPECT_EQ(named.size(), table.size());
   expect_named_values_reachable(named, parse_linear_variant, c_names, "linear");
+}
+
+// "moe": the grouped GEMM's rungs (what optimized_moe's variant names).
+TEST(CApiTables, MoeListIsTheTable) {
+  std::vector<std::string> table;
+  for (GroupedGemmVariant v : all_grouped_gemm_variants()) table.emplace_back(grouped_gemm_variant_name(v));
+  const std::vector<std::string> c_names = c_list("moe");
+  EXPECT_EQ(c_names, table);
+  EXPECT_FALSE(table.empty());
+  const auto named = named_values<GroupedGemmVariant>(grouped_gemm_variant_name, parse_grouped_gemm_variant);
+  EXPECT_EQ(named.size(), table.size());
+  expect_named_values_reachable(named, parse_grouped_gemm_variant, c_names, "moe");
+}
+
+// "moe": a rung runs on its device the dtypes of its table row (grouped_gemm_variant_rejects_dtype); on
+// the other device it is refused by name; "auto" takes fp32, fp16, bf16 on either.
+TEST(CApiTables, MoeCheckFollowsTheCppRule) {
+  const DType all[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kF8E5M2, DType::kI32, DType::kI64,
+                       DType::kF64};
+  for (GroupedGemmVariant v : all_grouped_gemm_variants()) {
+    const std::string name(grouped_gemm_variant_name(v));
+    const int32_t device = grouped_gemm_variant_is_cuda(v) ? OPTIMIZED_DEVICE_CUDA : OPTIMIZED_DEVICE_CPU;
+    const int32_t other = device == OPTIMIZED_DEVICE_CPU ? OPTIMIZED_DEVICE_CUDA : OPTIMIZED_DEVICE_CPU;
+    for (DType d : all) {
+      const std::string why = grouped_gemm_variant_rejects_dtype(v, d);
+      const optimized_status s = optimized_variant_check("moe", name.c_str(), static_cast<int32_t>(d), device);
+      if (why.empty()) {
+        EXPECT_EQ(s, OPTIMIZED_STATUS_OK) << name << " " << dtype_name(d) << ": " << optimized_last_error();
+      } else {
+        EXPECT_EQ(s, OPTIMIZED_STATUS_UNSUPPORTED) << name << " " << dtype_name(d);
+        EXPECT_NE(std::string(optimized_last_error()).find(why), std::string::npos) << optimized_last_error();
+      }
+      EXPECT_EQ(optimized_variant_check("moe", name.c_str(), static_cast<int32_t>(d), other),
+                OPTIMIZED_STATUS_INVALID_ARGUMENT)
+          << name;
+      EXPECT_EQ(std::string(optimized_last_error()).rfind("variant: " + name, 0), 0u) << optimized_last_error();
+    }
+  }
+  for (int32_t device : {OPTIMIZED_DEVICE_CPU, OPTIMIZED_DEVICE_CUDA})
+    for (DType d : all) {
+      const bool floating = d == DType::kF32 || d == DType::kF16 || d == DType::kBF16;
+      EXPECT_EQ(optimized_variant_check("moe", "auto", static_cast<int32_t>(d), device),
+                floating ? OPTIMIZED_STATUS_OK : OPTIMIZED_STATUS_UNSUPPORTED)
+          << dtype_name(d) << ": " << optimized_last_error();
+    }
 }
 
 TEST(CApiTables, ScaledGemmListIsTheTable) {

@@ -582,6 +582,8 @@ inline std::vector<GroupedCase> grouped_wgmma_cases() {
   big.variant = GroupedGemmVariant::kCudaWgmma, big.dtype = DType::kBF16, big.groups = 5;
   big.m = 2300, big.k = 328, big.n = 600;
   out.push_back(big);
+  big.dw_dtype = DType::kBF16;  // dw by TMA stores, clipped at its edges
+  out.push_back(big);
   return out;
 }
 

@@ -23,7 +23,8 @@
 // Epilogues: a consumer's 64 rows wholly inside the group leave by TMA stores through two staging chunks
 // (16-bit outputs TMA can describe); the rows of a group's last, partial tile leave from registers
 // (kernels/epilogue/wgmma_store.cuh), row-limited, since a TMA store would write the next group's rows.
-// The weight gradient (fp32 dw, or accumulating) stores from registers.
+// The weight gradient's tiles leave by TMA stores into dw's batch g (TMA clips them at dw's edges) when dw
+// is 16-bit and written, from registers otherwise (fp32, accumulating).
 #include <cuda.h>
 
 #include <algorithm>
@@ -84,7 +85,7 @@ struct Args {
 // finished reading (bulk_wait_group_read<1>).
 template <typename T, int kQ0, int kQ1, typename Value, typename Col>
 __device__ __forceinline__ void tma_store_chunks(const Value& value, const Col& col, unsigned char* staging,
-                                                 const CUtensorMap* map, int row0, int barrier) {
+                                                 const CUtensorMap* map, int row0, int barrier, int z = 0) {
   static_assert((kQ1 - kQ0) % 2 == 0, "an even number of chunks");
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
   const bool leader = threadIdx.x % 128 == 0;
@@ -103,7 +104,7 @@ __device__ __forceinline__ void tma_store_chunks(const Value& value, const Col& 
     ptx::fence_proxy_async_shared();  // the writes, before the TMA unit reads them
     ptx::named_barrier_sync(barrier, 128);
     if (leader) {
-      ptx::tma_store_3d(map, chunk, col(q), row0, 0);
+      ptx::tma_store_3d(map, chunk, col(q), row0, z);
       ptx::bulk_commit_group();
     }
   }
@@ -262,6 +263,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     if constexpr (kWgrad) {
       const int m0 = t.m * Tile::kBM + rows, n0 = t.n * Tile::kBN;
+      if constexpr (sizeof(TC) == 2) {
+        if (args.c_tma) {  // dw[g] is its own batch of the map: TMA clips the tile at dw's edges
+          tma_store_chunks<T, 0, 4>([&](int i) { return acc[i]; }, [&](int q) { return n0 + 64 * q; },
+                                    ring.extra() + (warpgroup - 1) * 2 * kChunkBytes, &map_c, m0, 1 + warpgroup, t.g);
+          continue;
+        }
+      }
       const AlphaBetaOutput<TC> out{1.0f, args.beta, static_cast<TC*>(args.c), args.ldc, args.c_gs, args.pairs};
       store_wgmma_tile<Tile::kBN>(acc, t.g, m0, n0, args.out_rows - m0, args.n - n0, out);
     } else {
@@ -295,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  if (!kWgrad && args.c_tma && threadIdx.x % 128 == 0) ptx::bulk_wait_group<0>();  // the stores are done
+  if (args.c_tma && threadIdx.x % 128 == 0) ptx::bulk_wait_group<0>();  // the stores are done
 }
 
 // Whether p holds two elements of TC as one aligned access.
@@ -323,6 +331,11 @@ cudaError_t launch(const GroupedGemmParams& p, cudaStream_t stream) {
     args.n = static_cast<int>(p.n);
     args.out_rows = static_cast<int>(p.k);
     args.pairs = p.c_rs % 2 == 0 && p.c_gs % 2 == 0 && pair_aligned<TC>(p.c);
+    // TMA stores of a 16-bit dw written (not accumulated), rows of whole 16-byte units.
+    if (sizeof(TC) == 2 && !p.accumulate && p.n % 8 == 0) {
+      const TmaMatrix c{p.c, p.k, p.n, p.c_rs, p.groups, p.c_gs, 2};
+      args.c_tma = tma_rejects(c, "dw").empty() && make_tma_map_sw128(&map_c, c, 64, 64) == cudaSuccess;
+    }
     sched.tiles_m_fixed = static_cast<int>(ceil_div(p.k, int64_t(Tile::kBM)));
     sched.tiles_n = static_cast<int>(ceil_div(p.n, int64_t(Tile::kBN)));
     tile_bound = p.groups * sched.tiles_m_fixed * sched.tiles_n;
