@@ -220,12 +220,14 @@ inline void gather_checks(bool cuda) {
 inline void combine_checks(bool cuda) {
   std::mt19937_64 rng = test_rng();
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
-    for (const auto& [T, k, E, N] : std::vector<std::array<int64_t, 4>>{{1, 1, 1, 1}, {37, 2, 8, 67}, {131, 8, 16, 130}}) {
+    for (const auto& [T, k, E, N] : std::vector<std::array<int64_t, 4>>{
+             {1, 1, 1, 1}, {37, 2, 8, 67}, {131, 8, 16, 130}, {64, 2, 8, 256}, {33, 3, 4, 24}}) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + " T=" + std::to_string(T) + " k=" + std::to_string(k) + " N=" +
                    std::to_string(N));
       const std::vector<int32_t> ids = make_ids(T * k, E, 2, rng);
       PermuteRef perm = permute_ref(ids, E, E > 1 ? moe_capacity(0.75, T, k, E) : 0);
-      const int64_t S = T * k + 3, ld = N + 5;  // 3 slots no pair uses; padded rows
+      // 3 slots no pair uses; padded rows (whole 16-byte units where N allows: the kernels' 16-byte accesses)
+      const int64_t S = T * k + 3, ld = N % 8 == 0 ? N + 8 : N + 5;
       if (T * k > 2) perm.slot_of[1] = -1, perm.slot_of[2] = static_cast<int32_t>(S + 7);  // dropped by hand
       std::vector<int32_t> sorted(static_cast<size_t>(S), -1);
       for (int64_t p = 0; p < T * k; ++p)

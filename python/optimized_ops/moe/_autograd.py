@@ -43,13 +43,15 @@ def _swiglu_setup(ctx, inputs, keyword_only_inputs, output):
     pre = output[1]
     if pre is not None:
         ctx.mark_non_differentiable(pre)
+    # No zeros made for pre's gradient (an (M, 2F) fill, ~0.3 ms at the layer shape).
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(x, w, offs, pre)
 
 
 def _swiglu_backward(ctx, dout, dpre):
     x, w, offs, pre = ctx.saved_tensors
     need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    if not (need_x or need_w):
+    if dout is None or not (need_x or need_w):
         return None, None, None
     if pre is None:
         pre = _ops.grouped_mm.default(x, w, offs, variant=ctx.variant)
