@@ -4,7 +4,7 @@ utilization and dropped tokens of a small model trained with the aux loss, as a 
 expert utilization").
 
     python bench/moe_utilization.py [--device auto|cuda|cpu] [--steps N] [--tokens T] [--experts E]
-        [--capacity-factor CF] [--aux-coef C] [--variant V] [--out bench/results/<gpu>/moe-utilization.json]
+        [--capacity-factor CF] [--aux-coef C] [--variant V] [--out bench/results/<gpu>/moe-utilization/moe-utilization.json]
 
 The model (optimized_ops.nn.MoE twice, residual): a token id and a context id -> Embedding(V = 512, d = 64) +
 Embedding(64 contexts, d) -> 2 x [x + MoE(RMSNorm(x))] -> RMSNorm -> Linear(d, V); each MoE: E = 16 SwiGLU experts
@@ -172,7 +172,7 @@ def main(argv=None):
     p.add_argument("--aux-coef", type=float, default=0.01, help="the aux run's aux_loss_coef (the other run: 0)")
     p.add_argument("--variant", default="auto", help="the grouped GEMM's rung")
     p.add_argument("--seed", type=int, default=16)
-    p.add_argument("--out", default=None, help="the JSON (default bench/results/<gpu or cpu>/moe-utilization.json); "
+    p.add_argument("--out", default=None, help="the JSON (default bench/results/<gpu or cpu>/moe-utilization/moe-utilization.json); "
                                                "the PNG beside it")
     args = p.parse_args(argv)
     import optimized_ops as oo
@@ -185,8 +185,9 @@ def main(argv=None):
     args.steps = args.steps or (300 if device == "cuda" else 120)
     args.tokens = args.tokens or (8192 if device == "cuda" else 1024)
     machine = runner.query_machine(device)
+    # In a folder of its own: bench/results/<gpu>/*.json are the benchmark's files (scripts/render_results.py).
     out = pathlib.Path(args.out) if args.out else (runner.ROOT / "bench" / "results" / machine["gpu_key"] /
-                                                  "moe-utilization.json")
+                                                  "moe-utilization" / "moe-utilization.json")
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)

@@ -194,6 +194,37 @@ void run(GroupedGemmVariant v, const GroupedGemmParams& p, const Device& device,
 #endif
 }
 
+// The forward's checks and params (grouped_mm; with swiglu, grouped_mm_swiglu's w (E, K, 2F) and out (M, F)).
+GroupedGemmParams forward_params(arg::OperandSet& ops, const TensorView& x, const TensorView& w, const TensorView& offs,
+                                 const TensorView& out, bool swiglu) {
+  const char* w_dims = swiglu ? "(groups E, K, 2F: [gate | up])" : "(groups E, K, N)";
+  if (x.rank != 2) invalid("x: expected rank 2 (rows M, K); given " + (x.rank ? shape_string(x) : std::string("absent")));
+  if (w.rank != 3) invalid(std::string("w: expected rank 3 ") + w_dims + "; given " + (w.rank ? shape_string(w) : std::string("absent")));
+  ops.add(x, "x", false);
+  ops.add(w, "w", false);
+  const int64_t M = x.shape[0], K = x.shape[1], E = w.shape[0], N = w.shape[2];
+  check_float(x, "x");
+  if (w.dtype != x.dtype) invalid("w: expected dtype " + dname(x.dtype) + " (x's); given " + dname(w.dtype));
+  if (w.shape[1] != K) invalid("w: expected shape (E, " + std::to_string(K) + (swiglu ? ", 2F)" : ", N)") +
+                               " (K = x's columns); given " + shape_string(w));
+  if (E < 1 || K < 1 || N < 1) invalid("w: expected E, K, N >= 1; given " + shape_string(w) + " with x " + shape_string(x));
+  if (swiglu && N % 2 != 0) invalid("w: expected an even last dimension (2F: [gate | up]); given " + shape_string(w));
+  check_offs(ops, offs, E);
+  ops.add(out, "out", true);
+  if (out.dtype != x.dtype) invalid("out: expected dtype " + dname(x.dtype) + " (x's); given " + dname(out.dtype));
+  const int64_t cols = swiglu ? N / 2 : N;
+  GroupedGemmParams p;
+  p.swiglu = swiglu;
+  p.m = M, p.n = N, p.k = K, p.groups = E, p.dtype = x.dtype, p.c_dtype = out.dtype;
+  p.a = x.data, p.a_rs = row_stride(x, "x", M, K, "(M, K)");
+  p.b = w.data, p.b_gs = w.strides[0], p.b_rs = w.strides[1], p.b_cs = w.strides[2];
+  p.offs = static_cast<const int32_t*>(offs.data);
+  p.c = out.data;
+  p.c_rs = row_stride(out, "out", M, cols, std::string(swiglu ? "(M, F)" : "(M, N)") + " = (" + std::to_string(M) + ", " +
+                                               std::to_string(cols) + ")");
+  return p;
+}
+
 }  // namespace
 
 std::string_view grouped_gemm_variant_name(GroupedGemmVariant variant) {
@@ -210,26 +241,8 @@ std::string grouped_gemm_variant_rejects_dtype(GroupedGemmVariant variant, DType
 void grouped_mm(const TensorView& x, const TensorView& w, const TensorView& offs, const TensorView& out,
                 GroupedGemmVariant variant, const ExecutionContext& ctx) {
   arg::OperandSet ops;
-  if (x.rank != 2) invalid("x: expected rank 2 (rows M, K); given " + (x.rank ? shape_string(x) : std::string("absent")));
-  if (w.rank != 3)
-    invalid("w: expected rank 3 (groups E, K, N); given " + (w.rank ? shape_string(w) : std::string("absent")));
-  ops.add(x, "x", false);
-  ops.add(w, "w", false);
-  const int64_t M = x.shape[0], K = x.shape[1], E = w.shape[0], N = w.shape[2];
-  check_float(x, "x");
-  if (w.dtype != x.dtype) invalid("w: expected dtype " + dname(x.dtype) + " (x's); given " + dname(w.dtype));
-  if (w.shape[1] != K) invalid("w: expected shape (E, " + std::to_string(K) + ", N) (K = x's columns); given " + shape_string(w));
-  if (E < 1 || K < 1 || N < 1) invalid("w: expected E, K, N >= 1; given " + shape_string(w) + " with x " + shape_string(x));
-  check_offs(ops, offs, E);
-  ops.add(out, "out", true);
-  if (out.dtype != x.dtype) invalid("out: expected dtype " + dname(x.dtype) + " (x's); given " + dname(out.dtype));
-  GroupedGemmParams p;
-  p.m = M, p.n = N, p.k = K, p.groups = E, p.dtype = x.dtype, p.c_dtype = out.dtype;
-  p.a = x.data, p.a_rs = row_stride(x, "x", M, K, "(M, K)");
-  p.b = w.data, p.b_gs = w.strides[0], p.b_rs = w.strides[1], p.b_cs = w.strides[2];
-  p.offs = static_cast<const int32_t*>(offs.data);
-  p.c = out.data;
-  p.c_rs = row_stride(out, "out", M, N, "(M, N) = (" + std::to_string(M) + ", " + std::to_string(N) + ")");
+  const GroupedGemmParams p = forward_params(ops, x, w, offs, out, false);
+  const int64_t M = p.m;
   ops.check_overlaps();
   const Device device = ops.device();
   if (M == 0) {
@@ -273,29 +286,8 @@ void grouped_mm_weight_grad(const TensorView& x, const TensorView& dout, const T
 void grouped_mm_swiglu(const TensorView& x, const TensorView& w, const TensorView& offs, const TensorView& out,
                        const TensorView& pre, GroupedGemmVariant variant, const ExecutionContext& ctx) {
   arg::OperandSet ops;
-  if (x.rank != 2) invalid("x: expected rank 2 (rows M, K); given " + (x.rank ? shape_string(x) : std::string("absent")));
-  if (w.rank != 3)
-    invalid("w: expected rank 3 (groups E, K, 2F: [gate | up]); given " + (w.rank ? shape_string(w) : std::string("absent")));
-  ops.add(x, "x", false);
-  ops.add(w, "w", false);
-  const int64_t M = x.shape[0], K = x.shape[1], E = w.shape[0], N = w.shape[2];
-  check_float(x, "x");
-  if (w.dtype != x.dtype) invalid("w: expected dtype " + dname(x.dtype) + " (x's); given " + dname(w.dtype));
-  if (w.shape[1] != K || E < 1 || K < 1 || N < 2 || N % 2 != 0)
-    invalid("w: expected shape (E, " + std::to_string(K) + ", 2F) with E, F >= 1 (K = x's columns); given " +
-            shape_string(w));
-  const int64_t F = N / 2;
-  check_offs(ops, offs, E);
-  ops.add(out, "out", true);
-  if (out.dtype != x.dtype) invalid("out: expected dtype " + dname(x.dtype) + " (x's); given " + dname(out.dtype));
-  GroupedGemmParams p;
-  p.swiglu = true;
-  p.m = M, p.n = N, p.k = K, p.groups = E, p.dtype = x.dtype, p.c_dtype = out.dtype;
-  p.a = x.data, p.a_rs = row_stride(x, "x", M, K, "(M, K)");
-  p.b = w.data, p.b_gs = w.strides[0], p.b_rs = w.strides[1], p.b_cs = w.strides[2];
-  p.offs = static_cast<const int32_t*>(offs.data);
-  p.c = out.data;
-  p.c_rs = row_stride(out, "out", M, F, "(M, F) = (" + std::to_string(M) + ", " + std::to_string(F) + ")");
+  GroupedGemmParams p = forward_params(ops, x, w, offs, out, true);
+  const int64_t M = p.m, N = p.n;
   if (pre.rank != 0) {
     ops.add(pre, "pre", true);
     if (pre.dtype != x.dtype) invalid("pre: expected dtype " + dname(x.dtype) + " (x's); given " + dname(pre.dtype));

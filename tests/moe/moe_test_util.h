@@ -450,6 +450,16 @@ struct GroupedCase {
   }
 };
 
+// E group ends over m rows at random cut points (empty groups come up), the last one m.
+inline std::vector<int32_t> random_ends(int64_t m, int64_t groups, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int64_t> u(0, m);
+  std::vector<int32_t> cuts;
+  for (int64_t g = 0; g + 1 < groups; ++g) cuts.push_back(static_cast<int32_t>(u(rng)));
+  std::sort(cuts.begin(), cuts.end());
+  cuts.push_back(static_cast<int32_t>(m));
+  return cuts;
+}
+
 // Group ends as moe.h documents them: clamped to [0, m], a running max.
 inline std::vector<int64_t> clamped_ends(const std::vector<int32_t>& offs, int64_t m) {
   std::vector<int64_t> ends;
@@ -462,14 +472,7 @@ inline std::vector<int64_t> clamped_ends(const std::vector<int32_t>& offs, int64
 // tolerance.h (reductions over K, and over the group's rows); rows past the last group zero.
 inline void run_and_check_grouped(GroupedCase c, bool cuda, std::mt19937_64& rng) {
   const int64_t M = c.m, K = c.k, N = c.n, E = c.groups, lx = K + c.pad, ldy = N + c.pad;
-  if (c.offs.empty()) {  // random cut points
-    std::uniform_int_distribution<int64_t> u(0, M);
-    std::vector<int32_t> cuts;
-    for (int64_t g = 0; g + 1 < E; ++g) cuts.push_back(static_cast<int32_t>(u(rng)));
-    std::sort(cuts.begin(), cuts.end());
-    cuts.push_back(static_cast<int32_t>(M));
-    c.offs = cuts;
-  }
+  if (c.offs.empty()) c.offs = random_ends(M, E, rng);
   SCOPED_TRACE(c.name());
   Buffer x(c.dtype, std::max<int64_t>(1, M * lx), Device::cpu()), w(c.dtype, E * K * N, Device::cpu());
   Buffer offs(DType::kI32, E, Device::cpu()), out(c.dtype, std::max<int64_t>(1, M * N), Device::cpu());
@@ -592,14 +595,7 @@ inline std::vector<GroupedCase> grouped_wgmma_cases() {
 // rule's error of gate and up through silu(g) u (|silu'| <= 1.1), plus out's own rounding.
 inline void run_and_check_swiglu(GroupedCase c, bool cuda, std::mt19937_64& rng, bool with_pre) {
   const int64_t M = c.m, K = c.k, F = c.n, N = 2 * F, E = c.groups, lx = K + c.pad;
-  if (c.offs.empty()) {
-    std::uniform_int_distribution<int64_t> u(0, M);
-    std::vector<int32_t> cuts;
-    for (int64_t g = 0; g + 1 < E; ++g) cuts.push_back(static_cast<int32_t>(u(rng)));
-    std::sort(cuts.begin(), cuts.end());
-    cuts.push_back(static_cast<int32_t>(M));
-    c.offs = cuts;
-  }
+  if (c.offs.empty()) c.offs = random_ends(M, E, rng);
   SCOPED_TRACE("swiglu " + c.name() + (with_pre ? " pre" : ""));
   Buffer x(c.dtype, std::max<int64_t>(1, M * lx), Device::cpu()), w(c.dtype, E * K * N, Device::cpu());
   Buffer offs(DType::kI32, E, Device::cpu()), out(c.dtype, std::max<int64_t>(1, M * F), Device::cpu());

@@ -20,13 +20,14 @@
 
 #include "kernels/dtype.cuh"
 #include "kernels/reduce.cuh"
+#include "moe/cuda/route_row.cuh"
 #include "moe/launchers.h"
 
 namespace optimized::cuda {
 namespace {
 
-constexpr int kWarpsPerBlock = 4;
-constexpr unsigned kAll = 0xffffffffu;
+using route::kAll;
+using route::kWarpsPerBlock;
 
 struct Best {
   float choice, score, logit;
@@ -63,24 +64,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) route_warp_kernel(const M
   if (t >= p.tokens) return;  // uniform over the warp
   const int E = static_cast<int>(p.experts);
   const T* row = static_cast<const T*>(p.logits) + t * p.ld;
-  float l[kPer];
-  bool nan = false;
-  float m = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int e = lane + 32 * i;
-    l[i] = e < E ? kernels::to_float(row[e]) : -INFINITY;
-    if (l[i] != l[i]) nan = true;
-    else m = fmaxf(m, l[i]);
-  }
-  nan = __any_sync(kAll, nan);
-  m = kernels::warp_reduce<kernels::MaxOp>(m);  // no NaN here: a lane's NaN logits stayed out
-  float sum = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i)
-    if (lane + 32 * i < E) sum += expf(l[i] - m);
-  sum = kernels::warp_reduce<kernels::SumOp>(sum);
-  if (nan) sum = NAN;
+  const route::Row<kPer> r = route::load_row<T, kPer>(row, E, lane);
+  const float(&l)[kPer] = r.l;
+  const float m = r.m, sum = r.sum;
+  const bool nan = r.nan;
   if (p.lse && lane == 0) p.lse[t] = nan ? NAN : m + logf(sum);
   const bool softmax = p.scoring == 0;
   const bool choose_on_logits = softmax && (p.topk_softmax || !p.bias);
@@ -161,14 +148,9 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) route_warp_kernel(const M
 
 template <typename T>
 cudaError_t launch_for(const MoeRouteParams& p, unsigned blocks, cudaStream_t stream) {
-  const int per = static_cast<int>((p.experts + 31) / 32);
-  const dim3 block(32 * kWarpsPerBlock);
-  if (per <= 1) route_warp_kernel<T, 1><<<blocks, block, 0, stream>>>(p);
-  else if (per <= 2) route_warp_kernel<T, 2><<<blocks, block, 0, stream>>>(p);
-  else if (per <= 4) route_warp_kernel<T, 4><<<blocks, block, 0, stream>>>(p);
-  else if (per <= 8) route_warp_kernel<T, 8><<<blocks, block, 0, stream>>>(p);
-  else if (per <= 16) route_warp_kernel<T, 16><<<blocks, block, 0, stream>>>(p);
-  else route_warp_kernel<T, 32><<<blocks, block, 0, stream>>>(p);
+  route::with_row_width(p.experts, [&]<int kPer>() {
+    route_warp_kernel<T, kPer><<<blocks, dim3(32 * kWarpsPerBlock), 0, stream>>>(p);
+  });
   return cudaGetLastError();
 }
 
