@@ -1,6 +1,8 @@
-// Mixture of Experts (the seed's moe_optimized family), in progress: routing, the permutation of the
-// (token, expert) pairs by expert, the combine, and the grouped GEMM's first rungs. The grouped
-// Hopper rung, the expert MLP, the losses and the layer follow (docs/perf-notes/moe.md).
+// Mixture of Experts (the seed's moe_optimized family): routing and its backward, the permutation of the
+// (token, expert) pairs by expert, the gather into slot order, the grouped GEMM (cpu, naive, loop, and the
+// Hopper wgmma rung; SwiGLU in the up projection's epilogue), the combine, and the layer's forward
+// (moe_forward; the C API's optimized_moe). The losses, the metrics and the module live in Python
+// (optimized_ops.moe_layer, nn.MoE). Measured: docs/perf-notes/moe.md.
 //
 // ---- Routing --------------------------------------------------------------------------------------
 //

@@ -1,7 +1,8 @@
-"""Mixture of Experts from PyTorch (in progress with the family, include/optimized/moe.h): the router,
-the permutation of the (token, expert) pairs by expert, and the grouped GEMM, each a
+"""Mixture of Experts from PyTorch (include/optimized/moe.h): the router, the permutation of the
+(token, expert) pairs by expert, the gather, the grouped GEMM and the combine, each a
 ``torch.ops.optimized`` op of the C++ library (``src/torch/moe_ops.cpp``), on CPU and CUDA tensors, with
-no host synchronisation (ids and offsets stay on the device).
+no host synchronisation (ids and offsets stay on the device). The layer built from them:
+:func:`optimized_ops.moe_layer` (``moe/layer.py``) and ``optimized_ops.nn.MoE``.
 
 * :func:`moe_route`: router logits ``(T, E)`` -> ``(topk_ids, topk_weights, lse)``, with autograd
   (``topk_weights`` and ``lse`` to the logits: ``torch.ops.optimized.moe_route_backward``).

@@ -1,7 +1,7 @@
 // A tile scheduler for batched GEMMs: one block per output tile, blockIdx.x -> tile in grouped
 // rasterization (tile/raster.cuh), blockIdx.z -> batch. Batches beyond the grid's z limit take
-// several launches, each starting at z_base. Persistent and grouped-GEMM (MoE) schedulers land
-// beside this one with the same two questions: which tile, which batch.
+// several launches, each starting at z_base. Beside it: persistent_tiles.cuh (the persistent walk) and
+// ragged_tiles.cuh (the MoE grouped GEMM's walk over groups sized on the device).
 #pragma once
 
 #include <cuda_runtime.h>

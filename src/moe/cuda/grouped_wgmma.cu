@@ -14,6 +14,8 @@
 //                 the same 128 of up (the producer points B's four boxes at columns n0, n0 + 64, F + n0,
 //                 F + n0 + 64), so each thread holds gate and up of the same outputs and stores
 //                 silu(gate) * up (out (M, F)), and the pre-activations (pre (M, 2F)) for the backward.
+//                 F is a multiple of 8 (grouped_gemm.cpp refuses others): the up boxes start at column F,
+//                 and a box whose start is not on a 16-byte boundary was an illegal instruction on the H100.
 //   weight grad   dw[g] (K, N) = x[b_g:e_g]^T @ dout[b_g:e_g]: tiles of dw, reduced over the group's
 //                 rows in k-blocks of 64 from b_g; the last k-block's rows past e_g (the next group's
 //                 tokens, or anything) are zeroed in shared memory by the consumers before the wgmma,
