@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Python benchmark of the fused memory-bound ops: optimized_ops against torch eager and
-torch.compile of the same torch expression, forward, backward and forward+backward, in one run.
+"""Python benchmark of the fused memory-bound ops: optimized_ops against torch eager, torch.compile of the
+same torch expression and Liger-Kernel, forward, backward and forward+backward, in one run.
 
-    python bench/benchmark_fused.py [--device cuda|cpu] [--fused-ops softmax,rms_norm,...]
+    python bench/benchmark_fused.py [--device cuda|cpu] [--fused-ops softmax,rms_norm,...,cross_entropy,rope]
         [--dtypes bf16,fp16,fp32] [--shapes 16384x8192,4097x4099] [--variants auto|all|NAME,...]
-        [--directions fwd,bwd,fwd+bwd] [--gelu none|tanh] [--no-compile] [--quick] [--out bench/results]
+        [--directions fwd,bwd,fwd+bwd] [--gelu none|tanh] [--no-compile] [--no-liger]
+        [--ce-shapes 8192x128256] [--rope-shapes 4x4096x32x8x128] [--quick] [--out bench/results]
 
 is `python bench/benchmark_all.py --ops fused ...`: the fused family of the Python runner (bench/runner.py
 holds the harness: statistics, stopping rule, cold-cache timing with CUDA events, rotating inputs,
@@ -18,6 +19,16 @@ What is compared, per (op, dtype, shape ROWSxWIDTH; silu_and_mul's WIDTH is d, i
   torch_compile  torch.compile of that expression (mode default, fullgraph=True, dynamic=False;
                  torch._dynamo.reset() before each group so no recompile limit is hit; compiled and
                  warmed up by the validation run, outside the timed region)
+  liger          Liger-Kernel (PyPI `liger-kernel`, Triton; CUDA only) for the ops it has: softmax
+                 (LigerSoftmaxFunction), layer_norm (LigerLayerNormFunction), rms_norm (LigerRMSNormFunction,
+                 casting_mode "llama", its default; in_place=False), add_rms_norm (LigerFusedAddRMSNormFunction),
+                 silu_and_mul (LigerFusedGateUpSiLUMulFunction: x (R, 2d) as ours, no chunk copies),
+                 cross_entropy (LigerCrossEntropyFunction), rope (LigerRopeFunction). It is imported from the
+                 environment, else from the wheel in .whl/ (scripts/fetch-wheels puts it there; unpacked into
+                 .whl/unpacked/, the environment is not touched); absent, failing to import, on the CPU, or
+                 raising: its rows are "skipped" with the reason. vs_liger = Liger's time over the row's.
+                 Liger has no log_softmax, add_layer_norm or bias_gelu; its GEGLU (gelu_tanh(a) * b) matches
+                 no op of the family.
 Directions (inputs require grad in all three, as in training):
   fwd      the forward (it saves what the backward needs);
   bwd      torch.autograd.grad(outputs, inputs, cotangents) on the graph of a forward run just before
@@ -39,13 +50,35 @@ GB/s counts the minimum bytes (the byte model of the C++ benchmark, bench/fused/
 read once, each output written once, statistics fp32; fwd+bwd = fwd + bwd); roofline = the fraction
 of torch's device copy bandwidth measured in this run; copy_same_size = a copy_ of the same bytes,
 timed the same way; vs baseline = torch.compile's time over ours.
+
+Cross-entropy and RoPE (issue 17) have shapes and inputs of their own (see the section "cross-entropy and
+RoPE" below):
+  cross_entropy  logits (T, V) and int64 targets, reduction mean; ours = optimized_ops.cross_entropy (auto, every
+                 rung with --variants all, and auto_inplace = inplace_backward=True, the gradient written over the
+                 logits as Liger does); torch_eager = F.cross_entropy; torch_compile of it; liger. fwd = the loss
+                 alone (logits not requiring grad: reads the logits once); fwd+bwd = loss and autograd.grad with an
+                 upstream gradient of 1 (reads the logits once, writes their gradient once). --ce-shapes TxV.
+  rope           q (B, S, Hq, D), k (B, S, Hk, D), neox layout, positions arange(S), theta 10000; ours =
+                 optimized_ops.rope(q, k, positions) (angles computed in the kernel); torch_eager = HF's
+                 apply_rotary_pos_emb (q * cos + rotate_half(q) * sin, cos/sin (S, D) in q's dtype built as HF's
+                 LlamaRotaryEmbedding does, outside the timed region); torch_compile of it; liger (LigerRopeFunction
+                 on (B, H, S, D) transpose views, HF's cos/sin). fwd, bwd, fwd+bwd as above; bytes: read q, k and
+                 write q_out, k_out (bwd: the gradients); the cos/sin tables and positions are not counted.
+                 --rope-shapes BxSxHqxHkxD.
+Liger's cross-entropy writes the gradient over the logits and its RoPE rotates q, k (and in the backward the
+incoming gradients) in place: such implementations are validated on a copy of input set 0, and the sets are
+redrawn after they are timed.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
+import os
 import pathlib
+import re
 import sys
+import zipfile
 
 import torch
 import torch.nn.functional as F
@@ -54,8 +87,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import runner  # noqa: E402
 from tolerance import reduction_allowed_error  # noqa: E402
 
-FUSED_OPS = ["softmax", "log_softmax", "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "bias_gelu",
-             "silu_and_mul"]
+ROW_OPS = ["softmax", "log_softmax", "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "bias_gelu",
+           "silu_and_mul"]
+CASE_OPS = ["cross_entropy", "rope"]  # shapes and inputs of their own (the section "cross-entropy and RoPE")
+FUSED_OPS = ROW_OPS + CASE_OPS
 DIRECTIONS = ["fwd", "bwd", "fwd+bwd"]
 EPS = 1e-5
 
@@ -108,6 +143,127 @@ def bytes_formula(op, direction):
     if c:
         s += f" + {4 * c}*R"
     return f"{s} ({what})"
+
+
+# ---- the Liger-Kernel peer ---------------------------------------------------------------------
+
+LIGER_VERSION = "0.8.5"  # the version scripts/fetch-wheels downloads (requires torch >= 2.1.2, triton >= 2.3.1)
+WHEEL_DIR = runner.ROOT / ".whl"
+# op -> the autograd.Function of liger_kernel.ops it is measured with (read from the wheel's source)
+LIGER_FUNCTIONS = {"softmax": "LigerSoftmaxFunction", "layer_norm": "LigerLayerNormFunction",
+                   "rms_norm": "LigerRMSNormFunction", "add_rms_norm": "LigerFusedAddRMSNormFunction",
+                   "silu_and_mul": "LigerFusedGateUpSiLUMulFunction", "cross_entropy": "LigerCrossEntropyFunction",
+                   "rope": "LigerRopeFunction"}
+
+
+class Liger:
+    """liger_kernel.ops, or why it cannot run here (`reason`); `version` and `source` for the notes."""
+
+    def __init__(self, ops=None, version="", source="", reason=""):
+        self.ops, self.version, self.source, self.reason = ops, version, source, reason
+
+    def function(self, op):
+        """(the autograd.Function for op, "") or (None, why not)."""
+        if self.ops is None:
+            return None, self.reason
+        fn = getattr(self.ops, LIGER_FUNCTIONS[op], None)
+        if fn is None:
+            return None, f"liger-kernel {self.version} has no {LIGER_FUNCTIONS[op]}"
+        return fn, ""
+
+
+def _version_key(path):
+    m = re.match(r"liger_kernel-([0-9][^-]*)-", path.name)
+    return [int(x) if x.isdigit() else -1 for x in re.split(r"[.]", m.group(1))] if m else []
+
+
+def liger_wheel():
+    """The carried wheel: LIGER_VERSION's when present, else the newest liger_kernel-*.whl in .whl/."""
+    wheels = sorted(WHEEL_DIR.glob("liger_kernel-*.whl"), key=_version_key)
+    pinned = [w for w in wheels if w.name.startswith(f"liger_kernel-{LIGER_VERSION}-")]
+    return (pinned or wheels or [None])[-1]
+
+
+def _unpack(wheel):
+    """The wheel unpacked under .whl/unpacked/<its name>/ (once; a pure-Python wheel is its own site dir)."""
+    dest = WHEEL_DIR / "unpacked" / wheel.stem
+    if not (dest / ".complete").exists():
+        tmp = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(tmp)
+        (tmp / ".complete").write_text(wheel.name + "\n")
+        if dest.exists():
+            import shutil
+            shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)
+    return dest
+
+
+def _forget_liger():
+    for name in [m for m in sys.modules if m == "liger_kernel" or m.startswith("liger_kernel.")]:
+        del sys.modules[name]
+
+
+def _first_line(e):
+    return (f"{type(e).__name__}: {e}".splitlines() or [type(e).__name__])[0][:300]
+
+
+def load_liger(device, log):
+    """Imports liger_kernel.ops: from the environment, else from the wheel in .whl/. Never raises."""
+    from importlib import metadata
+
+    ops, source, version = None, "", ""
+    try:
+        ops = importlib.import_module("liger_kernel.ops")
+        source = "the environment"
+        try:
+            version = metadata.version("liger-kernel")
+        except Exception:  # noqa: BLE001 - importable without its metadata (a source tree on the path)
+            version = "?"
+    except ModuleNotFoundError as e:
+        if not (e.name or "").startswith("liger_kernel"):
+            return Liger(reason=f"liger-kernel failed to import: {_first_line(e)}")
+        _forget_liger()
+    except Exception as e:  # noqa: BLE001 - any failure is a skip reason, never the run's end
+        return Liger(reason=f"liger-kernel failed to import: {_first_line(e)}")
+    if ops is None:
+        wheel = liger_wheel()
+        if wheel is None:
+            return Liger(reason="liger-kernel is not installed and .whl/ holds no liger_kernel-*.whl "
+                                "(scripts/fetch-wheels downloads it where PyPI is reachable)")
+        try:
+            site = _unpack(wheel)
+            sys.path.insert(0, str(site))
+            importlib.invalidate_caches()
+            ops = importlib.import_module("liger_kernel.ops")
+        except Exception as e:  # noqa: BLE001
+            _forget_liger()
+            return Liger(reason=f"liger-kernel from {wheel.name} failed to import: {_first_line(e)}")
+        source = f".whl/{wheel.name}"
+        version = wheel.name.split("-")[1]
+    liger = Liger(ops, version, source)
+    if device != "cuda":
+        liger.ops, liger.reason = None, (f"liger-kernel {version} imported, but its kernels are Triton, "
+                                         f"for CUDA devices only: this run is on the {device}")
+    return liger
+
+
+def liger_row_fns(liger, op):
+    """Liger's call for a row op, with the torch expression's signature and a tuple result; or (None, reason)."""
+    f, why = liger.function(op)
+    if f is None:
+        return None, why
+    if op == "softmax":
+        return (lambda x: (f.apply(x),)), ""
+    if op == "layer_norm":
+        return (lambda x, weight, bias: (f.apply(x, weight, bias, EPS),)), ""
+    if op == "rms_norm":  # offset 0, casting_mode "llama" (LigerRMSNorm's default), in_place=False: dY is reused
+        return (lambda x, weight: (f.apply(x, weight, EPS, 0.0, "llama", False),)), ""
+    if op == "add_rms_norm":  # returns (Y, S = X + R), as ours (y, residual_out)
+        return (lambda x, residual, weight: tuple(f.apply(x, residual, weight, EPS, 0.0, "llama", False))), ""
+    if op == "silu_and_mul":  # x (R, 2d) = [gate | up], as ours; in_place=False keeps x
+        return (lambda x: (f.apply(x, False),)), ""
+    return None, f"no Liger-Kernel row for {op}"
 
 
 # ---- the ops: inputs, the torch expression, ours ---------------------------------------------
@@ -296,22 +452,36 @@ def _validation_json(v):
 
 # ---- the rows --------------------------------------------------------------------------------
 
-def resolve_variants(args, device):
+def op_rungs(op=None):
+    """The rungs of ours for op (None: the row ops' fused ladder); cross_entropy and rope have tables of
+    their own (src/fused/cross_entropy_params.h, rope_params.h)."""
     import optimized_ops as oo
 
+    if op == "rope":
+        return list(oo.rope_variants())
+    if op == "cross_entropy":
+        try:
+            return list(oo.variants("cross_entropy"))
+        except Exception:  # noqa: BLE001 - no Python query for cross-entropy's table yet: its rows, by hand
+            return list(CE_RUNGS)
+    return list(oo.fused_variants())
+
+
+def resolve_variants(args, device, op=None):
     given = args.variants_arg
     if given is None:
         return ["auto"]
+    rungs = op_rungs(op)
+    known = dict.fromkeys(op_rungs() + op_rungs("cross_entropy") + op_rungs("rope"))
     out = []
     for name in given:
         if name == "all":
-            out += ["auto"] + [v for v in oo.fused_variants() if (v == "cpu") == (device == "cpu")]
-        elif name in ("auto", *oo.fused_variants()):
+            out += ["auto"] + [v for v in rungs if (v == "cpu") == (device == "cpu")]
+        elif name == "auto" or name in rungs:
             if (name == "cpu") == (device == "cpu") or name == "auto":
                 out.append(name)
-        else:
-            raise SystemExit(f"--variants: expected auto, all or some of {', '.join(oo.fused_variants())}; "
-                             f"given '{name}'")
+        elif name not in known:  # another op's rung (rope's "cuda") is simply not this op's
+            raise SystemExit(f"--variants: expected auto, all or some of {', '.join(known)}; given '{name}'")
     return list(dict.fromkeys(out))
 
 
@@ -344,7 +514,7 @@ def fused_rows(args, device, timer, ceilings, log, notes):
     specs = make_specs(args.gelu)
     ops = args.fused_ops or FUSED_OPS
     for op in ops:
-        if op not in specs:
+        if op not in specs and op not in CASE_OPS:
             raise SystemExit(f"--fused-ops: expected some of {', '.join(FUSED_OPS)}; given '{op}'")
     directions = args.directions or DIRECTIONS
     for d in directions:
@@ -353,10 +523,24 @@ def fused_rows(args, device, timer, ceilings, log, notes):
     variants = resolve_variants(args, device)
     plan = shapes_by_dtype(args, device)
     bw = next((c for c in ceilings if c["unit"] == "GB/s"), None)
-    impl_names = [f"ours:{v}" for v in variants] + ["torch_eager"] + ([] if args.no_compile else ["torch_compile"])
+    liger = None
+    if not args.no_liger and any(op in LIGER_FUNCTIONS for op in ops):
+        liger = load_liger(device, log)
+        log(f"fused: liger-kernel {liger.version} from {liger.source}" if liger.version else "fused: no liger-kernel")
+        if liger.reason:
+            log(f"  its rows are skipped: {liger.reason}")
+        notes.append("Python fused peer liger = Liger-Kernel " + (
+            f"{liger.version} (from {liger.source}; liger_kernel.ops' autograd.Functions: "
+            + ", ".join(f"{op} {LIGER_FUNCTIONS[op]}" for op in ops if op in LIGER_FUNCTIONS)
+            + "; rms_norm casting_mode llama, in_place=False); vs_liger = Liger's time over the row's"
+            if liger.version else "absent") + (f"; its rows are skipped: {liger.reason}" if liger.reason else ""))
     rows_out = []
     for op in ops:
+        if op in CASE_OPS:
+            continue
         spec = specs[op]
+        impl_names = ([f"ours:{v}" for v in variants] + ["torch_eager"] + ([] if args.no_compile else ["torch_compile"])
+                      + (["liger"] if liger is not None and op in LIGER_FUNCTIONS else []))
         for dname, shapes in plan.items():
             dtype = runner.DTYPES[dname]
             elem = torch.tensor([], dtype=dtype).element_size()
@@ -383,6 +567,10 @@ def fused_rows(args, device, timer, ceilings, log, notes):
                 if not args.no_compile:
                     torch._dynamo.reset()
                     fns["torch_compile"] = torch.compile(spec.torch_fn, fullgraph=True, dynamic=False)
+                if "liger" in impl_names:
+                    fns["liger"], why = liger_row_fns(liger, op)
+                    if fns["liger"] is None:
+                        skip["liger"] = why
 
                 # -- validate every implementation once (compiles and warms up torch.compile)
                 results, failed = {}, {}
@@ -393,13 +581,17 @@ def fused_rows(args, device, timer, ceilings, log, notes):
                         outs, grads = run_fwd_bwd(fns[name], sets[0])
                         results[name] = (tuple(o.detach() for o in outs), grads)
                     except Exception as e:  # noqa: BLE001 - reported in the row
+                        if name == "liger":  # a peer that cannot run here is a skip, never the run's failure
+                            skip[name] = f"liger-kernel raised: {_first_line(e)}"
+                            notes.append(f"liger at {op} {dname} {label}: {skip[name]}")
+                            continue
                         failed[name] = f"{type(e).__name__}: {e}".splitlines()[0]
                 checks = {}
                 if "torch_eager" in results:
                     checks = reference_and_check(spec, sets[0], results, dname, device, log)
                 del results
                 for name, v in checks.items():
-                    if name.startswith("torch") and not (v["fwd"]["passed"] and v["bwd"]["passed"]):
+                    if not name.startswith("ours:") and not (v["fwd"]["passed"] and v["bwd"]["passed"]):
                         note = (f"{name} at {op} {dname} {label} failed validation "
                                 f"({v['fwd']['first_failure'] or v['bwd']['first_failure']}): timed anyway")
                         notes.append(note)
@@ -459,10 +651,455 @@ def fused_rows(args, device, timer, ceilings, log, notes):
                             r["baseline"] = {"name": base_name.replace("_", "."), "time_ms": base["time_ms"],
                                              "tflops": 0.0, "validation": base["validation"]}
                             r["vs_baseline"] = base["time_ms"]["median"] / r["time_ms"]["median"]
+                    add_vs_liger(group_rows)
                     rows_out += list(group_rows.values())
                 del sets, fns
                 if device == "cuda":
                     torch.cuda.empty_cache()
+    rows_out += case_rows([op for op in ops if op in CASE_OPS], args, device, timer, bw, liger, log, notes)
+    return rows_out
+
+
+def add_vs_liger(group_rows):
+    """vs_liger = Liger's median time over the row's, on every measured row of the group but Liger's."""
+    lg = group_rows.get("liger")
+    if not lg or lg["status"] != "ok" or not lg["time_ms"]:
+        return
+    for name, r in group_rows.items():
+        if name != "liger" and r["status"] == "ok" and r["time_ms"]:
+            r["vs_liger"] = lg["time_ms"]["median"] / r["time_ms"]["median"]
+
+
+# ---- cross-entropy and RoPE ------------------------------------------------------------------
+# Each has a Case: its shape, how a rotating input set is drawn, the implementations, the calls of each
+# direction, the byte model and the float64 reference. The rows have the family's schema.
+
+CE_RUNGS = ["cpu", "fused_streaming"]  # kCrossEntropyVariants (src/fused/cross_entropy_params.h)
+CE_SHAPES = {"cuda": {"bf16": ["8192x128256", "4096x32000"]}, "cpu": {"fp32": ["512x32000"]}}
+CE_QUICK_SHAPES = {"cuda": {"bf16": ["4096x32000"]}, "cpu": {"fp32": ["128x4096"]}}
+CE_LOGIT_SCALE = 4.0  # logits uniform in [-4, 4]: a softmax far from uniform
+ROPE_SHAPES = {"cuda": {"bf16": ["4x4096x32x8x128"]}, "cpu": {"fp32": ["2x512x8x2x128"]}}
+ROPE_QUICK_SHAPES = {"cuda": {"bf16": ["4x4096x32x8x128"]}, "cpu": {"fp32": ["1x128x4x2x64"]}}
+ROPE_THETA = 10000.0
+
+
+class CaseSet:
+    """One rotating input set: leaves (requiring grad), constants (targets), cotangents, drawn from a seed
+    so that refill() restores them after an implementation that writes into its inputs (Liger)."""
+
+    def __init__(self, case, seed):
+        self.case, self.seed = case, seed
+        self.refill()
+
+    def refill(self):
+        self.leaves, self.consts, self.cotangents = self.case.draw(self.seed)
+
+    def clone(self):
+        c = CaseSet.__new__(CaseSet)
+        c.case, c.seed = self.case, self.seed
+        c.leaves = {n: t.detach().clone().requires_grad_() for n, t in self.leaves.items()}
+        c.consts = dict(self.consts)
+        c.cotangents = [t.clone() for t in self.cotangents]
+        return c
+
+
+class Case:
+    op = ""
+    directions = DIRECTIONS
+    fwd_training = True  # "fwd": the training forward (inputs require grad); False: the loss alone, no grad
+
+    def call(self, fn, s, grad):
+        if grad:
+            return fn(*s.leaves.values(), *s.consts.values())
+        with torch.no_grad():
+            return fn(*(t.detach() for t in s.leaves.values()), *s.consts.values())
+
+    def fwd(self, fn, s):
+        return self.call(fn, s, self.fwd_training)
+
+    def fwd_bwd(self, fn, s):
+        outs = self.call(fn, s, True)
+        return outs, torch.autograd.grad(outs, list(s.leaves.values()), s.cotangents)
+
+    def min_bytes(self, direction):
+        if direction == "fwd+bwd":
+            return self.min_bytes("fwd") + self.min_bytes("bwd")
+        return self.bytes[direction][0]
+
+    def bytes_formula(self, direction):
+        if direction == "fwd+bwd" and direction not in self.bytes:
+            return f"fwd + bwd: {self.bytes_formula('fwd')}; {self.bytes_formula('bwd')}"
+        return self.bytes[direction][1]
+
+
+class CrossEntropyCase(Case):
+    op = "cross_entropy"
+    directions = ["fwd", "fwd+bwd"]
+    fwd_training = False
+
+    def __init__(self, text, dtype, device):
+        parts = text.lower().split("x")
+        try:
+            self.rows, self.vocab = (int(p) for p in parts)
+        except ValueError:
+            self.rows = self.vocab = 0
+        if len(parts) != 2 or self.rows < 1 or self.vocab < 1:
+            raise SystemExit(f"--ce-shapes: TOKENSxVOCAB with positive integers; given '{text}'")
+        self.dtype, self.device = dtype, device
+        self.elem = torch.tensor([], dtype=dtype).element_size()
+        self.label = f"{self.rows}x{self.vocab}"
+        self.shape = {"rows": self.rows, "width": self.vocab}
+        r, v, e = self.rows, self.vocab, self.elem
+        self.bytes = {"fwd": (r * v * e + 8 * r, "R*V*E + 8*R (read logits (R x V) and int64 targets; the loss "
+                                                  "alone, logits not requiring grad)"),
+                      "fwd+bwd": (2 * r * v * e + 8 * r, "2*R*V*E + 8*R (read logits and int64 targets once; "
+                                                          "write the logits' gradient once)")}
+        self.set_bytes = 2 * r * v * e
+
+    def min_bytes(self, direction):
+        return self.bytes[direction][0]
+
+    def draw(self, seed):
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        logits = ((torch.rand(self.rows, self.vocab, generator=gen, device=self.device) * 2 - 1)
+                  * CE_LOGIT_SCALE).to(self.dtype).requires_grad_()
+        target = torch.randint(0, self.vocab, (self.rows,), generator=gen, device=self.device)
+        return {"logits": logits}, {"target": target}, [torch.ones((), dtype=self.dtype, device=self.device)]
+
+    def implementations(self, variants, args, liger):
+        """{name: fn(logits, target) -> (loss,)}, {name: skip reason}, names that write into their inputs."""
+        import optimized_ops as oo
+
+        fns, skip = {}, {}
+        for v in variants:
+            fns[f"ours:{v}"] = (lambda v: lambda logits, target: (oo.cross_entropy(logits, target, variant=v),))(v)
+        if "auto" in variants:
+            fns["ours:auto_inplace"] = lambda logits, target: (
+                oo.cross_entropy(logits, target, inplace_backward=True, variant="auto"),)
+        fns["torch_eager"] = lambda logits, target: (F.cross_entropy(logits, target),)
+        if not args.no_compile:
+            fns["torch_compile"] = torch.compile(fns["torch_eager"], fullgraph=True, dynamic=False)
+        if liger is not None:
+            f, why = liger.function(self.op)
+            if f is None:
+                skip["liger"] = why
+            # (input, target, weight, ignore_index, lse_square_scale, label_smoothing, reduction, softcap,
+            #  return_z_loss, return_token_accuracy, return_predicted_tokens) -> (loss, z_loss, accuracy, tokens)
+            fns["liger"] = lambda logits, target: (f.apply(logits, target, None, -100, 0.0, 0.0, "mean", None,
+                                                           False, False, False)[0],)
+        return fns, skip, {"ours:auto_inplace", "liger"}
+
+    def skip_direction(self, name, direction):
+        if name == "ours:auto_inplace" and direction == "fwd":
+            return "without a gradient to compute, inplace_backward changes nothing (the auto row)"
+        return ""
+
+    def check(self, s0, results, dname):
+        """results: {name: (fwd outs, fwd+bwd outs, grads)} -> {name: {"fwd": ..., "bwd": ...}}."""
+        logits, target = s0.leaves["logits"].detach(), s0.consts["target"]
+        g = s0.cotangents[0].double()
+        acc = ErrorAcc(results)
+        chunk = max(1, (1 << 24) // self.vocab)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=logits.device)
+        for r0 in range(0, self.rows, chunk):
+            sl = slice(r0, min(self.rows, r0 + chunk))
+            x64 = logits[sl].double().requires_grad_()
+            losses = F.cross_entropy(x64, target[sl], reduction="none")
+            (gx,) = torch.autograd.grad(losses.sum(), [x64])
+            loss_sum += losses.detach().sum()
+            for name, (_, _, grads) in results.items():
+                acc.record(name, "dlogits", grads[0][sl], gx * (g / self.rows))
+        ref = loss_sum / self.rows
+        for name, (fwd_outs, outs, _) in results.items():
+            acc.record(name, "out0", fwd_outs[0], ref)
+            acc.record(name, "out0", outs[0], ref)
+        return acc.judge(dname, {"out0": self.vocab + self.rows, "dlogits": self.vocab})
+
+
+class RopeCase(Case):
+    op = "rope"
+
+    def __init__(self, text, dtype, device):
+        parts = text.lower().split("x")
+        try:
+            b, s, hq, hk, d = (int(p) for p in parts)
+        except ValueError:
+            b = s = hq = hk = d = 0
+        if len(parts) != 5 or min(b, s, hq, hk, d) < 1 or d % 2:
+            raise SystemExit(f"--rope-shapes: BxSxHQxHKxD with positive integers, D even; given '{text}'")
+        self.b, self.s, self.hq, self.hk, self.d = b, s, hq, hk, d
+        self.dtype, self.device = dtype, device
+        self.elem = torch.tensor([], dtype=dtype).element_size()
+        self.label = f"B{b}xS{s}xHq{hq}xHk{hk}xD{d}"
+        self.shape = {"batch": b, "seqlen": s, "heads_q": hq, "heads_k": hk, "head_dim": d}
+        n = 2 * b * s * (hq + hk) * d * self.elem
+        self.bytes = {"fwd": (n, "2*B*S*(Hq+Hk)*D*E (read q, k; write q_out, k_out; cos/sin and positions not "
+                                 "counted)"),
+                      "bwd": (n, "2*B*S*(Hq+Hk)*D*E (read dq_out, dk_out; write dq, dk)")}
+        self.set_bytes = 2 * n
+        # positions arange(S); HF LlamaRotaryEmbedding's cos/sin (float32 math, cast to q's dtype), (S, D)
+        self.positions = torch.arange(s, device=device)
+        inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
+        freqs = self.positions.float()[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        inv64 = 1.0 / (ROPE_THETA ** (torch.arange(0, d, 2, dtype=torch.float64, device=device) / d))
+        emb64 = torch.cat((self.positions.double()[:, None] * inv64[None, :],) * 2, dim=-1)
+        self.cos64, self.sin64 = emb64.cos(), emb64.sin()
+
+    def draw(self, seed):
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+
+        def uniform(*shape):
+            return (torch.rand(*shape, generator=gen, device=self.device) * 2 - 1).to(self.dtype)
+
+        q = uniform(self.b, self.s, self.hq, self.d).requires_grad_()
+        k = uniform(self.b, self.s, self.hk, self.d).requires_grad_()
+        cotangents = [uniform(self.b, self.s, self.hq, self.d), uniform(self.b, self.s, self.hk, self.d)]
+        return {"q": q, "k": k}, {}, cotangents
+
+    @staticmethod
+    def hf(q, k, cos, sin):
+        """HF's apply_rotary_pos_emb on (B, S, H, D): cos/sin (S, D) broadcast over the heads."""
+        def rotate_half(x):
+            x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+            return torch.cat((-x2, x1), dim=-1)
+
+        c, s_ = cos[:, None, :], sin[:, None, :]
+        return q * c + rotate_half(q) * s_, k * c + rotate_half(k) * s_
+
+    def implementations(self, variants, args, liger):
+        import optimized_ops as oo
+
+        fns, skip = {}, {}
+        positions, cos, sin = self.positions, self.cos, self.sin
+        for v in variants:
+            fns[f"ours:{v}"] = (lambda v: lambda q, k: tuple(
+                oo.rope(q, k, positions, theta=ROPE_THETA, layout="neox", variant=v)))(v)
+        fns["torch_eager"] = lambda q, k: RopeCase.hf(q, k, cos, sin)
+        if not args.no_compile:
+            fns["torch_compile"] = torch.compile(fns["torch_eager"], fullgraph=True, dynamic=False)
+        if liger is not None:
+            f, why = liger.function(self.op)
+            if f is None:
+                skip["liger"] = why
+            cos1, sin1 = cos[None], sin[None]  # (1, S, D)
+
+            def liger_rope(q, k):
+                # LigerRopeFunction takes HF's (B, H, S, D) views; it rotates their storage in place
+                qo, ko = f.apply(q.transpose(1, 2), k.transpose(1, 2), cos1, sin1)
+                return qo.transpose(1, 2), ko.transpose(1, 2)
+
+            fns["liger"] = liger_rope
+        return fns, skip, {"liger"}
+
+    def skip_direction(self, name, direction):
+        return ""
+
+    def check(self, s0, results, dname):
+        q64 = s0.leaves["q"].detach().double().requires_grad_()
+        k64 = s0.leaves["k"].detach().double().requires_grad_()
+        outs64 = RopeCase.hf(q64, k64, self.cos64, self.sin64)
+        grads64 = torch.autograd.grad(outs64, [q64, k64], [c.double() for c in s0.cotangents])
+        acc = ErrorAcc(results)
+        for name, (fwd_outs, outs, grads) in results.items():
+            for i in range(2):
+                acc.record(name, f"out{i}", fwd_outs[i], outs64[i].detach())
+                acc.record(name, f"out{i}", outs[i], outs64[i].detach())
+            acc.record(name, "dq", grads[0], grads64[0])
+            acc.record(name, "dk", grads[1], grads64[1])
+        return acc.judge(dname, {"out0": 2, "out1": 2, "dq": 2, "dk": 2})
+
+
+class ErrorAcc:
+    """max |got - ref| and max |ref| per (implementation, tensor), then the fused rule against torch eager's
+    error (the format of reference_and_check's result)."""
+
+    def __init__(self, impls):
+        self.acc = {k: {} for k in impls}
+
+    def record(self, impl, key, got, ref):
+        err = (got.detach().double() - ref).abs()
+        e = math.inf if torch.isnan(err).any().item() else err.max().item() if err.numel() else 0.0
+        m = ref.abs().max().item() if ref.numel() else 0.0
+        cur = self.acc[impl].setdefault(key, [0.0, 0.0, 0])
+        cur[0], cur[1], cur[2] = max(cur[0], e), max(cur[1], m), cur[2] + ref.numel()
+
+    def judge(self, dname, lengths):
+        eager = self.acc["torch_eager"]
+        out = {}
+        for impl, keys in self.acc.items():
+            res = {}
+            for direction, names in (("fwd", [k for k in keys if k.startswith("out")]),
+                                     ("bwd", [k for k in keys if k.startswith("d")])):
+                worst, max_rel, checked, first = 0.0, 0.0, 0, ""
+                for k in names:
+                    err, mag, n = keys[k]
+                    allowed = reduction_allowed_error(dname, lengths[k], eager[k][0], mag, 0.0, 2.0**-24)
+                    ratio = err / allowed
+                    if ratio > 1 and not first:
+                        first = f"{k}: max error {err:.3g}, allowed {allowed:.3g} (torch eager {eager[k][0]:.3g})"
+                    worst, checked = max(worst, ratio), checked + n
+                    max_rel = max(max_rel, err / mag if mag > 0 else 0.0)
+                res[direction] = {"passed": worst <= 1.0, "max_rel_error": max_rel, "worst_ratio": worst,
+                                  "checked": checked, "first_failure": first}
+            out[impl] = res
+        return out
+
+
+def case_plan(op, args, device):
+    """[(dtype name, shape text)] of a case op: --ce-shapes / --rope-shapes, --dtypes, else the defaults."""
+    given = args.ce_shapes if op == "cross_entropy" else args.rope_shapes
+    table = ({"cross_entropy": CE_QUICK_SHAPES, "rope": ROPE_QUICK_SHAPES} if args.quick else
+             {"cross_entropy": CE_SHAPES, "rope": ROPE_SHAPES})[op][device]
+    dtypes = args.dtypes_arg or list(table)
+    default = next(iter(table.values()))
+    return [(d, text) for d in dtypes for text in (given.split(",") if given else table.get(d, default))]
+
+
+def case_time(case, fn, sets, direction, timer):
+    n = len(sets)
+    if direction == "fwd":
+        return timer.measure(lambda i: case.fwd(fn, sets[i % n]))
+    if direction == "fwd+bwd":
+        return timer.measure(lambda i: case.fwd_bwd(fn, sets[i % n]))
+    graph = {}  # the training forward of sample i, run untimed before it
+
+    def forward(i):
+        graph["outs"] = case.call(fn, sets[i % n], True)
+
+    def backward(i):
+        s = sets[i % n]
+        return torch.autograd.grad(graph.pop("outs"), list(s.leaves.values()), s.cotangents)
+
+    return timer.measure(backward, before=forward)
+
+
+def new_row(case, direction, variant, device, dname):
+    return {"op": case.op, "family": "fused", "direction": direction, "variant": variant, "backend": device,
+            "dtype": dname, "shape": dict(case.shape), "shape_label": case.label,
+            "threads": torch.get_num_threads() if device == "cpu" else None, "status": "ok", "reason": "",
+            "validation": None, "time_ms": None, "flops": 0.0, "min_bytes": case.min_bytes(direction),
+            "bytes_formula": case.bytes_formula(direction), "tflops": None, "gbps": None, "baseline": None,
+            "vs_baseline": None, "roofline_fraction": None, "roofline_peak": None, "roofline_bandwidth": None,
+            "kernel": None}
+
+
+def case_rows(ops, args, device, timer, bw, liger, log, notes):
+    """The rows of cross_entropy and rope (ops among CASE_OPS)."""
+    if not ops:
+        return []
+    directions = args.directions or DIRECTIONS
+    rows_out = []
+    for op in ops:
+        variants = resolve_variants(args, device, op)
+        cls = CrossEntropyCase if op == "cross_entropy" else RopeCase
+        for dname, text in case_plan(op, args, device):
+            dtype = runner.DTYPES[dname]
+            case = cls(text, dtype, device)
+            for d in [d for d in directions if d in case.directions]:
+                note = f"min_bytes {op} {d} = {case.bytes_formula(d)}"
+                if note.split(" = ")[0] not in {n.split(" = ")[0] for n in notes}:
+                    notes.append(note)
+            budget = (torch.cuda.mem_get_info()[0] // 4) if device == "cuda" else (1 << 30)
+            nsets = runner.rotating_set_count(case.set_bytes, timer.cache_bytes, budget)
+            sets = [CaseSet(case, 4242 + i) for i in range(nsets)]
+            log(f"fused {op} {dname} {case.label} ({nsets} input sets)")
+            if not args.no_compile:
+                torch._dynamo.reset()
+            fns, skip, clobbers = case.implementations(variants, args, liger)
+            names = list(fns)
+
+            # -- validate: the direction "fwd" and fwd+bwd of each, once on set 0 (a copy for those that
+            #    write into their inputs); compiles torch.compile's graphs and warms Triton up
+            results, failed = {}, {}
+            for name in names:
+                if name in skip:
+                    continue
+                try:
+                    s = sets[0].clone() if name in clobbers else sets[0]
+                    fwd_outs = tuple(o.detach() for o in case.fwd(fns[name], s))
+                    s = sets[0].clone() if name in clobbers else sets[0]
+                    outs, grads = case.fwd_bwd(fns[name], s)
+                    results[name] = (fwd_outs, tuple(o.detach() for o in outs), grads)
+                except Exception as e:  # noqa: BLE001 - reported in the row
+                    if name == "liger":
+                        skip[name] = f"liger-kernel raised: {_first_line(e)}"
+                        notes.append(f"liger at {op} {dname} {case.label}: {skip[name]}")
+                        continue
+                    failed[name] = _first_line(e)
+            checks = case.check(sets[0], results, dname) if "torch_eager" in results else {}
+            del results
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            for name, v in checks.items():
+                if not name.startswith("ours:") and not (v["fwd"]["passed"] and v["bwd"]["passed"]):
+                    note = (f"{name} at {op} {dname} {case.label} failed validation "
+                            f"({v['fwd']['first_failure'] or v['bwd']['first_failure']}): timed anyway")
+                    notes.append(note)
+                    log("  note: " + note)
+
+            for direction in [d for d in directions if d in case.directions]:
+                mb = case.min_bytes(direction)
+                group_rows = {}
+                for name in names:
+                    variant = name.split(":", 1)[1] if name.startswith("ours:") else name
+                    r = new_row(case, direction, variant, device, dname)
+                    if name.startswith("ours:") and variant.startswith("auto"):
+                        r["resolved_variant"] = {"rope": "cuda", "cross_entropy": "fused_streaming"}[op] \
+                            if device == "cuda" else "cpu"
+                    group_rows[name] = r
+                    why = skip.get(name) or case.skip_direction(name, direction)
+                    if why:
+                        r.update(status="skipped", reason=why)
+                        continue
+                    if name in failed:
+                        r.update(status="failed", reason=failed[name])
+                        continue
+                    if name not in checks:
+                        r.update(status="failed", reason="not validated: torch eager (the yardstick of the "
+                                                         "tolerance) failed: " + failed.get("torch_eager", "?"))
+                        continue
+                    v = check_for(direction, checks[name])
+                    r["validation"] = _validation_json(v)
+                    if not v["passed"] and name.startswith("ours:"):
+                        r.update(status="failed", reason="validation: " + v["first_failure"])
+                        continue
+                    try:
+                        st = case_time(case, fns[name], sets, direction, timer)
+                    except Exception as e:  # noqa: BLE001
+                        r.update(status="skipped" if name == "liger" else "failed",
+                                 reason=("liger-kernel raised: " if name == "liger" else "") + _first_line(e))
+                        continue
+                    finally:
+                        if name in clobbers:  # its writes into the sets are undone for the next ones
+                            for s in sets:
+                                s.refill()
+                    r["time_ms"] = runner.stats_json(st)
+                    r["gbps"] = mb / (st["median"] * 1e-3) / 1e9
+                    if bw:
+                        r["roofline_bandwidth"] = {"name": bw["name"], "value": bw["value"], "unit": "GB/s"}
+                        r["roofline_fraction"] = r["gbps"] / bw["value"]
+                    log(f"  {direction:>7} {name:>24}: {st['median']:.4g} ms [{st['p10']:.4g}-{st['p90']:.4g}] "
+                        f"{r['gbps']:.0f} GB/s" + (f" ({r['roofline_fraction'] * 100:.0f}% of copy)" if bw else ""))
+                copy = same_size_copy(mb, timer, device)
+                base_name = "torch_compile" if "torch_compile" in group_rows else "torch_eager"
+                base = group_rows[base_name]
+                for name, r in group_rows.items():
+                    if r["status"] != "ok" or r["time_ms"] is None:
+                        continue
+                    r["copy_same_size"] = {"time_ms": runner.stats_json(copy),
+                                           "gbps": mb / (copy["median"] * 1e-3) / 1e9}
+                    r["vs_copy_same_size"] = copy["median"] / r["time_ms"]["median"]
+                    if name != base_name and base["status"] == "ok" and base["time_ms"]:
+                        r["baseline"] = {"name": base_name.replace("_", "."), "time_ms": base["time_ms"],
+                                         "tflops": 0.0, "validation": base["validation"]}
+                        r["vs_baseline"] = base["time_ms"]["median"] / r["time_ms"]["median"]
+                add_vs_liger(group_rows)
+                rows_out += list(group_rows.values())
+            del sets, fns
+            if device == "cuda":
+                torch.cuda.empty_cache()
     return rows_out
 
 
@@ -519,7 +1156,7 @@ def plot_fused(report, path):
     fig, axes = plt.subplots(len(ops), len(directions), figsize=(5.2 * len(directions), 2.9 * len(ops)),
                              squeeze=False)
     cmap = plt.get_cmap("viridis")
-    colors = {"torch_eager": "#ff7f0e", "torch_compile": "#d62728"}
+    colors = {"torch_eager": "#ff7f0e", "torch_compile": "#d62728", "liger": "#2ca02c"}
     ours = [v for v in impls if v not in colors]
     for i, v in enumerate(ours):
         colors[v] = cmap(0.15 + 0.7 * i / max(len(ours) - 1, 1))
@@ -535,7 +1172,7 @@ def plot_fused(report, path):
                     m = next((r for r in sel if (r["dtype"], r["shape_label"]) == g and r["variant"] == v), None)
                     ys.append(m["gbps"] if m else 0)
                 xs = [k + (vi - (len(impls) - 1) / 2) * width for k in range(len(groups))]
-                label = v if v.startswith("torch") else f"optimized_ops {v}"
+                label = v if v.startswith("torch") else "Liger-Kernel" if v == "liger" else f"optimized_ops {v}"
                 ax.bar(xs, ys, width, label=label, color=colors[v])
             if bw:
                 ax.axhline(bw["value"], color="black", linestyle="--", linewidth=0.8)
@@ -566,11 +1203,17 @@ def add_arguments(p):
     p.add_argument("--directions", default=None, help="fused: comma list of fwd, bwd, fwd+bwd (default all)")
     p.add_argument("--gelu", default="none", choices=["none", "tanh"], help="fused: bias_gelu's form")
     p.add_argument("--no-compile", action="store_true", help="fused: leave out the torch.compile rows")
+    p.add_argument("--no-liger", action="store_true", help="fused: leave out the Liger-Kernel rows")
+    p.add_argument("--ce-shapes", default=None,
+                   help="fused: cross_entropy shapes TOKENSxVOCAB (default 8192x128256,4096x32000 on CUDA)")
+    p.add_argument("--rope-shapes", default=None,
+                   help="fused: rope shapes BxSxHQxHKxD (default 4x4096x32x8x128 on CUDA)")
 
 
 FAMILY = runner.register(runner.Family(
     "fused", rows=fused_rows, add_arguments=add_arguments, prepare=prepare, plot=plot_fused,
-    summary="the fused ops vs torch eager and torch.compile (bench/benchmark_fused.py)"))
+    summary="the fused ops, cross-entropy and RoPE vs torch eager, torch.compile and Liger-Kernel "
+            "(bench/benchmark_fused.py)"))
 
 
 def main(argv=None):

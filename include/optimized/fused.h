@@ -23,6 +23,7 @@
 #include <string_view>
 
 #include "optimized/core.h"
+#include "optimized/rope.h"
 
 namespace optimized {
 
@@ -153,5 +154,88 @@ void silu_and_mul_forward(const TensorView& x, const TensorView& y,
 void silu_and_mul_backward(const TensorView& dy, const TensorView& x, const TensorView& dx,
                            FusedVariant variant = FusedVariant::kAuto,
                            const ExecutionContext& ctx = {});
+
+// ---- cross-entropy --------------------------------------------------------------------------
+// Per row of logits (rows, vocab), target t, ls = label_smoothing, V = vocab, lse = log(sum(exp(logits))):
+//   loss = lse - ((1 - ls) * logits[t] + ls / V * sum(logits)) + z_loss * lse^2
+// (torch's label smoothing: (1 - ls) * nll + ls * mean(-log_softmax); the z-loss of PaLM / Megatron);
+// a term whose coefficient is 0 is dropped (ls = 0: a -inf logit elsewhere in the row leaves the loss
+// finite, as torch). Rows with t == ignore_index: loss 0, lse 0 and a zero gradient row, and the
+// logits are not read. ±inf and NaN logits give what the same float64 formulas give (a +inf logit:
+// NaN; a -inf logits[t]: +inf; NaN propagates).
+// The gradient for a unit upstream gradient of the row's loss:
+//   grad = softmax * (1 + 2 z_loss lse) - ls / V - (1 - ls) onehot(t)    (0 for ignored rows)
+// Math in fp32 (fp64 for fp64 logits, on the CPU variant only).
+//   logits: (rows, vocab) fp32 / fp16 / bf16 (fp64 on cpu), unit stride along the vocabulary, rows
+//           any distance >= vocab apart; vocab >= 1 (up to 262144 and beyond);
+//   target: (rows) int64 or int32, any stride; values in [0, vocab) or ignore_index. Out of range:
+//           on the CPU an Error (kInvalidArgument naming the row and the value); on CUDA (which
+//           cannot raise without a sync) that row's loss, lse and gradient are NaN, with no access
+//           out of bounds;
+//   loss, lse: (rows) contiguous, fp32 (fp64 for fp64 logits); lse absent: not written;
+//   grad_logits: (rows, vocab) of the logits' dtype, or absent (the forward alone: one read of the
+//           logits). It may be the very same view as logits: the gradient then overwrites the logits
+//           (each row is read whole before its gradient is written);
+//   variant: kAuto (cpu on the CPU, fused_streaming on CUDA), kCpu or kCudaFusedStreaming; the other
+//           rungs have no cross-entropy (kUnsupported).
+// Reductions (mean over the rows whose target is not ignore_index, sum) are the caller's: a sum of
+// `rows` floats. CUDA: a workspace of cross_entropy_workspace_bytes (0 unless long rows are split
+// over several blocks; the C++ API allocates one on the stream when ctx gives none).
+struct CrossEntropyOptions {
+  int64_t ignore_index = -100;
+  double label_smoothing = 0.0;  // in [0, 1]
+  double z_loss = 0.0;           // >= 0
+};
+void cross_entropy_forward(const TensorView& logits, const TensorView& target, const CrossEntropyOptions& options,
+                           const TensorView& loss, const TensorView& lse, const TensorView& grad_logits,
+                           FusedVariant variant = FusedVariant::kAuto, const ExecutionContext& ctx = {});
+// Bytes of ExecutionContext::workspace cross_entropy_forward needs for (rows, vocab) logits of `dtype`
+// on `device` (any alignment, with or without a gradient); 0 on the CPU. Throws Error as the op does
+// for a bad dtype, device or variant.
+size_t cross_entropy_workspace_bytes(DType dtype, Device device, int64_t rows, int64_t vocab,
+                                     FusedVariant variant = FusedVariant::kAuto);
+
+
+// ---- rotary position embedding (RoPE) ------------------------------------------------------
+// q (B, S, H_q, D) and k (B, S, H_k, D) (H_k may differ from H_q: GQA / MQA; k may be absent) are
+// rotated at positions (B, S) or (S) (the same for every sequence), int32 or int64, any values
+// (packed / varlen and decode positions; negative ones rotate backwards): for pair i of the first
+// rotary_dim dims of every row at position p, angle = p * theta^(-2i / rotary_dim), in the layout
+// rope.layout (kNeox or kInterleaved; include/optimized/rope.h); the dims past rotary_dim pass
+// through. rope.rotary_dim: 0 (D) or even, 2..D.
+// Precision: the angle is formed and reduced to [-pi, pi] in fp64 (inv_freq = pow(theta, -2i / rotary_dim),
+// p * inv_freq, minus the nearest multiple of 2 pi), then cos / sin in the math
+// precision (fp32; fp64 for fp64), so that large positions (100000 and beyond) keep fp32 accuracy:
+// the plain fp32 product p * inv_freq would carry errors up to ~|angle| * 6e-8 rad (6e-3 at p = 1e5).
+// cos_sin: optional cache (max_pos, rotary_dim) = [cos | sin] of every position's angles (vLLM's
+// cos_sin_cache layout; row stride >= rotary_dim, unit stride along it), fp32 (fp64 for fp64
+// operands), used instead of computing them; a position outside [0, max_pos) then yields NaN in its
+// rotated dims (read back nothing out of bounds; no host check, which would synchronise).
+// Views: unit stride along D; any non-negative strides along B, S, H (slices of a fused qkv tensor,
+// (B, S) or (S, B) orders). q_out / k_out: the shapes and dtype of q / k, elements that do not
+// overlap one another; the very same view as q / k computes in place; otherwise no overlap with
+// another operand (q and k slices of one qkv tensor are told apart exactly, head ranges per token).
+// Dtypes: fp32, fp16, bf16 (math in fp32), fp64 on the cpu variant. B, S, H may be 0.
+enum class RopeVariant : uint8_t {
+  kAuto,  // the operands' device: kCpu or kCuda
+  kCpu,   // threads over tokens; cos / sin once per token, shared by its rows
+  kCuda,  // a block per token: the cos / sin table in shared memory, its H_q + H_k rows as 16-byte vectors
+};
+std::string_view rope_variant_name(RopeVariant variant);  // "cpu", "cuda" ("auto")
+RopeVariant parse_rope_variant(std::string_view name);    // throws Error naming the choices
+std::span<const RopeVariant> all_rope_variants();          // kCpu, kCuda
+// The longest rotary_dim the cuda variant takes (its table lives in shared memory).
+int64_t rope_cuda_max_rotary_dim();
+
+// q_out = rope(q), k_out = rope(k).
+void rope_forward(const TensorView& q, const TensorView& k, const TensorView& positions, const RopeOptions& rope,
+                  const TensorView& q_out, const TensorView& k_out, const TensorView& cos_sin = {},
+                  RopeVariant variant = RopeVariant::kAuto, const ExecutionContext& ctx = {});
+// The gradients: the rotation is orthogonal, its transpose the rotation by -angle, so dq = rope^T(dq_out),
+// dk = rope^T(dk_out) (the same kernel with sin negated; also the inverse of rope_forward).
+void rope_backward(const TensorView& dq_out, const TensorView& dk_out, const TensorView& positions,
+                   const RopeOptions& rope, const TensorView& dq, const TensorView& dk,
+                   const TensorView& cos_sin = {}, RopeVariant variant = RopeVariant::kAuto,
+                   const ExecutionContext& ctx = {});
 
 }  // namespace optimized

@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "optimized/core.h"
+#include "optimized/rope.h"
 
 namespace optimized {
 
@@ -71,17 +72,10 @@ struct PagedKVCacheView {
   TensorView k_scale, v_scale;
 };
 
-// Rotary embedding, applied to the new keys on append (and to q when given): for pair i of the
-// rotary dims, angle = position * theta^(-2i / rotary_dim).
-//   kNeox:        pairs (x[i], x[i + rotary_dim / 2])  (GPT-NeoX, Llama in HF)
-//   kInterleaved: pairs (x[2i], x[2i + 1])            (GPT-J, Llama's original)
-// Dimensions past rotary_dim pass through.
-enum class RopeLayout : uint8_t { kNone, kNeox, kInterleaved };
-struct RopeOptions {
-  RopeLayout layout = RopeLayout::kNone;
-  double theta = 10000.0;
-  int64_t rotary_dim = 0;  // 0: head_dim; else even, <= head_dim
-};
+// Rotary embedding, applied to the new keys on append (and to q when given): RopeLayout and
+// RopeOptions (include/optimized/rope.h, shared with the fused family's rope_forward): for pair i of
+// the rotary dims, angle = position * theta^(-2i / rotary_dim); kNeox pairs (x[i], x[i + rotary_dim / 2]),
+// kInterleaved (x[2i], x[2i + 1]); dimensions past rotary_dim pass through.
 
 // Writes new tokens into the cache. k, v (B, S_new, H_kv, D): S_new tokens per sequence, at
 // positions (B, S_new) int32 (a position < 0 marks padding: skipped); token (b, s) goes to

@@ -43,6 +43,9 @@ from ._variants import variants
 from .gemm import built_with_cuda, matmul, scaled_gemm_variants, scaled_mm, variant_supports
 from .fused import (add_layer_norm, add_rms_norm, bias_gelu, fused_registers_max_width, fused_variants, gelu,
                     layer_norm, log_softmax, resolve_fused_variant, rms_norm, silu_and_mul, softmax)
+from .fused import cross_entropy  # noqa: F401  (issue 17: cross-entropy, fwd + bwd in one pass)
+from .fused.rope import rope, rope_variants  # noqa: F401  (rotary embedding, forward and backward)
+from .fused import linear_cross_entropy  # noqa: F401  (issue 17: LM head + cross-entropy, chunked over tokens)
 from . import data  # the streaming loader: optimized_ops.data.StreamingLoader
 from .attention import (attention_head_dims, attention_variants, flash_attention, flash_attention_varlen,
                         resolve_attention_variant, scaled_dot_product_attention)

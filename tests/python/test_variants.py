@@ -18,6 +18,7 @@ FUSED = ["cpu", "unfused", "fused_streaming", "fused_registers"]
 LOADER = ["synchronous", "pipelined"]
 SCALED_GEMM = ["cpu", "naive", "wgmma_fp8"]
 GROUPED_GEMM = ["cpu", "naive", "loop", "wgmma"]
+ROPE = ["cpu", "cuda"]
 
 
 def test_every_family_naive_to_best():
@@ -26,6 +27,7 @@ def test_every_family_naive_to_best():
     assert optimized_ops.variants("loader") == LOADER
     assert optimized_ops.variants("scaled_gemm") == SCALED_GEMM
     assert optimized_ops.variants("grouped_gemm") == GROUPED_GEMM
+    assert optimized_ops.variants("rope") == ROPE
 
 
 def test_the_old_listings_are_the_same_tables():
@@ -49,7 +51,7 @@ def test_a_fresh_list_each_call():
 
 @pytest.mark.parametrize("family", ["moe", "GEMM", "", None, 3])
 def test_unknown_family_names_the_families(family):
-    with pytest.raises(ValueError, match=rf"optimized_ops.variants: family: expected one of gemm, scaled_gemm, fused, loader, attention, kv_cache, linear, "
+    with pytest.raises(ValueError, match=rf"optimized_ops.variants: family: expected one of gemm, scaled_gemm, fused, rope, loader, attention, kv_cache, linear, "
                                          rf"grouped_gemm; "
                                          rf"given {re.escape(repr(family))}$"):
         optimized_ops.variants(family)

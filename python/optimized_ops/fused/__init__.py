@@ -532,3 +532,6 @@ def silu_and_mul(input: torch.Tensor, *, variant: str = "auto") -> torch.Tensor:
 
 # The registrations around the C++ ops: fake kernels, then autograd (reverse and forward mode).
 from . import _fakes, _autograd  # noqa: E402,F401
+from .cross_entropy import cross_entropy  # noqa: E402,F401  (its own fakes and autograd)
+from .rope import rope, rope_variants  # noqa: E402,F401  (RoPE: its own fakes and autograd)
+from .linear_cross_entropy import linear_cross_entropy  # noqa: E402,F401  (chunked LM head + cross-entropy)

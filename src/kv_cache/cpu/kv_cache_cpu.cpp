@@ -5,7 +5,7 @@
 //   position p = positions[b][s] (< 0: padding, skipped); page = page_table[b][p / page_size],
 //   slot = p % page_size (a page index past the row or outside [0, num_pages): skipped, never
 //   written, so that the unchecked mode stays inside the cache);
-//   k row widened to the math type A, rotated (RoPE: angle = p * theta^(-2i / rotary_dim), in A),
+//   k row widened to the math type A, rotated (RoPE: angle = p * theta^(-2i / rotary_dim), formed in fp64),
 //   stored rounded to the cache dtype, or for fp8 as e4m3(x / scale) with x / scale saturated to
 //   +-448 (NaN kept); v stored alike (no rotation); q rotated in place when given.
 //
@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "core/host_dtype.h"
+#include "kernels/rope.h"
 #include "optimized/buffer.h"
 
 namespace optimized {
@@ -72,19 +73,17 @@ void store_cache_row(const KvCachePages& c, void* pages, int64_t at, float scale
   }
 }
 
-// RoPE on x (head_dim values) in place, in A.
+// RoPE on x (head_dim values) in place, in A: the angles of src/kernels/rope.h (formed and reduced
+// in fp64, shared with the fused family's rope), cos / sin rounded to A.
 template <class A>
 void rope(A* x, int64_t pos, RopeLayout layout, double theta, int64_t rotary_dim) {
   const int64_t half = rotary_dim / 2;
+  const bool neox = layout == RopeLayout::kNeox;
   for (int64_t i = 0; i < half; ++i) {
-    const A inv_freq = std::pow(static_cast<A>(theta), -static_cast<A>(2 * i) / static_cast<A>(rotary_dim));
-    const A angle = static_cast<A>(pos) * inv_freq;
-    const A c = std::cos(angle), s = std::sin(angle);
-    const int64_t i0 = layout == RopeLayout::kNeox ? i : 2 * i;
-    const int64_t i1 = layout == RopeLayout::kNeox ? i + half : 2 * i + 1;
-    const A x0 = x[i0], x1 = x[i1];
-    x[i0] = x0 * c - x1 * s;
-    x[i1] = x1 * c + x0 * s;
+    const double r = kernels::rope_reduced_angle(pos, kernels::rope_inv_freq(i, rotary_dim, theta));
+    const A c = static_cast<A>(std::cos(r)), s = static_cast<A>(std::sin(r));
+    const int64_t i0 = kernels::rope_first(neox, i), i1 = kernels::rope_second(neox, i, half);
+    kernels::rope_rotate<A>(x[i0], x[i1], c, s, &x[i0], &x[i1]);
   }
 }
 

@@ -22,9 +22,10 @@
 //   position p = positions[b][s] < 0: padding, nothing happens (q not rotated either);
 //   page = page_table[b][p / page_size] outside the table or [0, num_pages): the K / V rows are not
 //   written (unchecked mode stays inside the cache), q is still rotated;
-//   RoPE in fp32 exactly as the cpu rung: inv_freq = powf(theta, -(2i) / rotary_dim),
-//   angle = float(p) * inv_freq, cosf / sinf (full-precision, not the __cosf intrinsics; at p ~ 32k
-//   the fp32 angle carries an absolute error of a few 1e-3 rad, the same as the cpu rung's);
+//   RoPE as the cpu rung, the angles of src/kernels/rope.h (shared with the fused family's rope):
+//   p * theta^(-2i / rotary_dim) formed and reduced modulo 2 pi in fp64, then sincosf (full
+//   precision) of the reduced fp32 argument -- exact to fp32 at any position (the former fp32
+//   angle carried a few 1e-3 rad at p ~ 32k);
 //   rotary_dim < head_dim: the tail passes through; RopeLayout::kNone: no trig at all;
 //   fp8: e4m3(x / scale) with the division in fp64 (as the cpu rung) and the saturating conversion
 //   (__NV_SATFINITE: +-448, NaN kept).
@@ -42,6 +43,7 @@
 #include "kernels/common.cuh"
 #include "kernels/dispatch.cuh"
 #include "kernels/dtype.cuh"
+#include "kernels/rope.h"
 #include "kv_cache/cuda/kv_cache_common.cuh"
 #include "kv_cache/kv_cache_config.h"
 #include "kv_cache/launchers.h"
@@ -193,13 +195,9 @@ __global__ void __launch_bounds__(kThreads) append_kernel(const __grid_constant_
     const bool write_kv = page >= 0;  // unchecked mode: outside the table or the cache
     const bool table = g.rope && (write_kv || heads_q > 0);
     if (table) {  // cos / sin of the token's rotation pairs, shared by all its rows
-      const float fpos = static_cast<float>(pos);
       for (int i = static_cast<int>(threadIdx.x); i < g.half; i += kThreads) {
-        const float inv_freq = powf(static_cast<float>(p.rope_theta),
-                                    -static_cast<float>(2 * i) / static_cast<float>(g.rd));
-        const float a = fpos * inv_freq;
-        cs[i] = cosf(a);
-        sn[i] = sinf(a);
+        const double r = rope_reduced_angle(pos, rope_inv_freq(i, g.rd, p.rope_theta));  // kernels/rope.h
+        sincosf(static_cast<float>(r), &sn[i], &cs[i]);
       }
     }
     const T* k = static_cast<const T*>(p.k) + b * p.k_b + s * p.k_s;

@@ -1,0 +1,175 @@
+"""Cross-entropy over the ``torch.ops.optimized.cross_entropy_fwd`` / ``cross_entropy_fwd_`` ops of the
+C++ library (``src/torch/cross_entropy_ops.cpp``): the function, its fake kernels and its autograd.
+
+One launch computes each row's loss and, when autograd will need it, the gradient of that row's loss
+for a unit upstream gradient (one read of the logits, one write of the gradient); the backward only
+scales that gradient by the upstream one (per row for ``reduction="none"``, ``grad / count`` for
+``"mean"``). Without a gradient to compute, the forward reads the logits once and writes the loss.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._autograd import compute_dtype, kernel_scalar, register_autograd
+from .._fakes import one_device
+from .._library import load
+
+load()  # registers torch.ops.optimized.* before the registrations below
+_ops = torch.ops.optimized
+
+_REDUCTIONS = ("none", "mean", "sum")
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100,
+                  label_smoothing: float = 0.0, z_loss: float = 0.0, reduction: str = "mean",
+                  inplace_backward: bool = False, variant: str = "auto") -> torch.Tensor:
+    """Cross-entropy of ``logits`` against class indices ``target``, with label smoothing and z-loss.
+
+    Per row (``V`` classes, ``ls = label_smoothing``, ``lse = logsumexp(logits[row])``)::
+
+        loss = lse - ((1 - ls) * logits[target] + ls / V * sum(logits)) + z_loss * lse**2
+
+    which is :func:`torch.nn.functional.cross_entropy` with ``label_smoothing`` plus PaLM's z-loss term.
+    Rows whose target is ``ignore_index`` give 0 and are left out of the mean's denominator; as in
+    torch, a ``"mean"`` over a batch whose every row is ignored is NaN (0 / 0). ±inf logits give what
+    the same float64 formulas give (a +inf logit: NaN; a -inf logit at the target: +inf).
+
+    Parameters
+    ----------
+    logits : torch.Tensor
+        ``(..., V)``, float32, float16 or bfloat16 (float64 on the CPU); rows may be strided (unit stride
+        along ``V``). Math in float32 (float64 for float64).
+    target : torch.Tensor
+        ``logits.shape[:-1]``, int64 or int32: values in ``[0, V)`` or ``ignore_index``. Others: a
+        ValueError on the CPU; on CUDA (which cannot raise without a synchronisation) that row's loss
+        and gradient are NaN.
+    ignore_index, label_smoothing, z_loss : keyword-only
+        As above; ``label_smoothing`` in [0, 1], ``z_loss >= 0``.
+    reduction : str, keyword-only
+        ``"mean"`` (over the rows not ignored), ``"sum"`` or ``"none"`` (per row, ``target``'s shape).
+    inplace_backward : bool, keyword-only
+        When autograd needs the gradient, write it OVER ``logits`` during the forward instead of into a
+        new tensor (saves a ``(..., V)`` buffer; Liger-Kernel's trick): ``logits`` holds the gradient
+        afterwards and the backward scales it in place and returns it. Only for logits nothing else
+        reads afterwards (autograd raises if another op saved them for its backward); the logits must
+        be viewable as ``(rows, V)`` without a copy.
+    variant : str, keyword-only
+        ``"auto"``, ``"cpu"`` or ``"fused_streaming"`` (the CUDA kernel).
+
+    Returns
+    -------
+    torch.Tensor
+        The loss in ``logits``' dtype: 0-D for ``"mean"`` / ``"sum"``, ``target``'s shape for ``"none"``.
+    """
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"optimized_ops.cross_entropy: reduction: expected one of {', '.join(_REDUCTIONS)}; "
+                         f"given '{reduction}'")
+    needs_grad = torch.is_grad_enabled() and logits.requires_grad
+    if inplace_backward and needs_grad:
+        loss = _InplaceCrossEntropy.apply(logits, target, ignore_index, float(label_smoothing), float(z_loss), variant)
+    else:
+        loss, _, _ = _ops.cross_entropy_fwd.default(logits, target, ignore_index, float(label_smoothing),
+                                                    float(z_loss), needs_grad, variant=variant)
+    if reduction == "none":
+        return loss.to(logits.dtype)
+    total = loss.sum()
+    if reduction == "mean":
+        total = total / (target != ignore_index).sum()  # all rows ignored: 0 / 0 = NaN, as torch
+    return total.to(logits.dtype)
+
+
+# ---- fake kernels ------------------------------------------------------------------------------
+
+def _fake_outputs(op: str, logits: torch.Tensor, target: torch.Tensor):
+    one_device(op, logits=logits, target=target)
+    torch._check_value(logits.dim() >= 1, lambda: (
+        f"optimized::{op}: logits: expected at least one dimension (..., vocab); given a 0-D tensor"))
+    torch._check_value(list(target.shape) == list(logits.shape[:-1]), lambda: (
+        f"optimized::{op}: target: expected shape {list(logits.shape[:-1])} (logits.shape[:-1]); "
+        f"given {list(target.shape)}"))
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    return logits.new_empty(target.shape, dtype=dtype), logits.new_empty(target.shape, dtype=dtype)
+
+
+@torch.library.register_fake("optimized::cross_entropy_fwd")
+def _cross_entropy_fwd_fake(logits, target, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, compute_grad=False,
+                            *, variant="auto"):
+    loss, lse = _fake_outputs("cross_entropy_fwd", logits, target)
+    return loss, lse, (logits.new_empty(logits.shape) if compute_grad else None)
+
+
+@torch.library.register_fake("optimized::cross_entropy_fwd_")
+def _cross_entropy_fwd_inplace_fake(logits, target, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, *,
+                                    variant="auto"):
+    return _fake_outputs("cross_entropy_fwd_", logits, target)
+
+
+# ---- autograd ----------------------------------------------------------------------------------
+
+def _scaled(grad: torch.Tensor, g_loss: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out = grad * g_loss[..., None], in float32 math rounded once to grad's dtype (no float32 copy of
+    grad: the multiply promotes inside the kernel and casts on the store)."""
+    return torch.mul(grad, g_loss.unsqueeze(-1).to(compute_dtype(grad)), out=out)
+
+
+def _setup(ctx, inputs, keyword_only_inputs, output):
+    loss, lse, grad = output
+    ctx.compute_grad = inputs[5]
+    ctx.save_for_backward(grad)
+    ctx.mark_non_differentiable(*(t for t in (lse, grad) if t is not None))
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, g_loss, g_lse, g_grad):
+    if g_loss is None or not ctx.needs_input_grad[0]:
+        return (None,) * 6
+    (grad,) = ctx.saved_tensors
+    torch._check(grad is not None, lambda: (
+        "optimized::cross_entropy_fwd: the forward ran with compute_grad=False, so it kept no gradient; "
+        "call it with compute_grad=True (optimized_ops.cross_entropy does when logits require grad)"))
+    return _scaled(grad, g_loss, torch.empty_like(grad)), None, None, None, None, None
+
+
+def _unit_gradient(logits, target, ignore_index, label_smoothing, z_loss):
+    """The gradient of each row's loss for a unit upstream gradient, as a torch formula (compute dtype)."""
+    c = compute_dtype(logits)
+    x = logits.to(c)
+    v = x.shape[-1]
+    lse = torch.logsumexp(x, -1, keepdim=True)
+    ls, z = kernel_scalar(label_smoothing, c), kernel_scalar(z_loss, c)
+    unit = torch.exp(x - lse) * (1 + 2 * z * lse) - ls / v
+    keep = target != ignore_index
+    onehot = torch.nn.functional.one_hot(torch.where(keep, target, 0).long(), v).to(c)
+    return (unit - (1 - ls) * onehot) * keep.unsqueeze(-1).to(c)
+
+
+def _jvp(inputs, keyword_only_inputs, output, tangents):
+    logits, target, ignore_index, label_smoothing, z_loss, _ = inputs
+    t = tangents[0]
+    if t is None:
+        return None, None, None
+    c = compute_dtype(logits)
+    unit = output[2].to(c) if output[2] is not None else _unit_gradient(logits, target, ignore_index,
+                                                                        label_smoothing, z_loss)
+    return (unit * t.to(c)).sum(-1).to(output[0].dtype), None, None
+
+
+register_autograd("optimized::cross_entropy_fwd", _backward, setup_context=_setup, jvp=_jvp, batching=True)
+
+
+class _InplaceCrossEntropy(torch.autograd.Function):
+    """inplace_backward=True: the forward writes the unit gradient over the logits; the backward scales it
+    there and hands the logits' memory back as their gradient."""
+
+    @staticmethod
+    def forward(ctx, logits, target, ignore_index, label_smoothing, z_loss, variant):
+        loss, _ = _ops.cross_entropy_fwd_.default(logits, target, ignore_index, label_smoothing, z_loss,
+                                                  variant=variant)
+        ctx.save_for_backward(logits)  # now the gradient (saved after the write: its version checks later ones)
+        return loss
+
+    @staticmethod
+    def backward(ctx, g_loss):
+        (grad,) = ctx.saved_tensors
+        return _scaled(grad, g_loss, grad), None, None, None, None, None
