@@ -630,34 +630,43 @@ def fused_rows(args, device, timer, ceilings, log, notes):
                             r.update(status="failed", reason="validation: " + v["first_failure"])
                             continue
                         st = time_direction(fns[name], sets, direction, timer)
-                        r["time_ms"] = runner.stats_json(st)
-                        r["gbps"] = mb / (st["median"] * 1e-3) / 1e9
-                        if bw:
-                            r["roofline_bandwidth"] = {"name": bw["name"], "value": bw["value"], "unit": "GB/s"}
-                            r["roofline_fraction"] = r["gbps"] / bw["value"]
-                        log(f"  {direction:>7} {name:>24}: {st['median']:.4g} ms [{st['p10']:.4g}-{st['p90']:.4g}] "
-                            f"{r['gbps']:.0f} GB/s" + (f" ({r['roofline_fraction'] * 100:.0f}% of copy)" if bw else ""))
-                    # the same-size copy and the baseline (torch.compile, else torch eager)
-                    copy = same_size_copy(mb, timer, device)
-                    base_name = "torch_compile" if "torch_compile" in group_rows else "torch_eager"
-                    base = group_rows[base_name]
-                    for name, r in group_rows.items():
-                        if r["status"] != "ok" or r["time_ms"] is None:
-                            continue
-                        r["copy_same_size"] = {"time_ms": runner.stats_json(copy),
-                                               "gbps": mb / (copy["median"] * 1e-3) / 1e9}
-                        r["vs_copy_same_size"] = copy["median"] / r["time_ms"]["median"]
-                        if name != base_name and base["status"] == "ok" and base["time_ms"]:
-                            r["baseline"] = {"name": base_name.replace("_", "."), "time_ms": base["time_ms"],
-                                             "tflops": 0.0, "validation": base["validation"]}
-                            r["vs_baseline"] = base["time_ms"]["median"] / r["time_ms"]["median"]
-                    add_vs_liger(group_rows)
+                        record_time(r, st, mb, bw, name, direction, log)
+                    finish_group(group_rows, mb, timer, device)
                     rows_out += list(group_rows.values())
                 del sets, fns
                 if device == "cuda":
                     torch.cuda.empty_cache()
     rows_out += case_rows([op for op in ops if op in CASE_OPS], args, device, timer, bw, liger, log, notes)
     return rows_out
+
+
+def record_time(r, st, mb, bw, name, direction, log):
+    """A timed row: its statistics, GB/s on its minimum bytes mb, its fraction of the copy ceiling bw."""
+    r["time_ms"] = runner.stats_json(st)
+    r["gbps"] = mb / (st["median"] * 1e-3) / 1e9
+    if bw:
+        r["roofline_bandwidth"] = {"name": bw["name"], "value": bw["value"], "unit": "GB/s"}
+        r["roofline_fraction"] = r["gbps"] / bw["value"]
+    log(f"  {direction:>7} {name:>24}: {st['median']:.4g} ms [{st['p10']:.4g}-{st['p90']:.4g}] "
+        f"{r['gbps']:.0f} GB/s" + (f" ({r['roofline_fraction'] * 100:.0f}% of copy)" if bw else ""))
+
+
+def finish_group(group_rows, mb, timer, device):
+    """A group's timed rows against the same-size copy (timed here), the baseline (torch.compile, else torch
+    eager) and Liger."""
+    copy = same_size_copy(mb, timer, device)
+    base_name = "torch_compile" if "torch_compile" in group_rows else "torch_eager"
+    base = group_rows[base_name]
+    for name, r in group_rows.items():
+        if r["status"] != "ok" or r["time_ms"] is None:
+            continue
+        r["copy_same_size"] = {"time_ms": runner.stats_json(copy), "gbps": mb / (copy["median"] * 1e-3) / 1e9}
+        r["vs_copy_same_size"] = copy["median"] / r["time_ms"]["median"]
+        if name != base_name and base["status"] == "ok" and base["time_ms"]:
+            r["baseline"] = {"name": base_name.replace("_", "."), "time_ms": base["time_ms"],
+                             "tflops": 0.0, "validation": base["validation"]}
+            r["vs_baseline"] = base["time_ms"]["median"] / r["time_ms"]["median"]
+    add_vs_liger(group_rows)
 
 
 def add_vs_liger(group_rows):
@@ -1075,27 +1084,8 @@ def case_rows(ops, args, device, timer, bw, liger, log, notes):
                         if name in clobbers:  # its writes into the sets are undone for the next ones
                             for s in sets:
                                 s.refill()
-                    r["time_ms"] = runner.stats_json(st)
-                    r["gbps"] = mb / (st["median"] * 1e-3) / 1e9
-                    if bw:
-                        r["roofline_bandwidth"] = {"name": bw["name"], "value": bw["value"], "unit": "GB/s"}
-                        r["roofline_fraction"] = r["gbps"] / bw["value"]
-                    log(f"  {direction:>7} {name:>24}: {st['median']:.4g} ms [{st['p10']:.4g}-{st['p90']:.4g}] "
-                        f"{r['gbps']:.0f} GB/s" + (f" ({r['roofline_fraction'] * 100:.0f}% of copy)" if bw else ""))
-                copy = same_size_copy(mb, timer, device)
-                base_name = "torch_compile" if "torch_compile" in group_rows else "torch_eager"
-                base = group_rows[base_name]
-                for name, r in group_rows.items():
-                    if r["status"] != "ok" or r["time_ms"] is None:
-                        continue
-                    r["copy_same_size"] = {"time_ms": runner.stats_json(copy),
-                                           "gbps": mb / (copy["median"] * 1e-3) / 1e9}
-                    r["vs_copy_same_size"] = copy["median"] / r["time_ms"]["median"]
-                    if name != base_name and base["status"] == "ok" and base["time_ms"]:
-                        r["baseline"] = {"name": base_name.replace("_", "."), "time_ms": base["time_ms"],
-                                         "tflops": 0.0, "validation": base["validation"]}
-                        r["vs_baseline"] = base["time_ms"]["median"] / r["time_ms"]["median"]
-                add_vs_liger(group_rows)
+                    record_time(r, st, mb, bw, name, direction, log)
+                finish_group(group_rows, mb, timer, device)
                 rows_out += list(group_rows.values())
             del sets, fns
             if device == "cuda":
