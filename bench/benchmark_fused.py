@@ -374,16 +374,9 @@ def reference_and_check(spec, s0, impls, dname, device, log):
     chunk = max(1, (1 << 24) // max(width_total, 1))
     names = list(s0.leaves)
     n_out = len(s0.cotangents)
-    # per impl, per tensor key: [max err, max |ref|]
-    acc = {k: {} for k in impls}
+    acc = ErrorAcc(impls)
+    record = acc.record
     vec_ref = {}
-
-    def record(impl, key, got, ref):
-        err = (got.double() - ref).abs()
-        e = math.inf if torch.isnan(err).any().item() else err.max().item() if err.numel() else 0.0
-        m = ref.abs().max().item() if ref.numel() else 0.0
-        cur = acc[impl].setdefault(key, [0.0, 0.0, 0])
-        cur[0], cur[1], cur[2] = max(cur[0], e), max(cur[1], m), cur[2] + ref.numel()
 
     for r0 in range(0, rows, chunk):
         sl = slice(r0, min(rows, r0 + chunk))
@@ -410,25 +403,8 @@ def reference_and_check(spec, s0, impls, dname, device, log):
 
     width = s0.cotangents[0].shape[-1]
     vector_keys = {f"d{n}" for n in names if n not in spec.rows_inputs}
-    eager = acc["torch_eager"]
-    out = {}
-    for impl in impls:
-        res = {}
-        for direction, keys in (("fwd", [k for k in acc[impl] if k.startswith("out")]),
-                                ("bwd", [k for k in acc[impl] if k.startswith("d")])):
-            worst, max_rel, checked, first = 0.0, 0.0, 0, ""
-            for k in keys:
-                err, mag, n = acc[impl][k]
-                length = rows if k in vector_keys else width  # the reduction behind an element
-                allowed = reduction_allowed_error(dname, length, eager[k][0], mag, 0.0, 2.0**-24)
-                ratio = err / allowed
-                if ratio > 1 and not first:
-                    first = f"{k}: max error {err:.3g}, allowed {allowed:.3g} (torch eager {eager[k][0]:.3g})"
-                worst, checked = max(worst, ratio), checked + n
-                max_rel = max(max_rel, err / mag if mag > 0 else 0.0)
-            res[direction] = {"passed": worst <= 1.0, "max_rel_error": max_rel, "worst_ratio": worst,
-                              "checked": checked, "first_failure": first}
-        out[impl] = res
+    lengths = {k: rows if k in vector_keys else width for keys in acc.acc.values() for k in keys}  # the reductions
+    out = acc.judge(dname, lengths)
     if device == "cuda":
         torch.cuda.empty_cache()
     return out
@@ -614,20 +590,7 @@ def fused_rows(args, device, timer, ceilings, log, notes):
                             r["resolved_variant"] = oo.resolve_fused_variant(op, dtype, device, width,
                                                                               direction == "bwd")
                         group_rows[name] = r
-                        if name in skip:
-                            r.update(status="skipped", reason=skip[name])
-                            continue
-                        if name in failed:
-                            r.update(status="failed", reason=failed[name])
-                            continue
-                        if name not in checks:
-                            r.update(status="failed", reason="not validated: torch eager (the yardstick of the "
-                                                             "tolerance) failed: " + failed.get("torch_eager", "?"))
-                            continue
-                        v = check_for(direction, checks[name])
-                        r["validation"] = _validation_json(v)
-                        if not v["passed"] and name.startswith("ours:"):
-                            r.update(status="failed", reason="validation: " + v["first_failure"])
+                        if not ready_to_time(r, name, skip.get(name), failed, checks, direction):
                             continue
                         st = time_direction(fns[name], sets, direction, timer)
                         record_time(r, st, mb, bw, name, direction, log)
@@ -638,6 +601,27 @@ def fused_rows(args, device, timer, ceilings, log, notes):
                     torch.cuda.empty_cache()
     rows_out += case_rows([op for op in ops if op in CASE_OPS], args, device, timer, bw, liger, log, notes)
     return rows_out
+
+
+def ready_to_time(r, name, skip_reason, failed, checks, direction):
+    """Whether row r (implementation `name`) is timed: not when skipped, when its run failed, when torch eager
+    (the tolerance's yardstick) failed, or when ours failed validation (a peer that fails is noted and timed)."""
+    if skip_reason:
+        r.update(status="skipped", reason=skip_reason)
+        return False
+    if name in failed:
+        r.update(status="failed", reason=failed[name])
+        return False
+    if name not in checks:
+        r.update(status="failed", reason="not validated: torch eager (the yardstick of the tolerance) failed: " +
+                 failed.get("torch_eager", "?"))
+        return False
+    v = check_for(direction, checks[name])
+    r["validation"] = _validation_json(v)
+    if not v["passed"] and name.startswith("ours:"):
+        r.update(status="failed", reason="validation: " + v["first_failure"])
+        return False
+    return True
 
 
 def record_time(r, st, mb, bw, name, direction, log):
@@ -1059,20 +1043,7 @@ def case_rows(ops, args, device, timer, bw, liger, log, notes):
                             if device == "cuda" else "cpu"
                     group_rows[name] = r
                     why = skip.get(name) or case.skip_direction(name, direction)
-                    if why:
-                        r.update(status="skipped", reason=why)
-                        continue
-                    if name in failed:
-                        r.update(status="failed", reason=failed[name])
-                        continue
-                    if name not in checks:
-                        r.update(status="failed", reason="not validated: torch eager (the yardstick of the "
-                                                         "tolerance) failed: " + failed.get("torch_eager", "?"))
-                        continue
-                    v = check_for(direction, checks[name])
-                    r["validation"] = _validation_json(v)
-                    if not v["passed"] and name.startswith("ours:"):
-                        r.update(status="failed", reason="validation: " + v["first_failure"])
+                    if not ready_to_time(r, name, why, failed, checks, direction):
                         continue
                     try:
                         st = case_time(case, fns[name], sets, direction, timer)

@@ -34,4 +34,16 @@ struct BF16 {
   static uint16_t store(float v) { return float_to_bf16(v); }  // round to nearest even
 };
 
+// body.template operator()<D>() with D the traits of `dtype`: F16, BF16, F64, and F32 for any other (a
+// CPU backend runs after the C++ API has refused the dtypes its family does not take).
+template <typename Body>
+decltype(auto) visit_traits(DType dtype, Body&& body) {
+  switch (dtype) {
+    case DType::kF16: return body.template operator()<F16>();
+    case DType::kBF16: return body.template operator()<BF16>();
+    case DType::kF64: return body.template operator()<F64>();
+    default: return body.template operator()<F32>();
+  }
+}
+
 }  // namespace optimized::host

@@ -28,7 +28,7 @@ using arg::invalid;
 using arg::present;
 using arg::shape_string;
 using arg::unsupported;
-using moe_checks::check_contiguous;
+using moe_checks::add_exact;
 using moe_checks::check_dtype;
 using moe_checks::check_float;
 using moe_checks::cuda_prelude;
@@ -114,23 +114,13 @@ void moe_route(const TensorView& logits, const TensorView& bias, const TensorVie
   const int64_t T = logits.shape[0], E = logits.shape[1];
   check_route_options(o, E);
   const int k = o.top_k;
-  if (present(bias)) {
-    ops.add(bias, "bias", false);
-    check_dtype(bias, "bias", DType::kF32);
-    check_contiguous(bias, "bias", {E}, "(E) = (" + std::to_string(E) + ")");
-  }
+  if (present(bias))
+    add_exact(ops, bias, "bias", false, DType::kF32, {E}, "(E) = (" + std::to_string(E) + ")");
   const std::string tk = "(T, k) = (" + std::to_string(T) + ", " + std::to_string(k) + ")";
-  ops.add(topk_ids, "topk_ids", true);
-  check_dtype(topk_ids, "topk_ids", DType::kI32);
-  check_contiguous(topk_ids, "topk_ids", {T, k}, tk);
-  ops.add(topk_weights, "topk_weights", true);
-  check_dtype(topk_weights, "topk_weights", DType::kF32);
-  check_contiguous(topk_weights, "topk_weights", {T, k}, tk);
-  if (present(lse)) {
-    ops.add(lse, "lse", true);
-    check_dtype(lse, "lse", DType::kF32);
-    check_contiguous(lse, "lse", {T}, "(T) = (" + std::to_string(T) + ")");
-  }
+  add_exact(ops, topk_ids, "topk_ids", true, DType::kI32, {T, k}, tk);
+  add_exact(ops, topk_weights, "topk_weights", true, DType::kF32, {T, k}, tk);
+  if (present(lse))
+    add_exact(ops, lse, "lse", true, DType::kF32, {T}, "(T) = (" + std::to_string(T) + ")");
   ops.check_overlaps();
   const Device device = ops.device();
   cuda_prelude(device, "logits");
@@ -164,19 +154,11 @@ void moe_route_backward(const TensorView& logits, const TensorView& topk_ids, co
   check_route_options(o, E);
   const int k = o.top_k;
   const std::string tk = "(T, k) = (" + std::to_string(T) + ", " + std::to_string(k) + ")";
-  ops.add(topk_ids, "topk_ids", false);
-  check_dtype(topk_ids, "topk_ids", DType::kI32);
-  check_contiguous(topk_ids, "topk_ids", {T, k}, tk);
-  if (present(grad_weights)) {
-    ops.add(grad_weights, "grad_weights", false);
-    check_dtype(grad_weights, "grad_weights", DType::kF32);
-    check_contiguous(grad_weights, "grad_weights", {T, k}, tk);
-  }
-  if (present(grad_lse)) {
-    ops.add(grad_lse, "grad_lse", false);
-    check_dtype(grad_lse, "grad_lse", DType::kF32);
-    check_contiguous(grad_lse, "grad_lse", {T}, "(T) = (" + std::to_string(T) + ")");
-  }
+  add_exact(ops, topk_ids, "topk_ids", false, DType::kI32, {T, k}, tk);
+  if (present(grad_weights))
+    add_exact(ops, grad_weights, "grad_weights", false, DType::kF32, {T, k}, tk);
+  if (present(grad_lse))
+    add_exact(ops, grad_lse, "grad_lse", false, DType::kF32, {T}, "(T) = (" + std::to_string(T) + ")");
   const int64_t ld_grad = moe_checks::row_stride(grad_logits, "grad_logits", T, E,
                                                  "(T, E) = (" + std::to_string(T) + ", " + std::to_string(E) + ")");
   ops.add(grad_logits, "grad_logits", true);
@@ -238,9 +220,7 @@ void moe_permute(const TensorView& topk_ids, int64_t num_experts, int64_t capaci
   if (P >= (int64_t(1) << 31)) invalid("topk_ids: expected fewer than 2^31 pairs (int32 slots); given " + shape_string(topk_ids));
   const int64_t E = num_experts;
   const auto out = [&](const TensorView& t, const char* name, std::initializer_list<int64_t> shape, const std::string& what) {
-    ops.add(t, name, true);
-    check_dtype(t, name, DType::kI32);
-    check_contiguous(t, name, shape, what);
+    add_exact(ops, t, name, true, DType::kI32, shape, what);
   };
   out(counts, "counts", {E}, "(E) = (" + std::to_string(E) + ")");
   out(offsets, "offsets", {E + 1}, "(E + 1) = (" + std::to_string(E + 1) + ")");
@@ -307,12 +287,8 @@ void check_pairs(arg::OperandSet& ops, const TensorView& slot_of, const TensorVi
     invalid("slot_of: expected rank 2 (tokens T, k); given " + (slot_of.rank ? shape_string(slot_of) : std::string("absent")));
   *T = slot_of.shape[0], *k = slot_of.shape[1];
   const std::string tk = "(T, k) = (" + std::to_string(*T) + ", " + std::to_string(*k) + ")";
-  ops.add(slot_of, "slot_of", false);
-  check_dtype(slot_of, "slot_of", DType::kI32);
-  check_contiguous(slot_of, "slot_of", {*T, *k}, tk);
-  ops.add(weights, "weights", false);
-  check_dtype(weights, "weights", DType::kF32);
-  check_contiguous(weights, "weights", {*T, *k}, tk);
+  add_exact(ops, slot_of, "slot_of", false, DType::kI32, {*T, *k}, tk);
+  add_exact(ops, weights, "weights", false, DType::kF32, {*T, *k}, tk);
 }
 
 // y (S, N) and the pairs (slot_of, weights (T, k)): the params the combine and its backward share.
@@ -354,18 +330,13 @@ void moe_combine_backward(const TensorView& dout, const TensorView& y, const Ten
   MoeCombineParams p = combine_params(ops, y, slot_of, weights);
   const int64_t S = p.slots, N = p.n;
   p.ld_out = matrix_rows(ops, dout, "dout", p.tokens, N, y.dtype, tn(p), false);
-  ops.add(sorted_pairs, "sorted_pairs", false);
-  check_dtype(sorted_pairs, "sorted_pairs", DType::kI32);
-  check_contiguous(sorted_pairs, "sorted_pairs", {S}, "(S) = (" + std::to_string(S) + ") (y's rows)");
+  add_exact(ops, sorted_pairs, "sorted_pairs", false, DType::kI32, {S}, "(S) = (" + std::to_string(S) + ") (y's rows)");
   if (present(grad_y))
     p.ld_gy = matrix_rows(ops, grad_y, "grad_y", S, N, y.dtype, "(S, N) = (" + std::to_string(S) + ", " +
                           std::to_string(N) + ") (y's)", true);
-  if (present(grad_weights)) {
-    ops.add(grad_weights, "grad_weights", true);
-    check_dtype(grad_weights, "grad_weights", DType::kF32);
-    check_contiguous(grad_weights, "grad_weights", {p.tokens, p.k},
-                     "(T, k) = (" + std::to_string(p.tokens) + ", " + std::to_string(p.k) + ")");
-  }
+  if (present(grad_weights))
+    add_exact(ops, grad_weights, "grad_weights", true, DType::kF32, {p.tokens, p.k},
+              "(T, k) = (" + std::to_string(p.tokens) + ", " + std::to_string(p.k) + ")");
   ops.check_overlaps();
   const Device device = ops.device();
   cuda_prelude(device, "dout");

@@ -36,6 +36,14 @@ inline void check_contiguous(const TensorView& t, const char* name, std::initial
   if (!t.is_contiguous()) arg::invalid(std::string(name) + ": expected a contiguous tensor; given " + t.describe());
 }
 
+// check_dtype and check_contiguous of an operand added to ops (an output or not).
+inline void add_exact(arg::OperandSet& ops, const TensorView& t, const char* name, bool output, DType want,
+                      std::initializer_list<int64_t> shape, const std::string& what) {
+  ops.add(t, name, output);
+  check_dtype(t, name, want);
+  check_contiguous(t, name, shape, what);
+}
+
 // A (rows, cols) matrix with unit stride along cols and rows at least cols apart: its row stride.
 inline int64_t row_stride(const TensorView& t, const char* name, int64_t rows, int64_t cols, const std::string& what) {
   if (t.rank != 2 || t.shape[0] != rows || t.shape[1] != cols)

@@ -35,8 +35,7 @@ using arg::invalid;
 using arg::present;
 using arg::shape_string;
 using arg::unsupported;
-using moe_checks::check_contiguous;
-using moe_checks::check_dtype;
+using moe_checks::add_exact;
 using moe_checks::check_float;
 using moe_checks::row_stride;
 
@@ -222,14 +221,10 @@ void moe_forward(const TensorView& x, const TensorView& router_weight, const Ten
   if (out.dtype != dt) invalid("out: expected dtype " + dname(dt) + " (x's); given " + dname(out.dtype));
 
   if (present(tokens_per_expert)) {
-    ops.add(tokens_per_expert, "tokens_per_expert", true);
-    check_dtype(tokens_per_expert, "tokens_per_expert", DType::kI32);
-    check_contiguous(tokens_per_expert, "tokens_per_expert", {E}, "(E) = (" + std::to_string(E) + ")");
+    add_exact(ops, tokens_per_expert, "tokens_per_expert", true, DType::kI32, {E}, "(E) = (" + std::to_string(E) + ")");
   }
   if (present(dropped)) {
-    ops.add(dropped, "dropped", true);
-    check_dtype(dropped, "dropped", DType::kI32);
-    check_contiguous(dropped, "dropped", {1}, "(1)");
+    add_exact(ops, dropped, "dropped", true, DType::kI32, {1}, "(1)");
   }
   check_options(o, E, dt);
   ops.check_overlaps();

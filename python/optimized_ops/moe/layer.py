@@ -110,13 +110,6 @@ def router_logits(x: torch.Tensor, router_weight: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.linear(x.float(), router_weight.float())
 
 
-def _expert_up(xs: torch.Tensor, w13: torch.Tensor, offs: torch.Tensor, variant: str) -> torch.Tensor:
-    """The experts' up projection with SwiGLU: ``silu(xs @ w13[g][:, :d_ff]) * (xs @ w13[g][:, d_ff:])`` for
-    the rows of group g, ``(S, d_ff)``: :func:`grouped_mm_swiglu` (on ``wgmma`` the SwiGLU runs in the GEMM's
-    epilogue; the ``(S, 2 d_ff)`` products are written only for the backward)."""
-    return grouped_mm_swiglu(xs, w13, offs, variant=variant)
-
-
 def _check(x, router_weight, w13, w2, top_k, scoring):
     """The shapes and dtypes the steps assume, named (the ops check the rest)."""
     if x.dim() < 1:
@@ -265,7 +258,7 @@ def moe_layer(x: torch.Tensor, router_weight: torch.Tensor, w13: torch.Tensor, w
     _check(x, router_weight, w13, w2, top_k, scoring)
 
     def experts(xs, offs):
-        return grouped_mm(_expert_up(xs, w13, offs, variant), w2, offs, variant=variant)
+        return grouped_mm(grouped_mm_swiglu(xs, w13, offs, variant=variant), w2, offs, variant=variant)
 
     return _moe_forward(x, router_weight, top_k, experts, capacity_factor=capacity_factor, scoring=scoring,
                         normalize=normalize, aux_loss_coef=aux_loss_coef, z_loss_coef=z_loss_coef)

@@ -87,12 +87,7 @@ void run(const CrossEntropyParams& p, int threads) {
 }  // namespace
 
 void cpu_cross_entropy(const CrossEntropyParams& params, int threads) {
-  switch (params.dtype) {
-    case DType::kF16: return run<F16>(params, threads);
-    case DType::kBF16: return run<BF16>(params, threads);
-    case DType::kF64: return run<F64>(params, threads);
-    default: return run<F32>(params, threads);
-  }
+  host::visit_traits(params.dtype, [&]<class D>() { run<D>(params, threads); });
 }
 
 }  // namespace optimized

@@ -84,13 +84,7 @@ void rope(const RopeParams& p, int threads) {
 }  // namespace
 
 void cpu_rope(const RopeParams& p, int cpu_threads) {
-  switch (p.dtype) {
-    case DType::kF32: return rope<F32>(p, cpu_threads);
-    case DType::kF64: return rope<F64>(p, cpu_threads);
-    case DType::kF16: return rope<F16>(p, cpu_threads);
-    case DType::kBF16: return rope<BF16>(p, cpu_threads);
-    default: throw Error(Status::kInternal, "cpu_rope: dtype " + std::string(dtype_name(p.dtype)) + " not dispatched");
-  }
+  host::visit_traits(p.dtype, [&]<class D>() { rope<D>(p, cpu_threads); });
 }
 
 }  // namespace optimized

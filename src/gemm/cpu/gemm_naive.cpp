@@ -35,12 +35,7 @@ void run(const GemmParams& p) {
 }  // namespace
 
 void gemm_naive(const GemmParams& p) {
-  switch (p.dtype) {
-    case DType::kF16: return run<F16>(p);
-    case DType::kBF16: return run<BF16>(p);
-    case DType::kF64: return run<F64>(p);
-    default: return run<F32>(p);
-  }
+  host::visit_traits(p.dtype, [&]<class D>() { run<D>(p); });
 }
 
 }  // namespace optimized::cpu

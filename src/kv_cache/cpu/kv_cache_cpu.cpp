@@ -280,32 +280,17 @@ void gather(const KvGatherParams& g, int threads) {
 
 void cpu_kv_append(const KvAppendParams& params, int threads) {
   if (params.table.batch <= 0 || params.new_tokens <= 0 || params.cache.heads_kv <= 0) return;
-  switch (params.dtype) {
-    case DType::kF16: return append<F16>(params, threads);
-    case DType::kBF16: return append<BF16>(params, threads);
-    case DType::kF64: return append<F64>(params, threads);
-    default: return append<F32>(params, threads);
-  }
+  host::visit_traits(params.dtype, [&]<class D>() { append<D>(params, threads); });
 }
 
 void cpu_kv_gather(const KvGatherParams& params, int threads) {
   if (params.batch <= 0) return;
-  switch (params.dtype) {
-    case DType::kF16: return gather<F16>(params, threads);
-    case DType::kBF16: return gather<BF16>(params, threads);
-    case DType::kF64: return gather<F64>(params, threads);
-    default: return gather<F32>(params, threads);
-  }
+  host::visit_traits(params.dtype, [&]<class D>() { gather<D>(params, threads); });
 }
 
 void cpu_kv_decode(const KvDecodeParams& params, int threads) {
   if (params.batch <= 0 || params.heads_q <= 0 || params.cache.heads_kv <= 0) return;
-  switch (params.dtype) {
-    case DType::kF16: return decode<F16>(params, threads);
-    case DType::kBF16: return decode<BF16>(params, threads);
-    case DType::kF64: return decode<F64>(params, threads);
-    default: return decode<F32>(params, threads);
-  }
+  host::visit_traits(params.dtype, [&]<class D>() { decode<D>(params, threads); });
 }
 
 }  // namespace optimized

@@ -105,26 +105,14 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) route_backward_kernel(con
   }
 }
 
-template <typename T>
-cudaError_t launch_for(const MoeRouteBackwardParams& p, unsigned blocks, cudaStream_t stream) {
-  route::with_row_width(p.experts, [&]<int kPer>() {
-    route_backward_kernel<T, kPer><<<blocks, dim3(32 * kWarpsPerBlock), 0, stream>>>(p);
-  });
-  return cudaGetLastError();
-}
-
 }  // namespace
 
 cudaError_t moe_route_backward(const MoeRouteBackwardParams& p, const Workspace&, cudaStream_t stream) {
   if (p.tokens < 1) return cudaSuccess;
   if (p.experts < 1 || p.experts > kMoeMaxExperts || p.k < 1 || p.k > kMoeMaxTopK) return cudaErrorInvalidValue;
-  const int64_t blocks = (p.tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  switch (p.dtype) {
-    case DType::kF16: return launch_for<__half>(p, static_cast<unsigned>(blocks), stream);
-    case DType::kBF16: return launch_for<__nv_bfloat16>(p, static_cast<unsigned>(blocks), stream);
-    default: return launch_for<float>(p, static_cast<unsigned>(blocks), stream);
-  }
+  return route::launch_rows(p.dtype, p.tokens, p.experts, [&]<typename T, int kPer>(dim3 grid, dim3 block) {
+    route_backward_kernel<T, kPer><<<grid, block, 0, stream>>>(p);
+  });
 }
 
 }  // namespace optimized::cuda

@@ -8,6 +8,7 @@
 
 #include <cmath>
 
+#include "kernels/dispatch.cuh"
 #include "kernels/dtype.cuh"
 #include "kernels/reduce.cuh"
 
@@ -47,17 +48,25 @@ __device__ __forceinline__ Row<kPer> load_row(const T* row, int experts, int lan
   return r;
 }
 
-// Calls f.template operator()<kPer>() with the row width the kernels are instantiated for: the smallest of
-// 1, 2, 4, 8, 16, 32 lanes' worth of experts that holds E (kMoeMaxExperts = 1024 = 32 x 32).
+// The launch of a warp-per-token kernel over `tokens` rows of `experts` logits of `dtype`: calls
+// f.template operator()<T, kPer>(grid, block) with the element type and the row width the kernels are
+// instantiated for (the smallest of 1, 2, 4, 8, 16, 32 lanes' worth of experts that holds E:
+// kMoeMaxExperts = 1024 = 32 x 32), then returns the launch's error.
 template <typename F>
-__host__ void with_row_width(int64_t experts, F&& f) {
+__host__ cudaError_t launch_rows(DType dtype, int64_t tokens, int64_t experts, F&& f) {
+  const int64_t blocks = (tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  const dim3 grid(static_cast<unsigned>(blocks)), block(32 * kWarpsPerBlock);
   const int64_t per = (experts + 31) / 32;
-  if (per <= 1) f.template operator()<1>();
-  else if (per <= 2) f.template operator()<2>();
-  else if (per <= 4) f.template operator()<4>();
-  else if (per <= 8) f.template operator()<8>();
-  else if (per <= 16) f.template operator()<16>();
-  else f.template operator()<32>();
+  return kernels::dispatch_float_dtype(dtype, [&]<typename T>() -> cudaError_t {
+    if (per <= 1) f.template operator()<T, 1>(grid, block);
+    else if (per <= 2) f.template operator()<T, 2>(grid, block);
+    else if (per <= 4) f.template operator()<T, 4>(grid, block);
+    else if (per <= 8) f.template operator()<T, 8>(grid, block);
+    else if (per <= 16) f.template operator()<T, 16>(grid, block);
+    else f.template operator()<T, 32>(grid, block);
+    return cudaGetLastError();
+  });
 }
 
 }  // namespace optimized::cuda::route
