@@ -181,10 +181,16 @@ void silu_and_mul_backward(const TensorView& dy, const TensorView& x, const Tens
 // Reductions (mean over the rows whose target is not ignore_index, sum) are the caller's: a sum of
 // `rows` floats. CUDA: a workspace of cross_entropy_workspace_bytes (0 unless long rows are split
 // over several blocks; the C++ API allocates one on the stream when ctx gives none).
+// grad_scale: absent, or the gradient's factor: one element (every row) or (rows) (one per row), fp32
+// (fp64 for fp64 logits), on the logits' device, any stride. The gradient written is the unit one times
+// the factor, formed in fp32 and rounded once: a mean reduction passes 1 / (rows not ignored) computed
+// on the device, so the backward has nothing left to do for an upstream gradient of 1 (see
+// cross_entropy_backward). Given without grad_logits: an error.
 struct CrossEntropyOptions {
   int64_t ignore_index = -100;
   double label_smoothing = 0.0;  // in [0, 1]
   double z_loss = 0.0;           // >= 0
+  TensorView grad_scale;         // absent: 1
 };
 void cross_entropy_forward(const TensorView& logits, const TensorView& target, const CrossEntropyOptions& options,
                            const TensorView& loss, const TensorView& lse, const TensorView& grad_logits,
@@ -194,6 +200,16 @@ void cross_entropy_forward(const TensorView& logits, const TensorView& target, c
 // for a bad dtype, device or variant.
 size_t cross_entropy_workspace_bytes(DType dtype, Device device, int64_t rows, int64_t vocab,
                                      FusedVariant variant = FusedVariant::kAuto);
+// The backward through a gradient the forward stored (grad_logits above, for the upstream gradient the
+// forward assumed): grad_logits[r, :] *= grad_loss[r], in place, with fp32 math (fp64 for fp64) rounded
+// once. grad_loss: one element (a reduced loss's upstream gradient, every row) or (rows), fp32 (fp64 for
+// fp64 gradients), on grad_logits' device, any stride. A row whose factor is exactly 1 is neither read
+// nor written -- on CUDA the factor is read on the device, so loss.backward() with its usual upstream 1
+// costs a launch and no pass over the (rows, vocab) gradient, without a host sync.
+//   grad_logits: (rows, vocab) or (vocab), fp32 / fp16 / bf16 (fp64 on the CPU), unit stride along the
+//                vocabulary, rows any distance >= vocab apart.
+void cross_entropy_backward(const TensorView& grad_loss, const TensorView& grad_logits,
+                            const ExecutionContext& ctx = {});
 
 
 // ---- rotary position embedding (RoPE) ------------------------------------------------------

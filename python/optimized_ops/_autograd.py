@@ -73,6 +73,15 @@ def compute_dtype(*tensors: Optional[torch.Tensor]) -> torch.dtype:
     return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
+def bump_version(*tensors: Optional[torch.Tensor]) -> None:
+    """Marks tensors a library op wrote in place as modified. The C++ ops' ``Tensor(a!)`` schemas do not
+    bump autograd's version counters (no ADInplaceOrView kernel), so without this an op that saved one of
+    them for its backward would silently use the overwritten values; with it, autograd raises. Under
+    torch.compile the graph's functionalization tracks the mutation instead."""
+    if not torch.compiler.is_compiling():
+        torch.autograd.graph.increment_version([t for t in tensors if t is not None])
+
+
 def kernel_scalar(v: float, dtype: torch.dtype) -> float:
     """eps or scale as the kernels use it for math in `dtype`: as given (a double) in float64, rounded
     to float32 otherwise (the float32 math and the CUDA kernels)."""

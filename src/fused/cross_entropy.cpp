@@ -78,6 +78,48 @@ void check_targets_on_host(const CrossEntropyParams& p) {
   }
 }
 
+// The distance between rows of a (rows, vocab) or (vocab) view with unit stride along the vocabulary.
+int64_t row_stride(const TensorView& t, const char* name, int64_t rows, int64_t vocab) {
+  if (t.strides[t.rank - 1] != 1 && vocab > 1)
+    invalid(std::string(name) + ": expected unit stride along the vocabulary (last dimension); given " + t.describe());
+  if (t.rank != 2 || rows <= 1) return vocab;
+  if (t.strides[0] < vocab)
+    invalid(std::string(name) + ": expected a row stride >= the vocabulary " + std::to_string(vocab) + "; given " +
+            std::to_string(t.strides[0]));
+  return t.strides[0];
+}
+
+// grad_scale / grad_loss: one element (stride 0 for the kernels) or (rows), of the stat dtype, any stride.
+void set_scale(const TensorView& s, const char* name, int64_t rows, DType stat, arg::OperandSet& ops,
+               CrossEntropyParams& p) {
+  if (s.dtype != stat) invalid(std::string(name) + ": expected dtype " + dname(stat) + "; given " + dname(s.dtype));
+  if (s.rank != 1 || (s.shape[0] != 1 && s.shape[0] != rows))
+    invalid(std::string(name) + ": expected shape (1) (one factor for every row) or (" + std::to_string(rows) +
+            ") (one per row); given " + (s.rank == 0 ? std::string("a 0-D view") : shape_string(s)));
+  ops.add(s, name, false);
+  p.grad_scale = s.data;
+  p.grad_scale_stride = s.shape[0] == 1 ? 0 : s.strides[0];
+}
+
+// The CUDA checks every entry makes once its operands are valid: the dtype built, no workspace over
+// an operand, a usable device.
+void check_cuda_call(const arg::OperandSet& ops, DType dtype, const ExecutionContext& ctx, const char* what) {
+  if (std::string why = cuda_dtype_not_built("fused", dtype); !why.empty())
+    throw Error(Status::kUnsupported, std::string(what) + ": " + why);
+  if (const Workspace& ws = ctx.workspace; ws.data && ws.bytes > 0) {
+    const auto w0 = reinterpret_cast<uintptr_t>(ws.data), w1 = w0 + ws.bytes;
+    ops.for_each([&](const TensorView& t, const char* name) {
+      const ViewExtent e = view_extent(t, name);
+      if (e.bytes > 0 && w0 < e.end && e.begin < w1)
+        invalid(std::string("workspace: expected memory that does not overlap ") + name + "; given overlapping memory");
+    });
+  }
+  // After the argument checks, so that a bad argument is named on machines without a GPU too.
+  if (cuda_device_count() == 0)
+    throw Error(Status::kUnsupported, std::string(what) + ": operands on " + device_name(ops.device()) +
+                                          " but no CUDA device can be used: " + cuda_unavailable_reason());
+}
+
 }  // namespace
 
 void cross_entropy_forward(const TensorView& logits, const TensorView& target, const CrossEntropyOptions& options,
@@ -95,15 +137,7 @@ void cross_entropy_forward(const TensorView& logits, const TensorView& target, c
     invalid("logits: expected a vocabulary >= 1 and rows >= 0; given shape " + shape_string(logits));
   ops.add(logits, "logits", false);
   check_logits_dtype(logits.dtype, logits.device, "logits");
-  if (logits.strides[logits.rank - 1] != 1 && vocab > 1)
-    invalid("logits: expected unit stride along the vocabulary (last dimension); given " + logits.describe());
-  p.ld_logits = vocab;
-  if (logits.rank == 2 && rows > 1) {
-    if (logits.strides[0] < vocab)
-      invalid("logits: expected a row stride >= the vocabulary " + std::to_string(vocab) + "; given " +
-              std::to_string(logits.strides[0]));
-    p.ld_logits = logits.strides[0];
-  }
+  p.ld_logits = row_stride(logits, "logits", rows, vocab);
   p.dtype = logits.dtype;
   p.rows = rows;
   p.vocab = vocab;
@@ -141,15 +175,7 @@ void cross_entropy_forward(const TensorView& logits, const TensorView& target, c
       invalid("grad_logits: expected shape " + shape_string(logits) + " (same as logits); given " + shape_string(g));
     if (g.dtype != p.dtype)
       invalid("grad_logits: expected dtype " + dname(p.dtype) + " (same as logits); given " + dname(g.dtype));
-    if (g.strides[g.rank - 1] != 1 && vocab > 1)
-      invalid("grad_logits: expected unit stride along the vocabulary (last dimension); given " + g.describe());
-    p.ld_grad = vocab;
-    if (g.rank == 2 && rows > 1) {
-      if (g.strides[0] < vocab)
-        invalid("grad_logits: expected a row stride >= the vocabulary " + std::to_string(vocab) + "; given " +
-                std::to_string(g.strides[0]));
-      p.ld_grad = g.strides[0];
-    }
+    p.ld_grad = row_stride(g, "grad_logits", rows, vocab);
     ops.add(g, "grad_logits", true);
     p.grad = g.data;
     const bool in_place = g.data == logits.data && p.ld_grad == p.ld_logits;
@@ -159,6 +185,11 @@ void cross_entropy_forward(const TensorView& logits, const TensorView& target, c
         invalid("grad_logits: expected an output that does not overlap logits (in place is allowed only as the "
                 "very same view); given overlapping memory");
     }
+  }
+  if (present(options.grad_scale)) {
+    if (!present(grad_logits))
+      invalid("grad_scale: given without grad_logits (it multiplies the gradient; the forward alone writes none)");
+    set_scale(options.grad_scale, "grad_scale", rows, stat, ops, p);
   }
   ops.check_overlaps([](const char* out, const char* in) {
     return std::strcmp(out, "grad_logits") == 0 && std::strcmp(in, "logits") == 0;  // checked above
@@ -176,22 +207,7 @@ void cross_entropy_forward(const TensorView& logits, const TensorView& target, c
   const Device device = ops.device();
   variant = resolve_variant(variant, device);
   const CrossEntropyVariantInfo& row = variant_row(kCrossEntropyVariants, variant);
-  if (device.is_cuda()) {
-    if (std::string why = cuda_dtype_not_built("fused", p.dtype); !why.empty())
-      throw Error(Status::kUnsupported, std::string(kWhat) + ": " + why);
-    if (const Workspace& ws = ctx.workspace; ws.data && ws.bytes > 0) {
-      const auto w0 = reinterpret_cast<uintptr_t>(ws.data), w1 = w0 + ws.bytes;
-      ops.for_each([&](const TensorView& t, const char* name) {
-        const ViewExtent e = view_extent(t, name);
-        if (e.bytes > 0 && w0 < e.end && e.begin < w1)
-          invalid(std::string("workspace: expected memory that does not overlap ") + name + "; given overlapping memory");
-      });
-    }
-    // After the argument checks, so that a bad argument is named on machines without a GPU too.
-    if (cuda_device_count() == 0)
-      throw Error(Status::kUnsupported, std::string(kWhat) + ": operands on " + device_name(device) +
-                                            " but no CUDA device can be used: " + cuda_unavailable_reason());
-  }
+  if (device.is_cuda()) check_cuda_call(ops, p.dtype, ctx, kWhat);
   if (rows == 0) return;
   if (row.backend == Backend::kCpu) {
     if (p.target_dtype == DType::kI64) check_targets_on_host<int64_t>(p);
@@ -203,6 +219,42 @@ void cross_entropy_forward(const TensorView& logits, const TensorView& target, c
   launch_on_cuda(row, p, device.index, ctx, std::string(kWhat) + " (" + std::string(row.name) + ")");
 #else
   throw Error(Status::kUnsupported, std::string(kWhat) + ": this build has no CUDA backend (built without CUDA)");
+#endif
+}
+
+void cross_entropy_backward(const TensorView& grad_loss, const TensorView& grad_logits, const ExecutionContext& ctx) {
+  const char* const what = "cross_entropy backward";
+  CrossEntropyParams p;
+  arg::OperandSet ops;
+  const TensorView& g = grad_logits;
+  if (g.rank != 1 && g.rank != 2)
+    invalid("grad_logits: expected rank 1 (vocab) or 2 (rows, vocab); given rank " + std::to_string(g.rank) +
+            (g.rank == 0 ? " (absent)" : " " + shape_string(g)));
+  p.rows = g.rank == 2 ? g.shape[0] : 1;
+  p.vocab = g.shape[g.rank - 1];
+  if (p.rows < 0 || p.vocab < 1)
+    invalid("grad_logits: expected a vocabulary >= 1 and rows >= 0; given shape " + shape_string(g));
+  check_logits_dtype(g.dtype, g.device, "grad_logits");
+  p.dtype = g.dtype;
+  p.ld_grad = p.ld_logits = row_stride(g, "grad_logits", p.rows, p.vocab);
+  ops.add(g, "grad_logits", true);
+  p.grad = g.data;
+  p.logits = g.data;
+  if (!present(grad_loss)) invalid("grad_loss: required (the upstream gradient of the loss); given absent");
+  set_scale(grad_loss, "grad_loss", p.rows, p.dtype == DType::kF64 ? DType::kF64 : DType::kF32, ops, p);
+  ops.check_overlaps();
+  const Device device = ops.device();
+  if (device.is_cuda()) check_cuda_call(ops, p.dtype, ctx, what);
+  if (p.rows == 0) return;
+  if (!device.is_cuda()) {
+    cpu_cross_entropy_scale_grad(p, ctx.cpu_threads);
+    return;
+  }
+#if OPTIMIZED_WITH_CUDA
+  DeviceGuard guard(device.index);
+  check_cuda(cuda::cross_entropy_scale_grad(p, static_cast<cudaStream_t>(ctx.cuda_stream)), what);
+#else
+  throw Error(Status::kUnsupported, std::string(what) + ": this build has no CUDA backend (built without CUDA)");
 #endif
 }
 

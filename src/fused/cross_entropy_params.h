@@ -37,6 +37,13 @@ struct CrossEntropyParams {
   void* grad = nullptr;
   int64_t ld_grad = 0;
 
+  // The gradient's factor (fp32; fp64 for fp64 logits), in the logits' memory: grad_scale[row *
+  // grad_scale_stride] multiplies row's gradient (stride 0: one factor for every row), or null (1).
+  // The forward folds it into the gradient it writes (a mean's 1 / count, counted on the device);
+  // the backward (cross_entropy_backward) scales a stored gradient in place by it.
+  const void* grad_scale = nullptr;
+  int64_t grad_scale_stride = 0;
+
   int64_t ignore_index = -100;
   // As the caller gave them: the fp64 CPU path computes with these doubles; fp32 math rounds them
   // to fp32 once (CUDA: at the launch).
@@ -47,6 +54,8 @@ struct CrossEntropyParams {
 // The CPU backend (cpu/cross_entropy_cpu.cpp): fp32 math for fp32 / fp16 / bf16, fp64 for fp64.
 // Targets are in range or ignore_index (the API checks them first on the CPU).
 void cpu_cross_entropy(const CrossEntropyParams& params, int threads);
+// The backward on the host: grad (rows, vocab) *= grad_scale per row, rows whose factor is 1 untouched.
+void cpu_cross_entropy_scale_grad(const CrossEntropyParams& params, int threads);
 
 #if OPTIMIZED_WITH_CUDA
 namespace cuda {
@@ -57,6 +66,9 @@ namespace cuda {
 // gradient row, no access out of bounds.
 cudaError_t cross_entropy_fused(const CrossEntropyParams& p, const Workspace& workspace, cudaStream_t stream);
 cudaError_t cross_entropy_fused_workspace(const CrossEntropyParams& p, size_t* bytes);
+// The backward on CUDA: grad *= grad_scale per row in place; a row whose factor is exactly 1 is not
+// read or written (the factor is read on the device: no sync).
+cudaError_t cross_entropy_scale_grad(const CrossEntropyParams& p, cudaStream_t stream);
 }  // namespace cuda
 #endif
 

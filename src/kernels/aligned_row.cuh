@@ -49,6 +49,7 @@ template <typename T, typename F>
 __device__ __forceinline__ void for_each_aligned(const T* p, int64_t n, bool vectorize, int tid, int threads, F&& f) {
   const AlignedSplit s = aligned_split(p, n, vectorize);
   for (int64_t i = tid; i < s.head; i += threads) f.template operator()<1>(i);
+#pragma unroll 4  // several 16-byte loads in flight per thread
   for (int64_t v = tid; v < s.vecs; v += threads) f.template operator()<kVec16<T>>(s.head + v * kVec16<T>);
   for (int64_t i = s.tail + tid; i < n; i += threads) f.template operator()<1>(i);
 }

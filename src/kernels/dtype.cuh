@@ -68,5 +68,15 @@ template <typename T, int kVec>
 __device__ __forceinline__ void store_vec(T* p, const Vec<T, kVec>& v) {
   *reinterpret_cast<Vec<T, kVec>*>(p) = v;
 }
+// Streaming (evict-first) store for output that is not read again soon, so that it does not push out
+// of L2 what will be.
+template <typename T, int kVec>
+__device__ __forceinline__ void store_vec_once(T* p, const Vec<T, kVec>& v) {
+  if constexpr (sizeof(T) * kVec == 16) {
+    __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&v));
+  } else {
+    *reinterpret_cast<Vec<T, kVec>*>(p) = v;
+  }
+}
 
 }  // namespace optimized::kernels

@@ -33,12 +33,14 @@ struct CeCase {
   std::vector<int64_t> ignored_rows;      // rows whose target is ignore_index
   bool all_ignored = false;
   bool with_grad = true, with_lse = true, in_place = false;
+  int scale = 0;  // grad_scale: 0 absent, 1 one factor for every row, 2 one per row (some exactly 1, one 0)
   std::vector<std::pair<int64_t, double>> specials;  // (flat index into row-major (rows, vocab), value)
   FusedVariant variant = FusedVariant::kAuto;
   std::string describe() const {
     return std::string(dtype_name(dtype)) + " rows " + std::to_string(rows) + " vocab " + std::to_string(vocab) +
            " pad " + std::to_string(pad) + " ls " + std::to_string(ls) + " z " + std::to_string(z) +
-           (in_place ? " in place" : "") + (with_grad ? " grad" : "") + " target " + std::string(dtype_name(target_dtype));
+           (in_place ? " in place" : "") + (with_grad ? " grad" : "") + " target " + std::string(dtype_name(target_dtype)) +
+           " grad_scale " + std::to_string(scale);
   }
 };
 
@@ -143,6 +145,18 @@ void run_case(const CeCase& cs, Device device) {
   opt.ignore_index = cs.ignore_index;
   opt.label_smoothing = cs.ls;
   opt.z_loss = cs.z;
+  // grad_scale: the factor of row r (reference) and the device operand, strided when per row.
+  std::vector<double> factor(static_cast<size_t>(cs.rows), 1.0);
+  Buffer scale(stat, 2 * cs.rows, Device::cpu()), d_scale(stat, 2 * cs.rows, device);
+  if (cs.scale != 0) {
+    for (int64_t r = 0; r < cs.rows; ++r) {
+      factor[r] = cs.scale == 1 ? 0.37 : (r % 3 == 0 ? 1.0 : r % 3 == 1 ? -2.5 + 0.125 * r : 0.0);
+      store_elem(stat, scale.data(), 2 * r, factor[r]);
+      store_elem(stat, scale.data(), 2 * r + 1, NAN);  // between the strided factors: never read
+    }
+    d_scale.copy_from_host(scale.data());
+    opt.grad_scale = cs.scale == 1 ? d_scale.view({1}) : d_scale.view({cs.rows}, {2});
+  }
   cross_entropy_forward(lv, d_target.view({cs.rows}), opt, d_loss.view({cs.rows}),
                         cs.with_lse ? d_lse.view({cs.rows}) : TensorView{}, cs.with_grad ? gv : TensorView{}, cs.variant);
   Buffer loss(stat, cs.rows, Device::cpu()), lse(stat, cs.rows, Device::cpu()), grad(cs.dtype, storage, Device::cpu());
@@ -171,7 +185,7 @@ void run_case(const CeCase& cs, Device device) {
         }
         continue;
       }
-      const double want = ref[r].grad[static_cast<size_t>(j)];
+      const double want = ref[r].grad[static_cast<size_t>(j)] * (t[r] == cs.ignore_index ? 1.0 : factor[r]);
       if (!close(g, want, grad_rel(cs.dtype), cs.dtype == DType::kF64 ? 1e-14 : 2e-7)) {
         ADD_FAILURE() << "grad row " << r << " column " << j << ": got " << g << ", want " << want;
         ++failures;
@@ -203,10 +217,59 @@ void run_grid(DType dtype, Device device, bool big) {
     run_case(cs, device);
     cs.in_place = true;
     run_case(cs, device);
+    cs.scale = 2;  // a factor per row, strided, in place
+    run_case(cs, device);
     cs.in_place = false;
+    cs.scale = 1;  // one factor for every row
+    run_case(cs, device);
+    cs.scale = 0;
     cs.with_grad = false;
     cs.with_lse = false;
     run_case(cs, device);
+  }
+}
+
+// cross_entropy_backward: a stored gradient (strided rows, poisoned padding) times one factor or one
+// per row, in place; rows whose factor is exactly 1 come back bit for bit.
+void run_backward(DType dtype, Device device) {
+  const DType stat = dtype == DType::kF64 ? DType::kF64 : DType::kF32;
+  std::mt19937_64 rng = test_rng();
+  std::normal_distribution<double> normal(0.0, 1.0);
+  for (auto [rows, vocab] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 3}, {5, 1001}, {3, 20000}, {2, 131}}) {
+    for (int mode : {0, 1, 2}) {  // one factor 1 (nothing moves), one factor, one per row
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " rows " + std::to_string(rows) + " vocab " +
+                   std::to_string(vocab) + " mode " + std::to_string(mode) + " on " + device_name(device));
+      const int64_t ld = vocab + 3, storage = rows * ld;
+      Buffer g(dtype, storage, Device::cpu()), f(stat, rows, Device::cpu());
+      for (int64_t i = 0; i < storage; ++i) store_elem(dtype, g.data(), i, i % ld < vocab ? normal(rng) : kInf);
+      std::vector<double> factor(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) {
+        factor[r] = mode == 0 ? 1.0 : mode == 1 ? -0.3 : (r % 2 == 0 ? 1.0 : 0.5 + r);
+        store_elem(stat, f.data(), r, factor[r]);
+      }
+      Buffer d_g(dtype, storage, device), d_f(stat, rows, device);
+      d_g.copy_from_host(g.data());
+      d_f.copy_from_host(f.data());
+      cross_entropy_backward(mode == 2 ? d_f.view({rows}) : d_f.view({1}),
+                             TensorView::matrix(d_g.data(), dtype, device, rows, vocab, ld));
+      Buffer out(dtype, storage, Device::cpu());
+      d_g.copy_to_host(out.data());
+      int failures = 0;
+      for (int64_t i = 0; i < storage && failures < 8; ++i) {
+        const int64_t r = i / ld;
+        const double before = load_elem(dtype, g.data(), i), got = load_elem(dtype, out.data(), i);
+        const bool same = i % ld >= vocab || factor[r] == 1.0;  // padding and unit rows: untouched
+        const bool ok = same ? std::memcmp(static_cast<const char*>(g.data()) + i * dtype_size(dtype),
+                                           static_cast<const char*>(out.data()) + i * dtype_size(dtype),
+                                           dtype_size(dtype)) == 0
+                             : close(got, before * factor[r], grad_rel(dtype), 6e-8);  // 6e-8: fp16's subnormal spacing
+        if (!ok) {
+          ADD_FAILURE() << "element " << i << " (row " << r << "): got " << got << ", had " << before << ", factor "
+                        << factor[r];
+          ++failures;
+        }
+      }
+    }
   }
 }
 
@@ -240,6 +303,10 @@ TEST(CrossEntropyCpu, BigVocab) {
 }
 TEST(CrossEntropyCpu, SpecialValues) {
   for (DType d : kAllDtypes) run_special(d, Device::cpu());
+}
+
+TEST(CrossEntropyCpu, Backward) {
+  for (DType d : kAllDtypes) run_backward(d, Device::cpu());
 }
 
 TEST(CrossEntropyCpu, Errors) {
@@ -282,6 +349,30 @@ TEST(CrossEntropyCpu, Errors) {
   m = status_of([&] { cross_entropy_forward(xv, t.view({3}), {}, loss.view({3}), {}, xv); });
   EXPECT_EQ(m, "ok");
   EXPECT_EQ(cross_entropy_workspace_bytes(DType::kF32, Device::cpu(), 3, 4), 0u);
+  // grad_scale: only with a gradient; one element or one per row, of the loss's dtype.
+  Buffer g(DType::kF32, 12, Device::cpu()), f(DType::kF32, 3, Device::cpu()), f64(DType::kF64, 3, Device::cpu());
+  CrossEntropyOptions scaled;
+  scaled.grad_scale = f.view({1});
+  m = status_of([&] { cross_entropy_forward(xv, t.view({3}), scaled, loss.view({3}), {}, {}); });
+  EXPECT_TRUE(contains_all(m, {"grad_scale", "without grad_logits"})) << m;
+  scaled.grad_scale = f.view({2});
+  m = status_of([&] { cross_entropy_forward(xv, t.view({3}), scaled, loss.view({3}), {}, g.view({3, 4})); });
+  EXPECT_TRUE(contains_all(m, {"grad_scale", "(1)", "(3)", "given (2)"})) << m;
+  scaled.grad_scale = f64.view({3});
+  m = status_of([&] { cross_entropy_forward(xv, t.view({3}), scaled, loss.view({3}), {}, g.view({3, 4})); });
+  EXPECT_TRUE(contains_all(m, {"grad_scale", "fp32", "fp64"})) << m;
+  scaled.grad_scale = f.view({3});
+  EXPECT_EQ(status_of([&] { cross_entropy_forward(xv, t.view({3}), scaled, loss.view({3}), {}, g.view({3, 4})); }), "ok");
+  // The backward's operands.
+  m = status_of([&] { cross_entropy_backward({}, g.view({3, 4})); });
+  EXPECT_TRUE(contains_all(m, {"grad_loss", "required"})) << m;
+  m = status_of([&] { cross_entropy_backward(f.view({2}), g.view({3, 4})); });
+  EXPECT_TRUE(contains_all(m, {"grad_loss", "given (2)"})) << m;
+  m = status_of([&] { cross_entropy_backward(f.view({3}), {}); });
+  EXPECT_TRUE(contains_all(m, {"grad_logits", "rank"})) << m;
+  m = status_of([&] { cross_entropy_backward(f.view({3}), as(g.view({3, 4}), DType::kI32)); });
+  EXPECT_TRUE(contains_all(m, {"grad_logits", "dtype"})) << m;
+  EXPECT_EQ(status_of([&] { cross_entropy_backward(f.view({1}), g.view({3, 4})); }), "ok");
 }
 
 TEST(CrossEntropyCuda, Grid) {
@@ -295,6 +386,10 @@ TEST(CrossEntropyCuda, BigVocab) {
 TEST(CrossEntropyCuda, SpecialValues) {
   SKIP_WITHOUT_CUDA();
   for (DType d : kCudaDtypes) run_special(d, Device::cuda(0));
+}
+TEST(CrossEntropyCuda, Backward) {
+  SKIP_WITHOUT_CUDA();
+  for (DType d : kCudaDtypes) run_backward(d, Device::cuda(0));
 }
 // Targets outside [0, vocab) on CUDA: that row NaN (loss, lse, gradient), the others exact.
 TEST(CrossEntropyCuda, OutOfRangeTargetIsNaN) {

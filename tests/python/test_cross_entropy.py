@@ -139,3 +139,71 @@ def test_compile(device):
     a.backward()
     b.backward()
     torch.testing.assert_close(x1.grad, x2.grad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backward_op_scales_in_place(device, dtype):
+    """cross_entropy_bwd_: rows times their factor in place; rows whose factor is exactly 1 bit for bit."""
+    g = torch.Generator().manual_seed(3)
+    full = torch.randn(6, 37, generator=g, dtype=torch.float64).to(dtype).to(device)
+    grad = full[:, :33]  # strided rows
+    before = full.clone()
+    f = torch.tensor([1.0, 0.5, -2.0, 1.0, 0.0, 3.0], dtype=torch.float32, device=device)
+    torch.ops.optimized.cross_entropy_bwd_(grad, f)
+    want = (before[:, :33].float() * f[:, None]).to(dtype)
+    torch.testing.assert_close(grad, want, rtol=0, atol=0)
+    assert torch.equal(full[[0, 3]], before[[0, 3]]) and torch.equal(full[:, 33:], before[:, 33:])
+    one = torch.ones((), dtype=torch.float32, device=device)
+    torch.ops.optimized.cross_entropy_bwd_(grad, one)  # an upstream 1: nothing moves
+    torch.testing.assert_close(grad, want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="grad_loss"):
+        torch.ops.optimized.cross_entropy_bwd_(grad, f[:4])
+    with pytest.raises(ValueError, match="grad_loss"):
+        torch.ops.optimized.cross_entropy_bwd_(grad, f.double())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grad_scale_folded_into_forward(device):
+    """cross_entropy_fwd's grad_scale: the gradient written is the unit one times the factor(s)."""
+    logits, target = inputs(5, 40, torch.float32, device, ignored=(2,))
+    _, _, unit = torch.ops.optimized.cross_entropy_fwd(logits, target, -100, 0.1, 1e-4, True)
+    s = torch.tensor(0.25, device=device)
+    _, _, scaled = torch.ops.optimized.cross_entropy_fwd(logits, target, -100, 0.1, 1e-4, True, s)
+    torch.testing.assert_close(scaled, unit * 0.25, rtol=0, atol=0)  # a power of 2: exact
+    rows = torch.tensor([1.0, -3.0, 7.0, 0.0, 0.5], device=device)
+    _, _, per_row = torch.ops.optimized.cross_entropy_fwd(logits, target, -100, 0.1, 1e-4, True, rows)
+    torch.testing.assert_close(per_row, unit * rows[:, None], rtol=1e-6, atol=0)
+    with pytest.raises(ValueError, match="grad_scale"):
+        torch.ops.optimized.cross_entropy_fwd(logits, target, -100, 0.0, 0.0, False, s)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("inplace", [False, True])
+def test_mean_backward_upstream_one_and_all_ignored(device, inplace):
+    """loss.backward() (upstream 1): the gradient is the forward's, with the mean's 1 / count folded in; an
+    all-ignored batch gives a zero gradient (its loss is NaN, as torch's)."""
+    logits, target = inputs(8, 300, torch.float32, device, ignored=(0, 5))
+    x = logits.clone().requires_grad_(True)
+    F.cross_entropy(x, target, label_smoothing=0.1).backward()
+    y = logits.clone().requires_grad_(True)
+    optimized_ops.cross_entropy(y * 1.0, target, label_smoothing=0.1, inplace_backward=inplace).backward()
+    torch.testing.assert_close(y.grad, x.grad)
+    z = logits.clone().requires_grad_(True)
+    loss = optimized_ops.cross_entropy(z * 1.0, torch.full_like(target, -100), inplace_backward=inplace)
+    assert torch.isnan(loss)
+    loss.backward()
+    assert torch.equal(z.grad, torch.zeros_like(z))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_grad_scale_and_backward_op(device):
+    logits, target = inputs(5, 33, torch.float32, device, ignored=(0,))
+    for s in (torch.tensor(0.5, device=device), torch.rand(5, device=device)):
+        torch.library.opcheck(torch.ops.optimized.cross_entropy_fwd.default,
+                              (logits.clone().requires_grad_(True), target, -100, 0.1, 1e-4, True, s))
+        torch.library.opcheck(torch.ops.optimized.cross_entropy_fwd_.default,
+                              (logits.clone(), target, -100, 0.1, 1e-4, s),
+                              test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+        torch.library.opcheck(torch.ops.optimized.cross_entropy_bwd_.default, (logits.clone(), s),
+                              test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))

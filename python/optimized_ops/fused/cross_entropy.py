@@ -1,17 +1,21 @@
-"""Cross-entropy over the ``torch.ops.optimized.cross_entropy_fwd`` / ``cross_entropy_fwd_`` ops of the
-C++ library (``src/torch/cross_entropy_ops.cpp``): the function, its fake kernels and its autograd.
+"""Cross-entropy over the ``torch.ops.optimized.cross_entropy_fwd`` / ``cross_entropy_fwd_`` /
+``cross_entropy_bwd_`` ops of the C++ library (``src/torch/cross_entropy_ops.cpp``): the function, its
+fake kernels and its autograd.
 
-One launch computes each row's loss and, when autograd will need it, the gradient of that row's loss
-for a unit upstream gradient (one read of the logits, one write of the gradient); the backward only
-scales that gradient by the upstream one (per row for ``reduction="none"``, ``grad / count`` for
-``"mean"``). Without a gradient to compute, the forward reads the logits once and writes the loss.
+One launch computes each row's loss and, when autograd will need it, the gradient of the reduced loss
+for an upstream gradient of 1 (one read of the logits, one write of the gradient): ``"mean"``'s 1 / count
+is counted on the device and folded into the gradient as it is written. The backward scales that
+gradient in place by the upstream gradient, and a kernel that reads the factor on the device skips
+rows whose factor is exactly 1: ``loss.backward()`` costs one launch and no pass over the gradient,
+without a host sync. Without a gradient to compute, the forward reads the logits once and writes the
+loss.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .._autograd import compute_dtype, kernel_scalar, register_autograd
+from .._autograd import bump_version, compute_dtype, kernel_scalar, register_autograd
 from .._fakes import one_device
 from .._library import load
 
@@ -65,18 +69,25 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     if reduction not in _REDUCTIONS:
         raise ValueError(f"optimized_ops.cross_entropy: reduction: expected one of {', '.join(_REDUCTIONS)}; "
                          f"given '{reduction}'")
-    needs_grad = torch.is_grad_enabled() and logits.requires_grad
-    if inplace_backward and needs_grad:
-        loss = _InplaceCrossEntropy.apply(logits, target, ignore_index, float(label_smoothing), float(z_loss), variant)
-    else:
-        loss, _, _ = _ops.cross_entropy_fwd.default(logits, target, ignore_index, float(label_smoothing),
-                                                    float(z_loss), needs_grad, variant=variant)
+    if torch.is_grad_enabled() and logits.requires_grad:
+        return _CrossEntropy.apply(logits, target, ignore_index, float(label_smoothing), float(z_loss), reduction,
+                                   inplace_backward, variant)
+    loss, _, _ = _ops.cross_entropy_fwd.default(logits, target, ignore_index, float(label_smoothing),
+                                                float(z_loss), False, variant=variant)
+    return _reduce(loss, target, ignore_index, reduction, logits.dtype)
+
+
+def _reduce(loss: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str, dtype: torch.dtype,
+            count: torch.Tensor = None) -> torch.Tensor:
+    """The per-row losses reduced, in ``dtype``, always a new tensor (an autograd.Function whose output
+    aliases an intermediate gets zero gradients under torch.compile: see linear_cross_entropy._reduce)."""
     if reduction == "none":
-        return loss.to(logits.dtype)
+        return loss.to(dtype, copy=True)
     total = loss.sum()
     if reduction == "mean":
-        total = total / (target != ignore_index).sum()  # all rows ignored: 0 / 0 = NaN, as torch
-    return total.to(logits.dtype)
+        # all rows ignored: 0 / 0 = NaN, as torch
+        total = total / ((target != ignore_index).sum() if count is None else count)
+    return total.to(dtype, copy=True)
 
 
 # ---- fake kernels ------------------------------------------------------------------------------
@@ -94,15 +105,21 @@ def _fake_outputs(op: str, logits: torch.Tensor, target: torch.Tensor):
 
 @torch.library.register_fake("optimized::cross_entropy_fwd")
 def _cross_entropy_fwd_fake(logits, target, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, compute_grad=False,
-                            *, variant="auto"):
+                            grad_scale=None, *, variant="auto"):
     loss, lse = _fake_outputs("cross_entropy_fwd", logits, target)
     return loss, lse, (logits.new_empty(logits.shape) if compute_grad else None)
 
 
 @torch.library.register_fake("optimized::cross_entropy_fwd_")
-def _cross_entropy_fwd_inplace_fake(logits, target, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, *,
-                                    variant="auto"):
+def _cross_entropy_fwd_inplace_fake(logits, target, ignore_index=-100, label_smoothing=0.0, z_loss=0.0,
+                                    grad_scale=None, *, variant="auto"):
     return _fake_outputs("cross_entropy_fwd_", logits, target)
+
+
+@torch.library.register_fake("optimized::cross_entropy_bwd_")
+def _cross_entropy_bwd_fake(grad, grad_loss):
+    one_device("cross_entropy_bwd_", grad=grad, grad_loss=grad_loss)
+    return None
 
 
 # ---- autograd ----------------------------------------------------------------------------------
@@ -123,12 +140,12 @@ def _setup(ctx, inputs, keyword_only_inputs, output):
 
 def _backward(ctx, g_loss, g_lse, g_grad):
     if g_loss is None or not ctx.needs_input_grad[0]:
-        return (None,) * 6
+        return (None,) * 7
     (grad,) = ctx.saved_tensors
     torch._check(grad is not None, lambda: (
         "optimized::cross_entropy_fwd: the forward ran with compute_grad=False, so it kept no gradient; "
         "call it with compute_grad=True (optimized_ops.cross_entropy does when logits require grad)"))
-    return _scaled(grad, g_loss, torch.empty_like(grad)), None, None, None, None, None
+    return _scaled(grad, g_loss, torch.empty_like(grad)), None, None, None, None, None, None
 
 
 def _unit_gradient(logits, target, ignore_index, label_smoothing, z_loss):
@@ -145,31 +162,50 @@ def _unit_gradient(logits, target, ignore_index, label_smoothing, z_loss):
 
 
 def _jvp(inputs, keyword_only_inputs, output, tangents):
-    logits, target, ignore_index, label_smoothing, z_loss, _ = inputs
+    logits, target, ignore_index, label_smoothing, z_loss, _, grad_scale = inputs
     t = tangents[0]
     if t is None:
         return None, None, None
     c = compute_dtype(logits)
-    unit = output[2].to(c) if output[2] is not None else _unit_gradient(logits, target, ignore_index,
-                                                                        label_smoothing, z_loss)
+    # the unit gradient: output[2] holds it times grad_scale, so recompute it when a scale was folded in
+    unit = output[2].to(c) if output[2] is not None and grad_scale is None else _unit_gradient(
+        logits, target, ignore_index, label_smoothing, z_loss)
     return (unit * t.to(c)).sum(-1).to(output[0].dtype), None, None
 
 
 register_autograd("optimized::cross_entropy_fwd", _backward, setup_context=_setup, jvp=_jvp, batching=True)
 
 
-class _InplaceCrossEntropy(torch.autograd.Function):
-    """inplace_backward=True: the forward writes the unit gradient over the logits; the backward scales it
-    there and hands the logits' memory back as their gradient."""
+class _CrossEntropy(torch.autograd.Function):
+    """optimized_ops.cross_entropy when autograd needs the logits' gradient. The forward writes the gradient
+    of the reduced loss for an upstream 1 (into a new tensor, or over the logits with inplace_backward), the
+    mean's 1 / count folded in from a device count; the backward scales it in place by the upstream gradient
+    (cross_entropy_bwd_: rows whose factor is exactly 1 untouched, the factor read on the device) and hands
+    that memory back as the logits' gradient."""
 
     @staticmethod
-    def forward(ctx, logits, target, ignore_index, label_smoothing, z_loss, variant):
-        loss, _ = _ops.cross_entropy_fwd_.default(logits, target, ignore_index, label_smoothing, z_loss,
-                                                  variant=variant)
-        ctx.save_for_backward(logits)  # now the gradient (saved after the write: its version checks later ones)
-        return loss
+    def forward(ctx, logits, target, ignore_index, label_smoothing, z_loss, reduction, inplace, variant):
+        count = scale = None
+        if reduction == "mean":
+            count = (target != ignore_index).sum()
+            # all rows ignored: 1 / 0 = inf multiplies no row (ignored rows are written as 0 unscaled)
+            scale = torch.reciprocal(count.to(compute_dtype(logits)))
+        if inplace:
+            loss, _ = _ops.cross_entropy_fwd_.default(logits, target, ignore_index, label_smoothing, z_loss, scale,
+                                                      variant=variant)
+            bump_version(logits)  # another op's saved logits now fail autograd's version check
+            grad = logits  # now the gradient (saved after the write: its version checks later ones)
+        else:
+            loss, _, grad = _ops.cross_entropy_fwd.default(logits, target, ignore_index, label_smoothing, z_loss,
+                                                           True, scale, variant=variant)
+        ctx.save_for_backward(grad)
+        ctx.set_materialize_grads(False)
+        return _reduce(loss, target, ignore_index, reduction, logits.dtype, count)
 
     @staticmethod
-    def backward(ctx, g_loss):
+    def backward(ctx, g_out):
+        if g_out is None or not ctx.needs_input_grad[0]:
+            return (None,) * 8
         (grad,) = ctx.saved_tensors
-        return _scaled(grad, g_loss, grad), None, None, None, None, None
+        _ops.cross_entropy_bwd_.default(grad, g_out.to(compute_dtype(grad)))
+        return (grad,) + (None,) * 7

@@ -20,8 +20,8 @@ Per chunk of ``c`` token rows, the forward runs three library ops and one torch 
 The gradients are of the SUM of the rows' losses (unit upstream gradients); the backward multiplies them, in
 place, by ``grad_output`` (``grad_output / count`` for ``"mean"``). ``reduction="none"`` needs a gradient
 per row, which cannot be applied to ``dW`` after the sum over the rows, so there the forward only computes
-the losses and the backward runs the chunks again (the logits recomputed: one more GEMM), scaling each
-chunk's gradient rows by the upstream gradient before the products.
+the losses and the backward runs the chunks again (the logits recomputed: one more GEMM), each chunk's
+gradient rows multiplied by the upstream gradient as the cross-entropy kernel writes them (its grad_scale).
 """
 
 from __future__ import annotations
@@ -267,10 +267,10 @@ def _chunks(h, weight, bias, t, config: _Config, grads: Optional[_Grads] = None,
             loss, _, _ = _ops.cross_entropy_fwd.default(logits, t_c, config.ignore_index, config.label_smoothing,
                                                         config.z_loss, False)
         else:
+            # logits now hold the unit gradient, times row_scale's rows when given (in the same pass)
             loss, _ = _ops.cross_entropy_fwd_.default(logits, t_c, config.ignore_index, config.label_smoothing,
-                                                      config.z_loss)  # logits now hold the unit gradient
-            if row_scale is not None:
-                logits.mul_(row_scale[begin:end, None])
+                                                      config.z_loss,
+                                                      None if row_scale is None else row_scale[begin:end])
             grads.add_chunk(logits, h_c, weight, begin, end, begin == 0, config.variant)
         if losses is not None:
             losses[begin:end].copy_(loss)
@@ -340,7 +340,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         hidden, weight, bias, target = ctx.saved_tensors
         h, t = _rows(hidden, target)
         grads = _Grads(h, weight, bias, ctx.needs_input_grad[:3], ctx.config.acc_dtype)
-        _chunks(h, weight, bias, t, ctx.config, grads, row_scale=grad_loss.reshape(-1).to(hidden.dtype))
+        _chunks(h, weight, bias, t, ctx.config, grads, row_scale=grad_loss.reshape(-1).to(compute_dtype(hidden)))
         g_weight = grads.d_weight
         if g_weight is not None and g_weight.dtype != weight.dtype:
             g_weight = g_weight.to(weight.dtype)

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from .._autograd import register_autograd
+from .._autograd import bump_version, register_autograd
 from .._fakes import one_device
 from .._library import load
 from .._variants import register_family
@@ -97,6 +97,7 @@ def rope(q: torch.Tensor, k: Optional[torch.Tensor], positions: torch.Tensor, *,
                                "cannot differentiate; given inputs that require grad (use inplace=False, "
                                "or run under torch.no_grad())")
         _ops.rope_fwd_(q, k, positions, theta, layout, rd, cos_sin, variant=variant)
+        bump_version(q, k)
         return q, k
     return _ops.rope_fwd(q, k, positions, theta, layout, rd, cos_sin, variant=variant)
 

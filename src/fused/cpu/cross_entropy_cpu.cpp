@@ -8,7 +8,9 @@
 //   loss = log(s) + (1 - ls) (m - x[t]) + ls (m - mean(x)) + z lse^2,   lse = m + log(s)
 // -- optimized/fused.h's formula, regrouped so that lse - x[t] does not cancel in fp32 when the logits
 // are large -- each term whose coefficient is 0 dropped, and
-//   grad = exp(x - m) / s * (1 + 2 z lse) - ls / V - (1 - ls) onehot(t).
+//   grad = (exp(x - m) / s * (1 + 2 z lse) - ls / V - (1 - ls) onehot(t)) * k,
+// k the row's grad_scale (1 when absent). cpu_cross_entropy_scale_grad is the backward: a stored
+// gradient's rows times grad_loss, rows whose factor is 1 left alone.
 // A row of only -inf: lse = -inf, loss and gradient NaN (m - x is NaN, as float64 math gives); a +inf logit: s is NaN; NaN propagates.
 // Ignored rows: loss 0, lse 0, gradient 0, the logits unread. The targets were checked by the API.
 #include <omp.h>
@@ -68,12 +70,27 @@ void cross_entropy_rows(const CrossEntropyParams& p, int nth) {
       if (!g) continue;
       const A inv_s = static_cast<A>(1.0 / s);
       const A c = z != A(0) ? A(1) + A(2) * z * lse : A(1);
+      const A k = p.grad_scale ? static_cast<const A*>(p.grad_scale)[r * p.grad_scale_stride] : A(1);
       for (int64_t j = 0; j < n; ++j) {
         A v = std::exp(x[j] - m) * inv_s * c - ls_over_v;
         if (j == t) v -= A(1) - ls;
-        g[j] = D::store(v);
+        g[j] = D::store(v * k);
       }
     }
+  }
+}
+
+template <class D>
+void scale_rows(const CrossEntropyParams& p, int nth) {
+  using A = typename D::Acc;
+  using T = typename D::T;
+  const A* k = static_cast<const A*>(p.grad_scale);
+#pragma omp parallel for num_threads(nth) schedule(static)
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const A f = k[r * p.grad_scale_stride];
+    if (f == A(1)) continue;
+    T* g = static_cast<T*>(p.grad) + r * p.ld_grad;
+    for (int64_t j = 0; j < p.vocab; ++j) g[j] = D::store(D::load(g[j]) * f);
   }
 }
 
@@ -88,6 +105,10 @@ void run(const CrossEntropyParams& p, int threads) {
 
 void cpu_cross_entropy(const CrossEntropyParams& params, int threads) {
   host::visit_traits(params.dtype, [&]<class D>() { run<D>(params, threads); });
+}
+
+void cpu_cross_entropy_scale_grad(const CrossEntropyParams& params, int threads) {
+  host::visit_traits(params.dtype, [&]<class D>() { scale_rows<D>(params, cpu_thread_count(threads, params.rows)); });
 }
 
 }  // namespace optimized

@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "core/device_facts.h"
 #include "core/dtypes_built.h"
@@ -53,7 +54,7 @@ using namespace optimized::kernels;
 // ---- config --------------------------------------------------------------------------------
 // Not yet measured on the H100 (docs/perf-notes/fused.md): the values follow the family's
 // streaming design (512 threads per row) and the split rule of long single rows.
-constexpr int kMaxThreads = 512;             // threads of a block on one row (or one chunk)
+constexpr int kMaxThreads = 1024;            // threads of a block on one row (or one chunk)
 constexpr int kMaxWarps = kMaxThreads / 32;
 constexpr int64_t kSplitMinVocab = 32768;    // shorter rows: always a block per row
 constexpr int64_t kChunkMin = 8192;          // elements per block, at least, when a row is split
@@ -137,23 +138,30 @@ __device__ __forceinline__ float row_loss(MaxSum ms, float sum_x, float x_t, con
   return l;
 }
 
-// Pass 2 over n logits at x (offset `base` into the row): the gradient into g.
+// The gradient's factor of `row` (1 without grad_scale).
+__device__ __forceinline__ float grad_factor(const CrossEntropyParams& p, int64_t row) {
+  return p.grad_scale ? static_cast<const float*>(p.grad_scale)[row * p.grad_scale_stride] : 1.0f;
+}
+
+// Pass 2 over n logits at x (offset `base` into the row): the gradient times k into g. The logits'
+// last read and the gradient's store are streaming (evict-first): the rows still to be re-read keep
+// their place in L2.
 template <typename T>
 __device__ __forceinline__ void write_gradient(const T* x, T* g, int64_t n, int64_t base, int64_t t, MaxSum ms,
-                                               float lse, const CeScalars& sc) {
+                                               float lse, float k, const CeScalars& sc) {
   const float inv_s = 1.0f / ms.s;
   const float c = sc.z != 0.0f ? 1.0f + 2.0f * sc.z * lse : 1.0f;
   const int64_t t_local = t - base;  // may be outside [0, n)
   for_each_aligned(x, n, same_alignment(x, g), threadIdx.x, blockDim.x, [&]<int kVec>(int64_t i) {
-    const Vec<T, kVec> xv = load_vec<T, kVec>(x + i);
+    const Vec<T, kVec> xv = load_vec_once<T, kVec>(x + i);
     Vec<T, kVec> gv;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
       float d = expf(to_float(xv.v[j]) - ms.m) * inv_s * c - sc.ls_over_v;
       if (i + j == t_local) d -= sc.one_minus_ls;
-      gv.v[j] = from_float<T>(d);
+      gv.v[j] = from_float<T>(d * k);
     }
-    store_vec<T, kVec>(g + i, gv);
+    store_vec_once<T, kVec>(g + i, gv);
   });
 }
 
@@ -190,7 +198,7 @@ __global__ void __launch_bounds__(kMaxThreads) ce_row_kernel(const CrossEntropyP
     }
     if (!g) continue;
     lse = ms.m + logf(ms.s);  // every thread (thread 0's value above is the same)
-    write_gradient(x, g, p.vocab, 0, t, ms, lse, sc);
+    write_gradient(x, g, p.vocab, 0, t, ms, lse, grad_factor(p, row), sc);
   }
 }
 
@@ -259,7 +267,7 @@ __global__ void __launch_bounds__(kMaxThreads) ce_finish_kernel(const CrossEntro
   __syncthreads();
   const MaxSum ms{folded[0], folded[1]};
   const T* x = static_cast<const T*>(p.logits) + row * p.ld_logits + begin;
-  write_gradient(x, g, n, begin, t, ms, ms.m + logf(ms.s), sc);
+  write_gradient(x, g, n, begin, t, ms, ms.m + logf(ms.s), grad_factor(p, row), sc);
 }
 
 // ---- launch ------------------------------------------------------------------------------------
@@ -295,6 +303,7 @@ cudaError_t plan_of(const CrossEntropyParams& p, CePlan* plan) {
   }
   // Threads: about two 16-byte vectors each, whole warps, at most kMaxThreads.
   plan->threads = std::max(32, pow2_ceil(ceil_div(ceil_div(plan->chunk, kVec16<T>), 2)));
+  if (const char* e = std::getenv("OPTIMIZED_CE_THREADS")) plan->threads = std::min(plan->threads, std::atoi(e));
   return cudaSuccess;
 }
 
@@ -311,8 +320,9 @@ cudaError_t launch(const CrossEntropyParams& p, const Workspace& workspace, cuda
   if (!arena.ok()) return cudaErrorInvalidValue;
   const CeScalars sc = scalars_of(p);
   if (plan.chunks == 1) {
-    const unsigned blocks = static_cast<unsigned>(std::min(p.rows, kMaxRowBlocks));
-    ce_row_kernel<T, I><<<blocks, plan.threads, 0, stream>>>(p, sc);
+    int64_t blocks = std::min(p.rows, kMaxRowBlocks);
+    if (const char* e = std::getenv("OPTIMIZED_CE_GRID"); e && p.grad) blocks = std::min<int64_t>(blocks, std::atoll(e));
+    ce_row_kernel<T, I><<<static_cast<unsigned>(blocks), plan.threads, 0, stream>>>(p, sc);
     return cudaGetLastError();
   }
   const dim3 grid(static_cast<unsigned>(plan.chunks), static_cast<unsigned>(p.rows));
@@ -332,7 +342,52 @@ cudaError_t route(const CrossEntropyParams& p, const Workspace& workspace, cudaS
   });
 }
 
+// ---- the backward: a stored gradient times the upstream gradient, in place ---------------------
+// Work items (row, chunk of kScaleChunk elements) strided over the grid; an item whose factor is
+// exactly 1 is skipped unread, and with one factor for every row (stride 0) a block that meets a 1
+// stops at once: loss.backward()'s usual upstream 1 costs a launch.
+constexpr int64_t kScaleChunk = 8192;  // a multiple of 16 elements: chunks keep the row's alignment
+constexpr int kScaleBlocksPerSm = 8;
+
+template <typename T>
+__global__ void __launch_bounds__(kMaxThreads) ce_scale_kernel(const CrossEntropyParams p, int64_t chunk,
+                                                               int64_t chunks) {
+  const float* factor = static_cast<const float*>(p.grad_scale);
+  for (int64_t item = blockIdx.x; item < p.rows * chunks; item += gridDim.x) {
+    const int64_t row = item / chunks, c = item % chunks;
+    const float f = factor[row * p.grad_scale_stride];
+    if (f == 1.0f) {
+      if (p.grad_scale_stride == 0) return;  // the same for every item
+      continue;
+    }
+    const int64_t begin = c * chunk;
+    T* g = static_cast<T*>(p.grad) + row * p.ld_grad + begin;
+    for_each_aligned(g, std::min(chunk, p.vocab - begin), true, threadIdx.x, blockDim.x, [&]<int kVec>(int64_t i) {
+      Vec<T, kVec> v = load_vec_once<T, kVec>(g + i);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) v.v[j] = from_float<T>(to_float(v.v[j]) * f);
+      store_vec_once<T, kVec>(g + i, v);
+    });
+  }
+}
+
+template <typename T>
+cudaError_t launch_scale(const CrossEntropyParams& p, cudaStream_t stream) {
+  const DeviceFacts* facts = nullptr;
+  if (cudaError_t e = current_device_facts(&facts); e != cudaSuccess) return e;
+  const int64_t chunk = std::min(p.vocab, kScaleChunk), chunks = ceil_div(p.vocab, chunk);
+  const int64_t blocks = std::min(p.rows * chunks, static_cast<int64_t>(kScaleBlocksPerSm) * facts->sm_count);
+  const int threads = std::max(32, pow2_ceil(ceil_div(ceil_div(chunk, kVec16<T>), 4)));
+  ce_scale_kernel<T><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p, chunk, chunks);
+  return cudaGetLastError();
+}
+
 }  // namespace
+
+cudaError_t cross_entropy_scale_grad(const CrossEntropyParams& p, cudaStream_t stream) {
+  return dispatch_built_dtype(p.dtype, cudaErrorInvalidValue,
+                              [&]<DType kD>() { return launch_scale<cuda_type_t<kD>>(p, stream); });
+}
 
 cudaError_t cross_entropy_fused(const CrossEntropyParams& p, const Workspace& workspace, cudaStream_t stream) {
   return route(p, workspace, stream, nullptr);
