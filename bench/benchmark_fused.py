@@ -667,7 +667,7 @@ def add_vs_liger(group_rows):
 # Each has a Case: its shape, how a rotating input set is drawn, the implementations, the calls of each
 # direction, the byte model and the float64 reference. The rows have the family's schema.
 
-CE_RUNGS = ["cpu", "fused_streaming"]  # kCrossEntropyVariants (src/fused/cross_entropy_params.h)
+CE_RUNGS = ["cpu", "fused_streaming", "fused_registers"]  # kCrossEntropyVariants (src/fused/cross_entropy_params.h)
 CE_SHAPES = {"cuda": {"bf16": ["8192x128256", "4096x32000"]}, "cpu": {"fp32": ["512x32000"]}}
 CE_QUICK_SHAPES = {"cuda": {"bf16": ["4096x32000"]}, "cpu": {"fp32": ["128x4096"]}}
 CE_LOGIT_SCALE = 4.0  # logits uniform in [-4, 4]: a softmax far from uniform

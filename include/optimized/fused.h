@@ -176,8 +176,12 @@ void silu_and_mul_backward(const TensorView& dy, const TensorView& x, const Tens
 //   grad_logits: (rows, vocab) of the logits' dtype, or absent (the forward alone: one read of the
 //           logits). It may be the very same view as logits: the gradient then overwrites the logits
 //           (each row is read whole before its gradient is written);
-//   variant: kAuto (cpu on the CPU, fused_streaming on CUDA), kCpu or kCudaFusedStreaming; the other
-//           rungs have no cross-entropy (kUnsupported).
+//   variant: kAuto (cpu on the CPU, fused_streaming on CUDA), kCpu, kCudaFusedStreaming (a block per
+//           row, which reads the row a second time for the gradient) or kCudaFusedRegisters (a cluster of
+//           blocks holds the row in registers: one read, but slower on the H100, see
+//           docs/perf-notes/fused.md; calls it cannot hold -- vocab not a multiple of 16 bytes, rows off
+//           16-byte alignment, rows over 512 KB, fewer rows than fill the GPU -- run the streaming
+//           kernels); kCudaUnfused has no cross-entropy (kUnsupported).
 // Reductions (mean over the rows whose target is not ignore_index, sum) are the caller's: a sum of
 // `rows` floats. CUDA: a workspace of cross_entropy_workspace_bytes (0 unless long rows are split
 // over several blocks; the C++ API allocates one on the stream when ctx gives none).

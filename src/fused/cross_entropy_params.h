@@ -66,6 +66,12 @@ namespace cuda {
 // gradient row, no access out of bounds.
 cudaError_t cross_entropy_fused(const CrossEntropyParams& p, const Workspace& workspace, cudaStream_t stream);
 cudaError_t cross_entropy_fused_workspace(const CrossEntropyParams& p, size_t* bytes);
+// fused_registers: the row read once into the registers of a cluster of blocks (up to 512 KB rows), the
+// gradient written from them (one DRAM read, yet slower than fused_streaming on the H100: too few rows in
+// flight, docs/perf-notes/fused.md); calls it cannot hold (vocab not a multiple of 16 bytes, unaligned rows,
+// longer rows, too few rows to fill the GPU, no clusters before sm_90) run cross_entropy_fused's kernels.
+cudaError_t cross_entropy_registers(const CrossEntropyParams& p, const Workspace& workspace, cudaStream_t stream);
+cudaError_t cross_entropy_registers_workspace(const CrossEntropyParams& p, size_t* bytes);
 // The backward on CUDA: grad *= grad_scale per row in place; a row whose factor is exactly 1 is not
 // read or written (the factor is read on the device: no sync).
 cudaError_t cross_entropy_scale_grad(const CrossEntropyParams& p, cudaStream_t stream);
@@ -76,15 +82,19 @@ using CrossEntropyVariantInfo =
     VariantInfo<FusedVariant, CpuBackendFn<CrossEntropyParams>, LauncherFn<CrossEntropyParams>,
                 WorkspaceQueryFn<CrossEntropyParams>, std::nullptr_t>;
 
-// Cross-entropy's rows of the fused ladder: the CPU loops and one CUDA design, the streaming one (a
-// block streams its row twice: online softmax, then the gradient from L2). The family's other rungs
-// (unfused, fused_registers) have no cross-entropy kernel and are refused by name.
-inline constexpr std::array<CrossEntropyVariantInfo, 2> kCrossEntropyVariants = {{
+// Cross-entropy's rows of the fused ladder: the CPU loops and two CUDA designs, the streaming one (a
+// block streams its row twice: online softmax, then the gradient, re-read) and the registers one (the
+// row held in a cluster's registers: read once). The family's unfused rung has no cross-entropy kernel
+// and is refused by name.
+inline constexpr std::array<CrossEntropyVariantInfo, 3> kCrossEntropyVariants = {{
     {FusedVariant::kCpu, "cpu", Backend::kCpu, {DType::kF32, DType::kF16, DType::kBF16, DType::kF64}, 0, "",
      &cpu_cross_entropy, nullptr, nullptr, nullptr},
     {FusedVariant::kCudaFusedStreaming, "fused_streaming", Backend::kCuda, {DType::kF32, DType::kF16, DType::kBF16},
      50, "", nullptr, OPTIMIZED_CUDA_FN(cuda::cross_entropy_fused),
      OPTIMIZED_CUDA_FN(cuda::cross_entropy_fused_workspace), nullptr},
+    {FusedVariant::kCudaFusedRegisters, "fused_registers", Backend::kCuda, {DType::kF32, DType::kF16, DType::kBF16},
+     50, "", nullptr, OPTIMIZED_CUDA_FN(cuda::cross_entropy_registers),
+     OPTIMIZED_CUDA_FN(cuda::cross_entropy_registers_workspace), nullptr},
 }};
 
 }  // namespace optimized

@@ -40,7 +40,7 @@ struct CeCase {
     return std::string(dtype_name(dtype)) + " rows " + std::to_string(rows) + " vocab " + std::to_string(vocab) +
            " pad " + std::to_string(pad) + " ls " + std::to_string(ls) + " z " + std::to_string(z) +
            (in_place ? " in place" : "") + (with_grad ? " grad" : "") + " target " + std::string(dtype_name(target_dtype)) +
-           " grad_scale " + std::to_string(scale);
+           " grad_scale " + std::to_string(scale) + " variant " + std::string(fused_variant_name(variant));
   }
 };
 
@@ -197,13 +197,18 @@ void run_case(const CeCase& cs, Device device) {
 const std::vector<DType> kAllDtypes = {DType::kF32, DType::kF16, DType::kBF16, DType::kF64};
 const std::vector<DType> kCudaDtypes = {DType::kF32, DType::kF16, DType::kBF16};
 
-// The grid of cases run on `device` for `dtype`.
-void run_grid(DType dtype, Device device, bool big) {
+// The grid of cases run on `device` for `dtype`: small sizes, big vocabularies (few rows: CUDA's
+// split-row path) or, `registers`, rows the CUDA registers design holds (a cluster of 1, 4 or 8 blocks,
+// 1 to 8 vectors per thread; the strided cases in the sequence below take the streaming kernels).
+void run_grid(DType dtype, Device device, bool big, FusedVariant variant = FusedVariant::kAuto,
+              bool registers = false) {
   const std::vector<std::pair<int64_t, int64_t>> sizes =
-      big ? std::vector<std::pair<int64_t, int64_t>>{{3, 32000}, {2, 128256}, {2, 262144}, {1, 262144}, {130, 40000}}
-          : std::vector<std::pair<int64_t, int64_t>>{{5, 1}, {7, 3}, {1, 1}, {33, 127}, {300, 17}, {4, 1000}};
+      registers ? std::vector<std::pair<int64_t, int64_t>>{{200, 4096}, {140, 8192}, {140, 128256}, {133, 262144}}
+      : big     ? std::vector<std::pair<int64_t, int64_t>>{{3, 32000}, {2, 128256}, {2, 262144}, {1, 262144}, {130, 40000}}
+                : std::vector<std::pair<int64_t, int64_t>>{{5, 1}, {7, 3}, {1, 1}, {33, 127}, {300, 17}, {4, 1000}};
   for (auto [rows, vocab] : sizes) {
     CeCase cs;
+    cs.variant = variant;
     cs.dtype = dtype;
     cs.rows = rows;
     cs.vocab = vocab;
@@ -382,6 +387,16 @@ TEST(CrossEntropyCuda, Grid) {
 TEST(CrossEntropyCuda, BigVocab) {
   SKIP_WITHOUT_CUDA();
   for (DType d : kCudaDtypes) run_grid(d, Device::cuda(0), true);
+}
+// Both CUDA designs by name (auto runs fused_registers), on every size set.
+TEST(CrossEntropyCuda, EveryDesign) {
+  SKIP_WITHOUT_CUDA();
+  for (FusedVariant v : {FusedVariant::kCudaFusedStreaming, FusedVariant::kCudaFusedRegisters})
+    for (DType d : kCudaDtypes) {
+      run_grid(d, Device::cuda(0), false, v);
+      run_grid(d, Device::cuda(0), true, v);
+      run_grid(d, Device::cuda(0), false, v, true);
+    }
 }
 TEST(CrossEntropyCuda, SpecialValues) {
   SKIP_WITHOUT_CUDA();

@@ -59,7 +59,10 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
         reads afterwards (autograd raises if another op saved them for its backward); the logits must
         be viewable as ``(rows, V)`` without a copy.
     variant : str, keyword-only
-        ``"auto"``, ``"cpu"`` or ``"fused_streaming"`` (the CUDA kernel).
+        ``"auto"``, ``"cpu"``, ``"fused_streaming"`` (CUDA, ``auto``'s choice: a block per row, which reads the
+        row a second time when the gradient is wanted) or ``"fused_registers"`` (CUDA: a cluster of blocks holds
+        the row in registers and reads it once, but keeps too few rows in flight and is slower on the H100;
+        logits it cannot hold run the streaming kernels).
 
     Returns
     -------

@@ -6,10 +6,11 @@
 //   1. ce_row_kernel -- a block per row. Pass 1 streams the row once from DRAM into an online
 //      softmax (kernels/online_softmax.cuh: running max m and rescaled sum s, merged per 16-byte
 //      vector) and sum(x) (label smoothing); the block merges them. Pass 2 (only when the gradient is
-//      wanted) re-reads the row -- from L2: a row is at most a few hundred KB and a few blocks per SM
-//      are resident, so the re-read stays on chip -- and writes the gradient with 16-byte stores.
-//      DRAM bytes: read the logits once, write the gradient once (the minimum, 2 T V e), or read once
-//      for the loss alone.
+//      wanted) re-reads the row and writes the gradient with 16-byte streaming stores. The re-read was
+//      meant to hit L2; on the H100 (T = 8192, V = 128256 bf16: 250 KB rows, 4 blocks of 512 per SM)
+//      only a third does (ncu: L2 hits 34%, 2.16 ms against the 1.42 ms of the minimum bytes), and
+//      fewer rows in flight (a grid of 66 to 528 blocks) did not raise it: pass 2 costs DRAM reads.
+//      DRAM bytes: the loss alone reads the logits once; with the gradient ~1.5 reads and a write.
 //   2. ce_partial_kernel + ce_finish_kernel -- long rows and few of them (vocab >= kSplitMinVocab and
 //      fewer rows than kWaves x the SMs): a row is split into chunks of >= kChunkMin elements over
 //      several blocks, so that one long row fills the GPU. Stage one: each block writes its chunk's
@@ -33,7 +34,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 
 #include "core/device_facts.h"
 #include "core/dtypes_built.h"
@@ -43,6 +43,8 @@
 #include "kernels/common.cuh"
 #include "kernels/dtype.cuh"
 #include "kernels/online_softmax.cuh"
+#include "kernels/packed_row.cuh"
+#include "kernels/ptx/cluster.cuh"
 #include "kernels/reduce.cuh"
 
 namespace optimized::cuda {
@@ -54,7 +56,7 @@ using namespace optimized::kernels;
 // ---- config --------------------------------------------------------------------------------
 // Not yet measured on the H100 (docs/perf-notes/fused.md): the values follow the family's
 // streaming design (512 threads per row) and the split rule of long single rows.
-constexpr int kMaxThreads = 1024;            // threads of a block on one row (or one chunk)
+constexpr int kMaxThreads = 512;             // threads of a block on one row (or one chunk)
 constexpr int kMaxWarps = kMaxThreads / 32;
 constexpr int64_t kSplitMinVocab = 32768;    // shorter rows: always a block per row
 constexpr int64_t kChunkMin = 8192;          // elements per block, at least, when a row is split
@@ -270,6 +272,216 @@ __global__ void __launch_bounds__(kMaxThreads) ce_finish_kernel(const CrossEntro
   write_gradient(x, g, n, begin, t, ms, ms.m + logf(ms.s), grad_factor(p, row), sc);
 }
 
+// ---- version 3: the row in registers, over a cluster ---------------------------------------------
+// A cluster of C blocks (1, 2, 4 or 8; C = 1 without the cluster launch) of kRegThreads threads holds
+// one row: thread (rank r, lane l) keeps the 16-byte vectors i * C * kRegThreads + r * kRegThreads + l,
+// i < kV, PACKED (4 registers each), so the row is read from DRAM once and the gradient written from
+// registers: the minimum bytes, without version 1's re-read (which missed L2 on the H100: 34% hits,
+// 2.2 ms for a 1.4 ms minimum at T = 8192, V = 128256 bf16). Reductions: the max, then (sum of exp,
+// sum of x), each over the block (warp shuffles, shared memory) and the cluster (distributed shared
+// memory, one cluster barrier), slots alternating by parity. Clusters stride over the rows.
+// Measured on the H100 (T = 8192, V = 128256 bf16, clusters of 8, kV = 4, 64 registers): SLOWER than
+// version 1 -- 1247 GB/s forward + backward against 1695 -- because only 30 clusters of 8 are resident
+// (cudaOccupancyMaxActiveClusters), so 30 rows are in flight and each waits through its loads, two
+// cluster reductions and its stores with nothing to overlap (ncu: DRAM 37%, 3.4 ms). To win it would
+// need the next row's loads in flight during the reductions, which the 64-register budget does not
+// hold (kV = 4 packed vectors + the next row's = 32 registers of data). Kept as the measured rung.
+// Rows it takes: vocab a multiple of a vector, rows and gradient 16-byte aligned, at most
+// kRegMaxCluster * kRegThreads * kRegMaxVectors vectors (512 KB), enough rows to give every SM a block.
+constexpr int kRegThreads = 512;
+constexpr int kRegMaxCluster = 8;
+constexpr int kRegMaxVectors = 8;   // per thread
+constexpr int kRegTargetVectors = 4;  // per thread, before a larger cluster is taken
+constexpr int kRegWarps = kRegThreads / 32;
+
+int pow2_ceil_of(int64_t v) {
+  int r = 1;
+  while (r < v) r *= 2;
+  return r;
+}
+
+struct RegPlan {
+  int cluster = 1;
+  int kv = 1;
+  int64_t vecs = 0;  // vectors per row
+};
+
+struct RegSlots {
+  float warp[2][kRegWarps][2];
+  float cluster[2][kRegMaxCluster][2];
+};
+
+template <typename Op, bool kCluster>
+__device__ __forceinline__ void row_reduce(float (&v)[2], int cluster, RegSlots& slots, int& parity) {
+  const int b = parity;
+  parity ^= 1;
+  segment_reduce<Op, 2>(v, kRegThreads, slots.warp[b]);
+  if constexpr (kCluster) cluster_reduce<Op, 2>(v, cluster, slots.cluster[b]);
+}
+
+template <typename T, typename I, int kV, bool kCluster>
+__global__ void __launch_bounds__(kRegThreads, 2) ce_registers_kernel(const CrossEntropyParams p, const CeScalars sc,
+                                                                      const RegPlan plan) {
+  constexpr int kVec = kVec16<T>;
+  __shared__ RegSlots slots;
+  int parity = 0;
+  if constexpr (kCluster) ptx::cluster_arrive_relaxed();  // every peer runs before the first DSMEM write
+  const int rank = kCluster ? static_cast<int>(ptx::cluster_block_rank()) : 0;
+  const int64_t groups = gridDim.x / plan.cluster, group = blockIdx.x / plan.cluster;
+  // 32-bit offsets: a row holds at most kRegMaxCluster * kRegThreads * kRegMaxVectors vectors.
+  const int span = plan.cluster * kRegThreads, first = rank * kRegThreads + static_cast<int>(threadIdx.x);
+  const int vecs = static_cast<int>(plan.vecs);
+  const bool lead = rank == 0 && threadIdx.x == 0;
+  auto owned = [&](int i) { return first + i * span < vecs; };
+  auto at = [&](int i) { return (first + i * span) * kVec; };
+  if constexpr (kCluster) ptx::cluster_wait();
+
+  for (int64_t row = group; row < p.rows; row += groups) {
+    const T* x = static_cast<const T*>(p.logits) + row * p.ld_logits;
+    T* g = p.grad ? static_cast<T*>(p.grad) + row * p.ld_grad : nullptr;
+    const int64_t t = target_of<I>(p, row);
+    float fill;
+    if (skipped_row(p, t, &fill)) {  // the same branch for every thread of the cluster: no reduction
+      if (lead) {
+        static_cast<float*>(p.loss)[row] = fill;
+        if (p.lse) static_cast<float*>(p.lse)[row] = fill;
+      }
+      if (g) {
+        Vec<T, kVec> fv;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) fv.v[j] = from_float<T>(fill);
+#pragma unroll
+        for (int i = 0; i < kV; ++i)
+          if (owned(i)) store_vec_once<T, kVec>(g + at(i), fv);
+      }
+      continue;
+    }
+    const float x_t = lead ? to_float(x[t]) : 0.0f;  // before the first barrier: in place safe
+    Vec<T, kVec> v[kV];
+    float m = -INFINITY, sum_x = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kV; ++i)
+      if (owned(i)) {
+        v[i] = load_vec_once<T, kVec>(x + at(i));
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float f = to_float(v[i].v[j]);
+          m = MaxOp::apply(m, f);  // NaN propagates
+          sum_x += f;
+        }
+      }
+    float red[2] = {m, 0.0f};
+    row_reduce<MaxOp, kCluster>(red, plan.cluster, slots, parity);
+    m = red[0];
+#pragma unroll
+    for (int i = 0; i < kV; ++i) keep_packed(v[i]);
+    float s = 0.0f;
+    if (m != -INFINITY) {  // only -inf: s = 0, lse = -inf (as the CPU rung; exp(-inf - -inf) is NaN)
+#pragma unroll
+      for (int i = 0; i < kV; ++i)
+        if (owned(i))
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) s += expf(to_float(v[i].v[j]) - m);
+    }
+    red[0] = s;
+    red[1] = sc.ls != 0.0f ? sum_x : 0.0f;
+    row_reduce<SumOp, kCluster>(red, plan.cluster, slots, parity);
+    s = red[0];
+#pragma unroll
+    for (int i = 0; i < kV; ++i) keep_packed(v[i]);
+    const MaxSum ms{m, s};
+    float lse = 0.0f;
+    if (lead) {
+      static_cast<float*>(p.loss)[row] = row_loss(ms, red[1], x_t, sc, &lse);
+      if (p.lse) static_cast<float*>(p.lse)[row] = lse;
+    }
+    if (!g) continue;
+    lse = m + logf(s);
+    const float inv_s = 1.0f / s, c = sc.z != 0.0f ? 1.0f + 2.0f * sc.z * lse : 1.0f, k = grad_factor(p, row);
+#pragma unroll
+    for (int i = 0; i < kV; ++i)
+      if (owned(i)) {
+        const int col = at(i);
+        Vec<T, kVec> gv;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          float d = expf(to_float(v[i].v[j]) - m) * inv_s * c - sc.ls_over_v;
+          if (col + j == t) d -= sc.one_minus_ls;
+          gv.v[j] = from_float<T>(d * k);
+        }
+        store_vec_once<T, kVec>(g + col, gv);
+      }
+  }
+}
+
+// The registers plan for p, or false when version 3 cannot take the call (the streaming versions do).
+template <typename T>
+bool registers_plan(const CrossEntropyParams& p, const DeviceFacts& facts, RegPlan* out) {
+  constexpr int kVec = kVec16<T>;
+  auto aligned = [](const void* ptr, int64_t ld) {
+    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && (ld * static_cast<int64_t>(sizeof(T))) % 16 == 0;
+  };
+  if (p.vocab % kVec != 0 || !aligned(p.logits, p.ld_logits) || (p.grad && !aligned(p.grad, p.ld_grad))) return false;
+  RegPlan plan;
+  plan.vecs = p.vocab / kVec;
+  if (plan.vecs < kRegThreads) return false;  // short rows: version 1 holds several per SM
+  for (plan.cluster = 1;; plan.cluster *= 2) {
+    plan.kv = pow2_ceil_of(ceil_div(plan.vecs, static_cast<int64_t>(plan.cluster) * kRegThreads));
+    if (plan.kv <= kRegTargetVectors || plan.cluster == kRegMaxCluster) break;
+  }
+  if (plan.kv > kRegMaxVectors) return false;
+  if (plan.cluster > 1 && facts.compute_capability < 90) return false;  // clusters: sm_90
+  if (p.rows * plan.cluster < facts.sm_count) return false;  // few rows: version 2 splits them wider
+  *out = plan;
+  return true;
+}
+
+template <typename T, typename I, int kV, bool kCluster>
+cudaError_t launch_registers(const CrossEntropyParams& p, const RegPlan& plan, cudaStream_t stream) {
+  auto kernel = ce_registers_kernel<T, I, kV, kCluster>;
+  cudaLaunchConfig_t config = {};
+  config.blockDim = dim3(kRegThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute;
+  int64_t groups = 0;
+  if constexpr (kCluster) {
+    ptx::set_cluster_dims(config, attribute, static_cast<unsigned>(plan.cluster));
+    config.gridDim = dim3(static_cast<unsigned>(plan.cluster));
+    int clusters = 0;
+    if (cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config); e != cudaSuccess) return e;
+    groups = std::max(1, clusters);
+  } else {
+    const DeviceFacts* facts = nullptr;
+    if (cudaError_t e = current_device_facts(&facts); e != cudaSuccess) return e;
+    int per_sm = 0;
+    if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kRegThreads, 0); e != cudaSuccess)
+      return e;
+    groups = static_cast<int64_t>(facts->sm_count) * std::max(1, per_sm);
+  }
+  groups = std::min(groups, p.rows);
+  config.gridDim = dim3(static_cast<unsigned>(groups * plan.cluster));
+  if (cudaError_t e = cudaLaunchKernelEx(&config, kernel, p, scalars_of(p), plan); e != cudaSuccess) return e;
+  return cudaGetLastError();
+}
+
+template <typename T, typename I>
+cudaError_t launch_registers_kv(const CrossEntropyParams& p, const RegPlan& plan, cudaStream_t stream) {
+  auto go = [&]<int kV>() {
+    if constexpr (kV > kRegTargetVectors)  // only on the largest cluster (registers_plan)
+      return launch_registers<T, I, kV, true>(p, plan, stream);
+    else
+      return plan.cluster > 1 ? launch_registers<T, I, kV, true>(p, plan, stream)
+                              : launch_registers<T, I, kV, false>(p, plan, stream);
+  };
+  switch (plan.kv) {
+    case 1: return go.template operator()<1>();
+    case 2: return go.template operator()<2>();
+    case 4: return go.template operator()<4>();
+    case 8: return go.template operator()<8>();
+    default: return cudaErrorInvalidValue;  // registers_plan caps kv
+  }
+}
+
 // ---- launch ------------------------------------------------------------------------------------
 
 int pow2_ceil(int64_t v) {
@@ -303,12 +515,19 @@ cudaError_t plan_of(const CrossEntropyParams& p, CePlan* plan) {
   }
   // Threads: about two 16-byte vectors each, whole warps, at most kMaxThreads.
   plan->threads = std::max(32, pow2_ceil(ceil_div(ceil_div(plan->chunk, kVec16<T>), 2)));
-  if (const char* e = std::getenv("OPTIMIZED_CE_THREADS")) plan->threads = std::min(plan->threads, std::atoi(e));
   return cudaSuccess;
 }
 
+// registers: version 3 where it takes the call (a workspace query answers for versions 1 and 2: the
+// most any call of those sizes needs).
 template <typename T, typename I>
-cudaError_t launch(const CrossEntropyParams& p, const Workspace& workspace, cudaStream_t stream, size_t* measure) {
+cudaError_t launch(const CrossEntropyParams& p, const Workspace& workspace, cudaStream_t stream, size_t* measure,
+                   bool registers) {
+  if (registers && !measure) {
+    const DeviceFacts* facts = nullptr;
+    if (cudaError_t e = current_device_facts(&facts); e != cudaSuccess) return e;
+    if (RegPlan rp; registers_plan<T>(p, *facts, &rp)) return launch_registers_kv<T, I>(p, rp, stream);
+  }
   CePlan plan;
   if (cudaError_t e = plan_of<T>(p, &plan); e != cudaSuccess) return e;
   WorkspaceArena arena = measure ? WorkspaceArena() : WorkspaceArena(workspace);
@@ -320,9 +539,8 @@ cudaError_t launch(const CrossEntropyParams& p, const Workspace& workspace, cuda
   if (!arena.ok()) return cudaErrorInvalidValue;
   const CeScalars sc = scalars_of(p);
   if (plan.chunks == 1) {
-    int64_t blocks = std::min(p.rows, kMaxRowBlocks);
-    if (const char* e = std::getenv("OPTIMIZED_CE_GRID"); e && p.grad) blocks = std::min<int64_t>(blocks, std::atoll(e));
-    ce_row_kernel<T, I><<<static_cast<unsigned>(blocks), plan.threads, 0, stream>>>(p, sc);
+    const unsigned blocks = static_cast<unsigned>(std::min(p.rows, kMaxRowBlocks));
+    ce_row_kernel<T, I><<<blocks, plan.threads, 0, stream>>>(p, sc);
     return cudaGetLastError();
   }
   const dim3 grid(static_cast<unsigned>(plan.chunks), static_cast<unsigned>(p.rows));
@@ -333,11 +551,12 @@ cudaError_t launch(const CrossEntropyParams& p, const Workspace& workspace, cuda
   return cudaGetLastError();
 }
 
-cudaError_t route(const CrossEntropyParams& p, const Workspace& workspace, cudaStream_t stream, size_t* measure) {
+cudaError_t route(const CrossEntropyParams& p, const Workspace& workspace, cudaStream_t stream, size_t* measure,
+                  bool registers) {
   return dispatch_built_dtype(p.dtype, cudaErrorInvalidValue, [&]<DType kD>() {
     using T = cuda_type_t<kD>;
-    if (p.target_dtype == DType::kI32) return launch<T, int32_t>(p, workspace, stream, measure);
-    if (p.target_dtype == DType::kI64) return launch<T, int64_t>(p, workspace, stream, measure);
+    if (p.target_dtype == DType::kI32) return launch<T, int32_t>(p, workspace, stream, measure, registers);
+    if (p.target_dtype == DType::kI64) return launch<T, int64_t>(p, workspace, stream, measure, registers);
     return cudaErrorInvalidValue;
   });
 }
@@ -390,11 +609,19 @@ cudaError_t cross_entropy_scale_grad(const CrossEntropyParams& p, cudaStream_t s
 }
 
 cudaError_t cross_entropy_fused(const CrossEntropyParams& p, const Workspace& workspace, cudaStream_t stream) {
-  return route(p, workspace, stream, nullptr);
+  return route(p, workspace, stream, nullptr, false);
 }
 
 cudaError_t cross_entropy_fused_workspace(const CrossEntropyParams& p, size_t* bytes) {
-  return route(p, {}, nullptr, bytes);
+  return route(p, {}, nullptr, bytes, false);
+}
+
+cudaError_t cross_entropy_registers(const CrossEntropyParams& p, const Workspace& workspace, cudaStream_t stream) {
+  return route(p, workspace, stream, nullptr, true);
+}
+
+cudaError_t cross_entropy_registers_workspace(const CrossEntropyParams& p, size_t* bytes) {
+  return route(p, {}, nullptr, bytes, true);
 }
 
 }  // namespace optimized::cuda
