@@ -245,7 +245,7 @@ constexpr int kMinBlocks = min_blocks_for(row_registers(static_cast<int>(sizeof(
 // The kernel keeps the row in registers in its storage type (a 16-byte vector is 4 registers for
 // any dtype; its fp32 values are 8 for bf16 / fp16) and converts at each use, with keep_packed after
 // each reduction; it stores with store_row_vec and predicates the norms' backward loads with
-// load_row_vec_if (kernels/dtype.cuh says why each).
+// load_row_vec_if (kernels/packed_row.cuh says why each).
 
 // T: element type; kVec: elements per vector (16 bytes, or 1 for unaligned rows); kV: vectors
 // per thread; kKind: which op group and direction; kCluster: rows span a cluster.
