@@ -176,6 +176,12 @@ def test_grad_scale_folded_into_forward(device):
     torch.testing.assert_close(per_row, unit * rows[:, None], rtol=1e-6, atol=0)
     with pytest.raises(ValueError, match="grad_scale"):
         torch.ops.optimized.cross_entropy_fwd(logits, target, -100, 0.0, 0.0, False, s)
+    # autograd through the raw op: the loss's gradient, whatever scale the stored gradient carries
+    x = logits.clone().requires_grad_(True)
+    loss, _, _ = torch.ops.optimized.cross_entropy_fwd(x, target, -100, 0.1, 1e-4, True, s)
+    up = torch.rand(5, device=device)
+    (g,) = torch.autograd.grad(loss, x, up)
+    torch.testing.assert_close(g, unit * up[:, None], rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("device", DEVICES)

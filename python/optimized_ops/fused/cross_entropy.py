@@ -135,8 +135,14 @@ def _scaled(grad: torch.Tensor, g_loss: torch.Tensor, out: torch.Tensor) -> torc
 
 def _setup(ctx, inputs, keyword_only_inputs, output):
     loss, lse, grad = output
-    ctx.compute_grad = inputs[5]
-    ctx.save_for_backward(grad)
+    logits, target, ignore_index, label_smoothing, z_loss, compute_grad, grad_scale = inputs
+    ctx.compute_grad = compute_grad
+    # With a grad_scale the stored gradient is the unit one times the scale, not the loss's: the backward
+    # then recomputes the unit gradient from the logits (torch formula; optimized_ops.cross_entropy never
+    # differentiates through this op, it owns its backward).
+    ctx.scaled = grad_scale is not None
+    ctx.args = (ignore_index, label_smoothing, z_loss)
+    ctx.save_for_backward(*((logits, target) if ctx.scaled else (grad,)))
     ctx.mark_non_differentiable(*(t for t in (lse, grad) if t is not None))
     ctx.set_materialize_grads(False)
 
@@ -144,6 +150,10 @@ def _setup(ctx, inputs, keyword_only_inputs, output):
 def _backward(ctx, g_loss, g_lse, g_grad):
     if g_loss is None or not ctx.needs_input_grad[0]:
         return (None,) * 7
+    if ctx.scaled:
+        logits, target = ctx.saved_tensors
+        unit = _unit_gradient(logits, target, *ctx.args)
+        return (_scaled(unit, g_loss, torch.empty_like(logits)),) + (None,) * 6
     (grad,) = ctx.saved_tensors
     torch._check(grad is not None, lambda: (
         "optimized::cross_entropy_fwd: the forward ran with compute_grad=False, so it kept no gradient; "
