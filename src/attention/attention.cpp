@@ -189,15 +189,7 @@ class Operands {
   // Outputs may not overlap any other operand (no in-place attention).
   void check_overlaps() const { set_.check_overlaps(); }
 
-  void check_workspace(const Workspace& ws) const {
-    if (!ws.data || ws.bytes == 0) return;
-    const auto w0 = reinterpret_cast<uintptr_t>(ws.data), w1 = w0 + ws.bytes;
-    set_.for_each([&](const TensorView& t, const char* name) {
-      const ViewExtent e = view_extent(t, name);
-      if (e.bytes > 0 && w0 < e.end && e.begin < w1)
-        invalid(std::string("workspace: expected memory that does not overlap ") + name + "; given overlapping memory");
-    });
-  }
+  void check_workspace(const Workspace& ws) const { set_.check_workspace(ws); }
 
   // Whether every data operand's rows start on 16-byte boundaries (flash2's cp.async).
   bool rows_aligned() const {

@@ -114,6 +114,17 @@ class OperandSet {
 
   Device device() const { return device_; }
 
+  // A caller's workspace is scratch the kernels write: it may not overlap any operand recorded.
+  void check_workspace(const Workspace& ws) const {
+    if (!ws.data || ws.bytes == 0) return;
+    const auto w0 = reinterpret_cast<uintptr_t>(ws.data), w1 = w0 + ws.bytes;
+    for_each([&](const TensorView& t, const char* name) {
+      const ViewExtent e = view_extent(t, name);
+      if (e.bytes > 0 && w0 < e.end && e.begin < w1)
+        invalid(std::string("workspace: expected memory that does not overlap ") + name + "; given overlapping memory");
+    });
+  }
+
   // f(view, name) for every operand recorded, inputs first.
   template <class F>
   void for_each(F&& f) const {

@@ -106,14 +106,7 @@ void set_scale(const TensorView& s, const char* name, int64_t rows, DType stat, 
 void check_cuda_call(const arg::OperandSet& ops, DType dtype, const ExecutionContext& ctx, const char* what) {
   if (std::string why = cuda_dtype_not_built("fused", dtype); !why.empty())
     throw Error(Status::kUnsupported, std::string(what) + ": " + why);
-  if (const Workspace& ws = ctx.workspace; ws.data && ws.bytes > 0) {
-    const auto w0 = reinterpret_cast<uintptr_t>(ws.data), w1 = w0 + ws.bytes;
-    ops.for_each([&](const TensorView& t, const char* name) {
-      const ViewExtent e = view_extent(t, name);
-      if (e.bytes > 0 && w0 < e.end && e.begin < w1)
-        invalid(std::string("workspace: expected memory that does not overlap ") + name + "; given overlapping memory");
-    });
-  }
+  ops.check_workspace(ctx.workspace);
   // After the argument checks, so that a bad argument is named on machines without a GPU too.
   if (cuda_device_count() == 0)
     throw Error(Status::kUnsupported, std::string(what) + ": operands on " + device_name(ops.device()) +

@@ -133,4 +133,25 @@ __device__ __forceinline__ void cluster_reduce(float (&v)[N], int cluster, float
   }
 }
 
+// Slots of the reductions over the threads of one row -- a segment of a block, and with clusters the
+// blocks of a cluster -- double-buffered by parity: one barrier per reduction (see the header).
+template <int N, int kWarps, int kMaxCluster>
+struct RowReduceSlots {
+  float warp[2][kWarps][N];
+  float cluster[2][kMaxCluster][N];
+};
+
+// Reduces v[0..N) over the `seg` threads of a row of the block (segment_reduce) and, kCluster, over
+// the `cluster` blocks of the cluster (cluster_reduce: every peer must have started, as it says);
+// every thread of the block calls it the same number of times and gets the row's totals. `parity`
+// picks the slots and flips.
+template <typename Op, bool kCluster, int N, int kWarps, int kMaxCluster>
+__device__ __forceinline__ void row_reduce(float (&v)[N], int seg, int cluster,
+                                           RowReduceSlots<N, kWarps, kMaxCluster>& slots, int& parity) {
+  const int buf = parity;
+  parity ^= 1;
+  segment_reduce<Op, N>(v, seg, slots.warp[buf]);
+  if constexpr (kCluster) cluster_reduce<Op, N>(v, cluster, slots.cluster[buf]);
+}
+
 }  // namespace optimized::kernels

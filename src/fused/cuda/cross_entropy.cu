@@ -294,30 +294,13 @@ constexpr int kRegMaxVectors = 8;   // per thread
 constexpr int kRegTargetVectors = 4;  // per thread, before a larger cluster is taken
 constexpr int kRegWarps = kRegThreads / 32;
 
-int pow2_ceil_of(int64_t v) {
-  int r = 1;
-  while (r < v) r *= 2;
-  return r;
-}
-
 struct RegPlan {
   int cluster = 1;
   int kv = 1;
   int64_t vecs = 0;  // vectors per row
 };
 
-struct RegSlots {
-  float warp[2][kRegWarps][2];
-  float cluster[2][kRegMaxCluster][2];
-};
-
-template <typename Op, bool kCluster>
-__device__ __forceinline__ void row_reduce(float (&v)[2], int cluster, RegSlots& slots, int& parity) {
-  const int b = parity;
-  parity ^= 1;
-  segment_reduce<Op, 2>(v, kRegThreads, slots.warp[b]);
-  if constexpr (kCluster) cluster_reduce<Op, 2>(v, cluster, slots.cluster[b]);
-}
+using RegSlots = RowReduceSlots<2, kRegWarps, kRegMaxCluster>;
 
 template <typename T, typename I, int kV, bool kCluster>
 __global__ void __launch_bounds__(kRegThreads, 2) ce_registers_kernel(const CrossEntropyParams p, const CeScalars sc,
@@ -371,7 +354,7 @@ __global__ void __launch_bounds__(kRegThreads, 2) ce_registers_kernel(const Cros
         }
       }
     float red[2] = {m, 0.0f};
-    row_reduce<MaxOp, kCluster>(red, plan.cluster, slots, parity);
+    row_reduce<MaxOp, kCluster>(red, kRegThreads, plan.cluster, slots, parity);
     m = red[0];
 #pragma unroll
     for (int i = 0; i < kV; ++i) keep_packed(v[i]);
@@ -385,7 +368,7 @@ __global__ void __launch_bounds__(kRegThreads, 2) ce_registers_kernel(const Cros
     }
     red[0] = s;
     red[1] = sc.ls != 0.0f ? sum_x : 0.0f;
-    row_reduce<SumOp, kCluster>(red, plan.cluster, slots, parity);
+    row_reduce<SumOp, kCluster>(red, kRegThreads, plan.cluster, slots, parity);
     s = red[0];
 #pragma unroll
     for (int i = 0; i < kV; ++i) keep_packed(v[i]);
@@ -426,7 +409,7 @@ bool registers_plan(const CrossEntropyParams& p, const DeviceFacts& facts, RegPl
   plan.vecs = p.vocab / kVec;
   if (plan.vecs < kRegThreads) return false;  // short rows: version 1 holds several per SM
   for (plan.cluster = 1;; plan.cluster *= 2) {
-    plan.kv = pow2_ceil_of(ceil_div(plan.vecs, static_cast<int64_t>(plan.cluster) * kRegThreads));
+    plan.kv = pow2_ceil(ceil_div(plan.vecs, static_cast<int64_t>(plan.cluster) * kRegThreads));
     if (plan.kv <= kRegTargetVectors || plan.cluster == kRegMaxCluster) break;
   }
   if (plan.kv > kRegMaxVectors) return false;
@@ -484,11 +467,8 @@ cudaError_t launch_registers_kv(const CrossEntropyParams& p, const RegPlan& plan
 
 // ---- launch ------------------------------------------------------------------------------------
 
-int pow2_ceil(int64_t v) {
-  int r = 1;
-  while (r < v && r < kMaxThreads) r *= 2;
-  return r;
-}
+// Threads for about v work items: a power of two, at most kMaxThreads.
+int block_threads(int64_t v) { return std::min(pow2_ceil(v), kMaxThreads); }
 
 // How a call runs: threads per block, and chunks per row (1: version 1).
 struct CePlan {
@@ -514,7 +494,7 @@ cudaError_t plan_of(const CrossEntropyParams& p, CePlan* plan) {
     }
   }
   // Threads: about two 16-byte vectors each, whole warps, at most kMaxThreads.
-  plan->threads = std::max(32, pow2_ceil(ceil_div(ceil_div(plan->chunk, kVec16<T>), 2)));
+  plan->threads = std::max(32, block_threads(ceil_div(ceil_div(plan->chunk, kVec16<T>), 2)));
   return cudaSuccess;
 }
 
@@ -596,7 +576,7 @@ cudaError_t launch_scale(const CrossEntropyParams& p, cudaStream_t stream) {
   if (cudaError_t e = current_device_facts(&facts); e != cudaSuccess) return e;
   const int64_t chunk = std::min(p.vocab, kScaleChunk), chunks = ceil_div(p.vocab, chunk);
   const int64_t blocks = std::min(p.rows * chunks, static_cast<int64_t>(kScaleBlocksPerSm) * facts->sm_count);
-  const int threads = std::max(32, pow2_ceil(ceil_div(ceil_div(chunk, kVec16<T>), 4)));
+  const int threads = std::max(32, block_threads(ceil_div(ceil_div(chunk, kVec16<T>), 4)));
   ce_scale_kernel<T><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p, chunk, chunks);
   return cudaGetLastError();
 }

@@ -76,29 +76,12 @@ struct Plan {
 };
 
 // ---- reductions ----------------------------------------------------------------------------
-// Shared state of the row reductions of one block: per-warp partials and (clusters) the partials
-// of every block of the cluster, each double-buffered by reduction parity.
-template <int N>
-struct ReduceSmem {
-  float warp[2][kShortRowBlock / 32 > kMaxWarpsPerRow ? kShortRowBlock / 32 : kMaxWarpsPerRow][N];
-  float cluster[2][kMaxCluster][N];
-};
-
-// Reduces v[0..N) over the threads of one row (all of them: every thread of the block must call
-// it, the same number of times). Returns with every thread of the row holding the totals. The
-// slots alternate by parity (kernels/reduce.cuh): one barrier per reduction.
-template <int N, typename Op, bool kCluster>
-__device__ __forceinline__ void row_reduce(float (&v)[N], int tpr, int cluster, ReduceSmem<N>& smem,
-                                           int& parity) {
-  const int buf = parity;
-  parity ^= 1;
-  segment_reduce<Op, N>(v, tpr, smem.warp[buf]);
-  if constexpr (kCluster) {
-    // Every block of the cluster holds one row slice (rows_per_block == 1); the kernel's start
-    // barrier made sure every peer runs before this writes into it.
-    cluster_reduce<Op, N>(v, cluster, smem.cluster[buf]);
-  }
-}
+// The row reductions of one block (kernels/reduce.cuh's row_reduce): per-warp partials and (clusters)
+// the partials of every block of the cluster, each double-buffered by reduction parity. With a
+// cluster every block holds one row slice (rows_per_block == 1), and the kernel's start barrier made
+// sure every peer runs before the first reduction writes into it.
+using ReduceSmem = RowReduceSlots<2, (kShortRowBlock / 32 > kMaxWarpsPerRow ? kShortRowBlock / 32 : kMaxWarpsPerRow),
+                                  kMaxCluster>;
 
 // ---- dweight / dbias sums ------------------------------------------------------------------
 // The fp32 sums of the norms' backward, per thread and column, where they live in shared memory
@@ -255,7 +238,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow, (kMinBlocks<T, kVec, kV, kK
   constexpr bool kBackward = kKind == FusedKernel::kSoftmaxBwd || kKind == FusedKernel::kNormBwd;
   constexpr bool kNorm = kKind == FusedKernel::kNormFwd || kKind == FusedKernel::kNormBwd;
   constexpr bool kSmemSums = kSumsInSmem<T, kVec, kV, kKind>;
-  __shared__ ReduceSmem<2> smem;
+  __shared__ ReduceSmem smem;
   // Dynamic shared memory (launch_instance sizes it), backward of the norms alone: the dweight /
   // dbias sums of every thread (kSmemSums, BlockSums), or where the row slots of a multi-row block
   // meet at the end (write_partial's `collect`).
@@ -344,7 +327,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow, (kMinBlocks<T, kVec, kV, kK
         }
       }
       float red[2] = {m, 0.0f};
-      row_reduce<2, MaxOp, kCluster>(red, tpr, plan.cluster, smem, parity);
+      row_reduce<MaxOp, kCluster>(red, tpr, plan.cluster, smem, parity);
       m = red[0];
       keep_packed(x);
       // exp(-inf - m) = 0 for padding; a row of all -inf, or with a NaN, gives NaN, as torch does.
@@ -365,7 +348,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow, (kMinBlocks<T, kVec, kV, kK
           }
         red[0] = s;
         red[1] = 0.0f;
-        row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, parity);
+        row_reduce<SumOp, kCluster>(red, tpr, plan.cluster, smem, parity);
         const float inv_s = 1.0f / red[0];
         T* yr = static_cast<T*>(p.y) + row * p.ld_y;
 #pragma unroll
@@ -388,7 +371,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow, (kMinBlocks<T, kVec, kV, kK
           }
         red[0] = s;
         red[1] = 0.0f;
-        row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, parity);
+        row_reduce<SumOp, kCluster>(red, tpr, plan.cluster, smem, parity);
         const float log_s = logf(red[0]);
         keep_packed(x);
         T* yr = static_cast<T*>(p.y) + row * p.ld_y;
@@ -428,7 +411,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow, (kMinBlocks<T, kVec, kV, kK
       float mean = 0.0f;
       float red[2] = {sum, 0.0f};
       if (layer) {
-        row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, parity);
+        row_reduce<SumOp, kCluster>(red, tpr, plan.cluster, smem, parity);
         mean = red[0] * inv_width;
       }
       keep_packed(h);
@@ -442,7 +425,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow, (kMinBlocks<T, kVec, kV, kK
         }
       red[0] = sq;
       red[1] = 0.0f;
-      row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, parity);
+      row_reduce<SumOp, kCluster>(red, tpr, plan.cluster, smem, parity);
       const float rstd = 1.0f / sqrtf(red[0] * inv_width + sc.eps);
       keep_packed(h);
       if (live && lane == 0 && rank == 0) {
@@ -481,7 +464,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow, (kMinBlocks<T, kVec, kV, kK
         }
       }
       float red[2] = {s, 0.0f};
-      row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, parity);
+      row_reduce<SumOp, kCluster>(red, tpr, plan.cluster, smem, parity);
       s = red[0];
       keep_packed(yv);
       keep_packed(gv);
@@ -541,7 +524,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow, (kMinBlocks<T, kVec, kV, kK
         }
       }
       float red[2] = {a, bsum};
-      row_reduce<2, SumOp, kCluster>(red, tpr, plan.cluster, smem, parity);
+      row_reduce<SumOp, kCluster>(red, tpr, plan.cluster, smem, parity);
       const float mean_gx = red[0] * inv_width, mean_g = layer ? red[1] * inv_width : 0.0f;
       keep_packed(hv);
       keep_packed(gv);
@@ -616,12 +599,6 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow, (kMinBlocks<T, kVec, kV, kK
 }
 
 // ---- host side -----------------------------------------------------------------------------
-
-int pow2_ceil(int64_t v) {
-  int r = 1;
-  while (r < v) r *= 2;
-  return r;
-}
 
 // Threads, cluster and vectors per thread for a row of `vecs` vectors: targets the config's vectors
 // per thread, one block per row up to kMaxThreadsPerRow threads, then clusters.
