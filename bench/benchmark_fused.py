@@ -89,7 +89,8 @@ from tolerance import reduction_allowed_error  # noqa: E402
 
 ROW_OPS = ["softmax", "log_softmax", "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "bias_gelu",
            "silu_and_mul"]
-CASE_OPS = ["cross_entropy", "rope"]  # shapes and inputs of their own (the section "cross-entropy and RoPE")
+CASE_OPS = ["cross_entropy", "linear_cross_entropy", "rope"]  # shapes and inputs of their own (the section
+# "cross-entropy and RoPE")
 FUSED_OPS = ROW_OPS + CASE_OPS
 DIRECTIONS = ["fwd", "bwd", "fwd+bwd"]
 EPS = 1e-5
@@ -153,7 +154,7 @@ WHEEL_DIR = runner.ROOT / ".whl"
 LIGER_FUNCTIONS = {"softmax": "LigerSoftmaxFunction", "layer_norm": "LigerLayerNormFunction",
                    "rms_norm": "LigerRMSNormFunction", "add_rms_norm": "LigerFusedAddRMSNormFunction",
                    "silu_and_mul": "LigerFusedGateUpSiLUMulFunction", "cross_entropy": "LigerCrossEntropyFunction",
-                   "rope": "LigerRopeFunction"}
+                   "rope": "LigerRopeFunction", "linear_cross_entropy": "LigerFusedLinearCrossEntropyFunction"}
 
 
 class Liger:
@@ -671,6 +672,8 @@ CE_RUNGS = ["cpu", "fused_streaming", "fused_registers"]  # kCrossEntropyVariant
 CE_SHAPES = {"cuda": {"bf16": ["8192x128256", "4096x32000"]}, "cpu": {"fp32": ["512x32000"]}}
 CE_QUICK_SHAPES = {"cuda": {"bf16": ["4096x32000"]}, "cpu": {"fp32": ["128x4096"]}}
 CE_LOGIT_SCALE = 4.0  # logits uniform in [-4, 4]: a softmax far from uniform
+LCE_SHAPES = {"cuda": {"bf16": ["8192x128256x4096"]}, "cpu": {"fp32": ["64x1000x64"]}}
+LCE_QUICK_SHAPES = {"cuda": {"bf16": ["2048x32000x1024"]}, "cpu": {"fp32": ["32x500x32"]}}
 ROPE_SHAPES = {"cuda": {"bf16": ["4x4096x32x8x128"]}, "cpu": {"fp32": ["2x512x8x2x128"]}}
 ROPE_QUICK_SHAPES = {"cuda": {"bf16": ["4x4096x32x8x128"]}, "cpu": {"fp32": ["1x128x4x2x64"]}}
 ROPE_THETA = 10000.0
@@ -809,6 +812,96 @@ class CrossEntropyCase(Case):
         return acc.judge(dname, {"out0": self.vocab + self.rows, "dlogits": self.vocab})
 
 
+class LinearCrossEntropyCase(Case):
+    """cross_entropy(hidden @ weight.T, target), mean over the tokens: ours chunks over the tokens so the (T, V)
+    logits never exist; torch's F.linear + F.cross_entropy materializes them (and their gradient). Rows carry
+    TFLOP/s of the GEMMs' flops and, fwd+bwd, the peak memory the call allocated beyond its inputs."""
+    op = "linear_cross_entropy"
+    directions = ["fwd", "fwd+bwd"]
+    fwd_training = False
+    measure_memory = True
+
+    def __init__(self, text, dtype, device):
+        parts = text.lower().split("x")
+        try:
+            self.rows, self.vocab, self.d = (int(p) for p in parts)
+        except ValueError:
+            self.rows = self.vocab = self.d = 0
+        if len(parts) != 3 or min(self.rows, self.vocab, self.d) < 1:
+            raise SystemExit(f"--lce-shapes: TOKENSxVOCABxD with positive integers; given '{text}'")
+        self.dtype, self.device = dtype, device
+        self.elem = e = torch.tensor([], dtype=dtype).element_size()
+        self.label = f"{self.rows}x{self.vocab}x{self.d}"
+        self.shape = {"rows": self.rows, "width": self.vocab, "d": self.d}
+        t, v, d = self.rows, self.vocab, self.d
+        inputs = (t * d + v * d) * e + 8 * t
+        self.bytes = {"fwd": (inputs, "(T*d + V*d)*E + 8*T (read hidden, weight and int64 targets)"),
+                      "fwd+bwd": (inputs + (t * d + v * d) * e, "2*(T*d + V*d)*E + 8*T (read hidden, weight, "
+                                                                   "targets; write their gradients)")}
+        self.flops = {"fwd": 2.0 * t * v * d, "fwd+bwd": 6.0 * t * v * d}
+        self.set_bytes = 2 * (t * d + v * d) * e
+
+    def min_bytes(self, direction):
+        return self.bytes[direction][0]
+
+    def draw(self, seed):
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        # hidden ~ U(-1, 1), weight ~ U(-1, 1) / sqrt(d): logits of a few units, a softmax far from uniform
+        hidden = (torch.rand(self.rows, self.d, generator=gen, device=self.device) * 2 - 1).to(self.dtype)
+        weight = ((torch.rand(self.vocab, self.d, generator=gen, device=self.device) * 2 - 1)
+                  * (3.0 / math.sqrt(self.d))).to(self.dtype)
+        target = torch.randint(0, self.vocab, (self.rows,), generator=gen, device=self.device)
+        return ({"hidden": hidden.requires_grad_(), "weight": weight.requires_grad_()}, {"target": target},
+                [torch.ones((), dtype=self.dtype, device=self.device)])
+
+    def implementations(self, variants, args, liger):
+        import optimized_ops as oo
+
+        fns, skip = {}, {}
+        fns["ours:auto"] = lambda h, w, target: (oo.linear_cross_entropy(h, w, target),)
+        fns["torch_eager"] = lambda h, w, target: (F.cross_entropy(F.linear(h, w), target),)
+        if not args.no_compile:
+            fns["torch_compile"] = torch.compile(fns["torch_eager"], fullgraph=True, dynamic=False)
+        if liger is not None:
+            f, why = liger.function(self.op)
+            if f is None:
+                skip["liger"] = why
+            # (input, weight, target, bias, ce_weight, ignore_index, lse_square_scale, label_smoothing, reduction,
+            #  softcap, return_z_loss, accum_dtype, ...) -> (loss, z_loss, token_accuracy, predicted_tokens)
+            fns["liger"] = lambda h, w, target: (f.apply(h, w, target, None, None, -100, 0.0, 0.0, "mean", None,
+                                                         False, None)[0],)
+        return fns, skip, set()
+
+    def skip_direction(self, name, direction):
+        return ""
+
+    def check(self, s0, results, dname):
+        h, w, target = s0.leaves["hidden"].detach(), s0.leaves["weight"].detach(), s0.consts["target"]
+        g = s0.cotangents[0].double()
+        acc = ErrorAcc(results)
+        w64 = w.double()
+        dw64 = torch.zeros_like(w64)
+        chunk = max(1, (1 << 26) // self.vocab)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=h.device)
+        for r0 in range(0, self.rows, chunk):
+            sl = slice(r0, min(self.rows, r0 + chunk))
+            h64 = h[sl].double().requires_grad_()
+            wl = w64.detach().requires_grad_()
+            losses = F.cross_entropy(F.linear(h64, wl), target[sl], reduction="none")
+            gh, gw = torch.autograd.grad(losses.sum() * (g / self.rows), [h64, wl])
+            loss_sum += losses.detach().sum()
+            dw64 += gw
+            for name, (_, _, grads) in results.items():
+                acc.record(name, "dhidden", grads[0][sl], gh)
+            del h64, wl, losses, gh, gw
+        for name, (fwd_outs, outs, grads) in results.items():
+            acc.record(name, "out0", fwd_outs[0], loss_sum / self.rows)
+            acc.record(name, "out0", outs[0], loss_sum / self.rows)
+            acc.record(name, "dweight", grads[1], dw64)
+        return acc.judge(dname, {"out0": self.d + self.vocab + self.rows, "dhidden": self.vocab + self.d,
+                                 "dweight": self.rows + self.d})
+
+
 class RopeCase(Case):
     op = "rope"
 
@@ -942,9 +1035,10 @@ class ErrorAcc:
 
 def case_plan(op, args, device):
     """[(dtype name, shape text)] of a case op: --ce-shapes / --rope-shapes, --dtypes, else the defaults."""
-    given = args.ce_shapes if op == "cross_entropy" else args.rope_shapes
-    table = ({"cross_entropy": CE_QUICK_SHAPES, "rope": ROPE_QUICK_SHAPES} if args.quick else
-             {"cross_entropy": CE_SHAPES, "rope": ROPE_SHAPES})[op][device]
+    given = {"cross_entropy": args.ce_shapes, "rope": args.rope_shapes, "linear_cross_entropy": args.lce_shapes}[op]
+    table = ({"cross_entropy": CE_QUICK_SHAPES, "rope": ROPE_QUICK_SHAPES, "linear_cross_entropy": LCE_QUICK_SHAPES}
+             if args.quick else {"cross_entropy": CE_SHAPES, "rope": ROPE_SHAPES, "linear_cross_entropy": LCE_SHAPES}
+             )[op][device]
     dtypes = args.dtypes_arg or list(table)
     default = next(iter(table.values()))
     return [(d, text) for d in dtypes for text in (given.split(",") if given else table.get(d, default))]
@@ -985,8 +1079,9 @@ def case_rows(ops, args, device, timer, bw, liger, log, notes):
     directions = args.directions or DIRECTIONS
     rows_out = []
     for op in ops:
-        variants = resolve_variants(args, device, op)
-        cls = CrossEntropyCase if op == "cross_entropy" else RopeCase
+        # linear_cross_entropy: ours is its auto (its `variant` picks the linear family's GEMM rung, another ladder)
+        variants = ["auto"] if op == "linear_cross_entropy" else resolve_variants(args, device, op)
+        cls = {"cross_entropy": CrossEntropyCase, "rope": RopeCase, "linear_cross_entropy": LinearCrossEntropyCase}[op]
         for dname, text in case_plan(op, args, device):
             dtype = runner.DTYPES[dname]
             case = cls(text, dtype, device)
@@ -1038,9 +1133,11 @@ def case_rows(ops, args, device, timer, bw, liger, log, notes):
                 for name in names:
                     variant = name.split(":", 1)[1] if name.startswith("ours:") else name
                     r = new_row(case, direction, variant, device, dname)
-                    if name.startswith("ours:") and variant.startswith("auto"):
+                    if name.startswith("ours:") and variant.startswith("auto") and op != "linear_cross_entropy":
                         r["resolved_variant"] = {"rope": "cuda", "cross_entropy": "fused_streaming"}[op] \
                             if device == "cuda" else "cpu"
+                    if hasattr(case, "flops"):
+                        r["flops"] = case.flops[direction]
                     group_rows[name] = r
                     why = skip.get(name) or case.skip_direction(name, direction)
                     if not ready_to_time(r, name, why, failed, checks, direction):
@@ -1056,12 +1153,42 @@ def case_rows(ops, args, device, timer, bw, liger, log, notes):
                             for s in sets:
                                 s.refill()
                     record_time(r, st, mb, bw, name, direction, log)
+                    if r["flops"]:
+                        r["tflops"] = r["flops"] / (st["median"] * 1e-3) / 1e12
+                    if getattr(case, "measure_memory", False) and direction == "fwd+bwd" and device == "cuda":
+                        r["peak_memory_bytes"] = case_peak_memory(case, fns[name], sets[0])
+                        log(f"  {'':>7} {name:>24}: {r['tflops']:.1f} TFLOP/s, peak "
+                            f"{r['peak_memory_bytes'] / 2**20:.0f} MiB beyond the inputs")
                 finish_group(group_rows, mb, timer, device)
+                add_vs_memory(group_rows)
                 rows_out += list(group_rows.values())
             del sets, fns
             if device == "cuda":
                 torch.cuda.empty_cache()
     return rows_out
+
+
+def case_peak_memory(case, fn, s):
+    """CUDA bytes allocated at the peak of one fwd+bwd beyond what was allocated before it (the inputs); the
+    outputs and gradients are dropped afterwards."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    outs = case.fwd_bwd(fn, s)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del outs
+    return peak
+
+
+def add_vs_memory(group_rows):
+    """memory_vs_torch_eager = torch eager's peak over the row's (> 1: less memory than eager)."""
+    eager = group_rows.get("torch_eager")
+    if not eager or not eager.get("peak_memory_bytes"):
+        return
+    for r in group_rows.values():
+        if r.get("peak_memory_bytes"):
+            r["memory_vs_torch_eager"] = eager["peak_memory_bytes"] / r["peak_memory_bytes"]
 
 
 def time_direction(fn, sets, direction, timer):
@@ -1167,6 +1294,9 @@ def add_arguments(p):
     p.add_argument("--no-liger", action="store_true", help="fused: leave out the Liger-Kernel rows")
     p.add_argument("--ce-shapes", default=None,
                    help="fused: cross_entropy shapes TOKENSxVOCAB (default 8192x128256,4096x32000 on CUDA)")
+    p.add_argument("--lce-shapes", default=None,
+                   help="fused: linear_cross_entropy shapes TOKENSxVOCABxD, comma-separated (default 8192x128256x4096 "
+                        "bf16 on CUDA)")
     p.add_argument("--rope-shapes", default=None,
                    help="fused: rope shapes BxSxHQxHKxD (default 4x4096x32x8x128 on CUDA)")
 

@@ -137,6 +137,10 @@ def fused_pivot(results):
     """One line per (op, direction, backend, dtype, shape): GB/s of every variant, then the
     headline variant's fraction of the copy bandwidth, of a same-size copy, its ratio to the
     baseline, and the target (>= 90% of copy on the target shapes; Python rows: and >= torch.compile)."""
+    lce = [r for r in results if r["op"] == "linear_cross_entropy"]
+    results = [r for r in results if r["op"] != "linear_cross_entropy"]
+    if not results:
+        return linear_cross_entropy_table(lce)
     lines = {}
     for r in results:
         lines.setdefault(fused_line_key(r), []).append(r)
@@ -181,7 +185,39 @@ def fused_pivot(results):
     text = "\n".join(out)
     if failures:
         text += "\n\nFailed:\n" + "\n".join(failures)
+    if lce:
+        text += "\n\n" + linear_cross_entropy_table(lce)
     return text
+
+
+def linear_cross_entropy_table(results):
+    """Fused linear + cross-entropy: per (direction, dtype, shape) and implementation, TFLOP/s of the GEMMs'
+    flops, the peak memory beyond the inputs (fwd+bwd), and the target (issue 17): ours at <= 1/4 of torch
+    eager's peak memory and >= 0.95x its speed."""
+    out = ["| linear_cross_entropy | dir | dtype | T x V x d | implementation | ms | TFLOP/s | peak MiB | "
+           "eager's time / ours | eager's peak / ours | target |", "|---|---|---|---|---|---:|---:|---:|---:|---:|---|"]
+    groups = {}
+    for r in results:
+        groups.setdefault((r.get("direction", ""), r["dtype"], r["shape_label"]), []).append(r)
+    for (direction, dtype, label), rows in groups.items():
+        eager = next((r for r in rows if r["variant"] == "torch_eager" and r["status"] == "ok"), None)
+        for r in rows:
+            if r["status"] != "ok":
+                out.append(f"| | {direction} | {dtype} | {label} | {r['variant']} | {r['status']} | | | | | |")
+                continue
+            t = r["time_ms"]["median"]
+            peak = r.get("peak_memory_bytes")
+            vs_t = eager["time_ms"]["median"] / t if eager else None
+            vs_m = r.get("memory_vs_torch_eager")
+            target = ""
+            if r.get("backend") == "cuda" and not r["variant"].startswith(("torch", "liger")) and vs_t is not None:
+                goals = [vs_t >= 0.95] + ([vs_m >= 4.0] if vs_m is not None else [])
+                target = "met" if all(goals) else "**missed**"
+            out.append(f"| | {direction} | {dtype} | {label} | {r['variant']} | {t:.3g} | {fmt(r.get('tflops'))} | "
+                       f"{'-' if peak is None else f'{peak / 2**20:.0f}'} | "
+                       f"{'-' if vs_t is None else f'{vs_t:.2f}x'} | {'-' if vs_m is None else f'{vs_m:.2f}x'} | "
+                       f"{target} |")
+    return "\n".join(out)
 
 
 def fused_target_summary(results):

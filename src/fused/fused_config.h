@@ -23,9 +23,15 @@ struct FusedConfig {
   int elementwise_threads;
   int elementwise_waves;              // grid = this many waves of resident blocks (rows split to fill it)
   // ---- kAuto (resolve_fused_variant) ---------------------------------------------------------
-  int64_t auto_unaligned_registers_max_width;   // unaligned rows wider than this: fused_streaming
-  int64_t auto_norm_forward_streaming_from;     // norms forward from this width: fused_streaming
-  int64_t auto_softmax_backward_streaming_from; // softmax backward from this width: fused_streaming
+  // A width threshold for 16-bit elements (bf16, fp16) and one for fp32.
+  struct Width {
+    int64_t two_byte, four_byte;
+    constexpr int64_t for_element_size(int64_t bytes) const { return bytes <= 2 ? two_byte : four_byte; }
+  };
+  Width auto_unaligned_registers_max_width;     // unaligned rows wider than this: fused_streaming
+  Width auto_norm_forward_streaming_from;       // norms forward from this width: fused_streaming
+  Width auto_softmax_forward_streaming_from;    // softmax forward from this width: fused_streaming
+  Width auto_softmax_backward_streaming_from;   // softmax backward from this width: fused_streaming
 };
 
 // Hopper (sm_90, H100 80GB HBM3; measurements in docs/perf-notes/fused.md, "Measured (H100)", bf16,
@@ -43,12 +49,22 @@ struct FusedConfig {
 // fused_streaming: 512 threads per row (not measured against other block sizes).
 // elementwise: 256 threads; the rows are split so that the grid is 4 waves of resident blocks
 // (not measured against other counts).
-// kAuto: the streaming design won wherever a row did not start on a 16-byte boundary past 64
-// columns (the registers design then loads element by element over a cluster), for the norms'
-// forward from 4096 columns up (rms_norm fwd 16384x8192: 2170 GB/s streaming against 1675
-// registers), and for softmax backward from 16384 columns up; the registers design won
-// everywhere else, and by 3-6x on the norms' backward (layer_norm bwd 16384x8192: 1572 GB/s
-// against 266: the streaming design's dweight partials cost more traffic than the row itself).
+// kAuto: from the sweep of both designs over widths 65 ... 262144 in bf16 and fp32 (softmax,
+// layer_norm, rms_norm, forward and backward, 2^26 elements per shape; bench/results/h100/
+// fused-auto-sweep.json, the table in docs/perf-notes/fused.md, "Choosing the design").
+//  * Unaligned rows (not starting on 16-byte boundaries): the registers design won by 4-20x at 65
+//    columns, the streaming one by 1.3-2.2x at 1027 in the norms (softmax forward: registers by
+//    1.5x) and by 3-7x at 4099. The limit sits at 1024, between the two measured widths.
+//  * Norms forward: registers up to 8192 bf16 columns (rms_norm 8192: 2379 GB/s against 2192),
+//    streaming from 16384 (2423 against 2216); in fp32, streaming from 4096 (2793 against 2534;
+//    at 16384 the registers design is ahead by 1-15%, at 32768 behind again).
+//  * Softmax forward: registers up to 16384 columns (bf16 2219 against 1712), streaming from 32768
+//    (1865 against 1706; 65536: 1857 against 1146), both dtypes.
+//  * Softmax backward: registers up to 16384 bf16 columns (2354 against 2013), streaming from
+//    32768 (1822 against 1489); fp32 streaming from 16384 (1818 against 1624).
+//  * Norms backward: the registers design wherever it holds the row, by 1.6-9x (layer_norm bwd bf16
+//    16384x4096: 2157 GB/s against 282: the streaming design's dweight partials cost more traffic
+//    than the row itself).
 constexpr FusedConfig fused_config_sm90() {
   return {
       .registers_max_threads_per_row = 512,
@@ -59,9 +75,10 @@ constexpr FusedConfig fused_config_sm90() {
       .streaming_threads = 512,
       .elementwise_threads = 256,
       .elementwise_waves = 4,
-      .auto_unaligned_registers_max_width = 64,
-      .auto_norm_forward_streaming_from = 4096,
-      .auto_softmax_backward_streaming_from = 16384,
+      .auto_unaligned_registers_max_width = {1024, 1024},
+      .auto_norm_forward_streaming_from = {16384, 4096},
+      .auto_softmax_forward_streaming_from = {32768, 32768},
+      .auto_softmax_backward_streaming_from = {32768, 16384},
   };
 }
 

@@ -104,9 +104,13 @@ FusedVariant resolve_fused_variant(FusedOp op, DType dtype, Device device, int64
   if (max_width == 0) return FusedVariant::kCudaFusedRegisters;  // elementwise: one fused kernel
   if (width > max_width) return FusedVariant::kCudaFusedStreaming;
   const bool softmax = op == FusedOp::kSoftmax || op == FusedOp::kLogSoftmax;
-  if (!aligned_rows && width > c.auto_unaligned_registers_max_width) return FusedVariant::kCudaFusedStreaming;
-  if (!softmax && !backward && width >= c.auto_norm_forward_streaming_from) return FusedVariant::kCudaFusedStreaming;
-  if (softmax && backward && width >= c.auto_softmax_backward_streaming_from) return FusedVariant::kCudaFusedStreaming;
+  const int64_t e = dtype_size(dtype);
+  if (!aligned_rows && width > c.auto_unaligned_registers_max_width.for_element_size(e))
+    return FusedVariant::kCudaFusedStreaming;
+  const FusedConfig::Width& from = softmax ? (backward ? c.auto_softmax_backward_streaming_from
+                                                       : c.auto_softmax_forward_streaming_from)
+                                           : c.auto_norm_forward_streaming_from;
+  if ((softmax || !backward) && width >= from.for_element_size(e)) return FusedVariant::kCudaFusedStreaming;
   return FusedVariant::kCudaFusedRegisters;
 }
 

@@ -196,23 +196,44 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaFused,
                          param_name);
 
 TEST(CudaFusedAuto, PicksTheMeasuredDesign) {
-  // resolve_fused_variant's table: registers for short aligned rows, streaming past the registers'
-  // limit, for unaligned rows, for the norms' forward from 4096 columns and softmax backward from
-  // 16384; element-wise ops have one fused kernel for both.
+  // resolve_fused_variant's table (fused_config.h, from the measured sweep): registers for short
+  // rows, streaming past the registers' limit, for unaligned rows past 1024 columns, for the norms'
+  // forward from 16384 (bf16/fp16) or 4096 (fp32) columns, softmax forward from 32768 and softmax
+  // backward from 32768 (bf16/fp16) or 16384 (fp32); the norms' backward stays on registers;
+  // element-wise ops have one fused kernel for both.
   const auto cuda = Device::cuda(0);
   for (FusedOp op : all_fused_ops())
     for (DType d : kDtypes)
       for (bool bwd : {false, true}) {
         const int64_t max_width = fused_registers_max_width(op, d, bwd, true);
         EXPECT_EQ(resolve_fused_variant(op, d, cuda, 1024, bwd), FusedVariant::kCudaFusedRegisters);
+        EXPECT_EQ(resolve_fused_variant(op, d, cuda, 65, bwd, false), FusedVariant::kCudaFusedRegisters);
         if (max_width == 0) continue;
         EXPECT_EQ(resolve_fused_variant(op, d, cuda, max_width + 1, bwd), FusedVariant::kCudaFusedStreaming);
-        EXPECT_EQ(resolve_fused_variant(op, d, cuda, 1000, bwd, false), FusedVariant::kCudaFusedStreaming);
+        EXPECT_EQ(resolve_fused_variant(op, d, cuda, 1024, bwd, false), FusedVariant::kCudaFusedRegisters);
+        EXPECT_EQ(resolve_fused_variant(op, d, cuda, 1027, bwd, false), FusedVariant::kCudaFusedStreaming);
       }
-  EXPECT_EQ(resolve_fused_variant(FusedOp::kRmsNorm, DType::kBF16, cuda, 8192, false), FusedVariant::kCudaFusedStreaming);
-  EXPECT_EQ(resolve_fused_variant(FusedOp::kRmsNorm, DType::kBF16, cuda, 8192, true), FusedVariant::kCudaFusedRegisters);
-  EXPECT_EQ(resolve_fused_variant(FusedOp::kSoftmax, DType::kBF16, cuda, 8192, true), FusedVariant::kCudaFusedRegisters);
-  EXPECT_EQ(resolve_fused_variant(FusedOp::kSoftmax, DType::kBF16, cuda, 16384, true), FusedVariant::kCudaFusedStreaming);
+  const auto pick = [&](FusedOp op, DType d, int64_t width, bool bwd) { return resolve_fused_variant(op, d, cuda, width, bwd); };
+  constexpr auto R = FusedVariant::kCudaFusedRegisters;
+  constexpr auto S = FusedVariant::kCudaFusedStreaming;
+  for (FusedOp op : {FusedOp::kRmsNorm, FusedOp::kLayerNorm, FusedOp::kAddRmsNorm}) {
+    EXPECT_EQ(pick(op, DType::kBF16, 8192, false), R);
+    EXPECT_EQ(pick(op, DType::kF16, 16384, false), S);
+    EXPECT_EQ(pick(op, DType::kF32, 2048, false), R);
+    EXPECT_EQ(pick(op, DType::kF32, 4096, false), S);
+    EXPECT_EQ(pick(op, DType::kBF16, 32768, true), R);
+    EXPECT_EQ(pick(op, DType::kF32, 16384, true), R);
+  }
+  for (FusedOp op : {FusedOp::kSoftmax, FusedOp::kLogSoftmax}) {
+    EXPECT_EQ(pick(op, DType::kBF16, 16384, false), R);
+    EXPECT_EQ(pick(op, DType::kF32, 16384, false), R);
+    EXPECT_EQ(pick(op, DType::kBF16, 32768, false), S);
+    EXPECT_EQ(pick(op, DType::kF32, 32768, false), S);
+    EXPECT_EQ(pick(op, DType::kBF16, 16384, true), R);
+    EXPECT_EQ(pick(op, DType::kBF16, 32768, true), S);
+    EXPECT_EQ(pick(op, DType::kF32, 8192, true), R);
+    EXPECT_EQ(pick(op, DType::kF32, 16384, true), S);
+  }
 }
 
 }  // namespace

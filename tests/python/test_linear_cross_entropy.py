@@ -109,8 +109,12 @@ def run_case(device, dtype, reduction, chunk, with_bias, ls, z, *, rows=T, ignor
         # mean / sum: the gradients for a unit upstream are rounded, then scaled by the upstream (one more
         # rounding than torch's, which scales before its GEMMs)
         scaled_after = 1 if reduction != "none" else 0
+        # label smoothing / z-loss: the kernel's logit gradient p (1 + 2 z lse) - (1 - ls) onehot - ls / V is one
+        # expression, torch's a sum of the terms' own gradients: the terms are rounded in other places (measured
+        # on the H100: fp32 d_hidden with reduction="none" at 1.002x the bound without this half ulp)
+        reordered = 1 if (ls or z) else 0
         check(name, a, b, c, dtype,
-              extra_roundings=(chunks - 1 if name == "d_weight" and sixteen_bit_acc else 0) + scaled_after)
+              extra_roundings=(chunks - 1 if name == "d_weight" and sixteen_bit_acc else 0) + scaled_after + reordered)
 
 
 @pytest.mark.parametrize("device", DEVICES)

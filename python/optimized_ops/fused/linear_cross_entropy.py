@@ -17,8 +17,9 @@ Per chunk of ``c`` token rows, the forward runs three library ops and one torch 
    memory and three ``V d`` passes per chunk). With ``accumulation_dtype=torch.float32`` that fresh product
    (our GEMM, in step 3's call) is what is added, to a float32 buffer.
 
-The gradients are of the SUM of the rows' losses (unit upstream gradients); the backward multiplies them, in
-place, by ``grad_output`` (``grad_output / count`` for ``"mean"``). ``reduction="none"`` needs a gradient
+The gradients are of the reduced loss for an upstream 1 (``"mean"``: the kernel folds 1 / count, counted on
+the device, into the logits' gradient, as torch scales before its GEMMs); the backward multiplies them in
+place by ``grad_output``, touching nothing where it is exactly 1 (read on the device). ``reduction="none"`` needs a gradient
 per row, which cannot be applied to ``dW`` after the sum over the rows, so there the forward only computes
 the losses and the backward runs the chunks again (the logits recomputed: one more GEMM), each chunk's
 gradient rows multiplied by the upstream gradient as the cross-entropy kernel writes them (its grad_scale).
@@ -30,7 +31,7 @@ from typing import Optional
 
 import torch
 
-from .._autograd import compute_dtype
+from .._autograd import bump_version, compute_dtype
 from .._library import load
 
 load()  # registers torch.ops.optimized.* before the calls below
@@ -135,8 +136,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     Notes
     -----
     *Autograd.* When a gradient is needed, the forward computes the gradients of ``hidden``, ``weight`` and
-    ``bias`` for the sum of the rows' losses (module docstring), and the backward only multiplies them, in
-    place, by the upstream gradient (``/ count`` for the mean) and returns them: no ``(V, d)`` copy. So the
+    ``bias`` for the reduced loss and an upstream 1 (module docstring), and the backward only multiplies them,
+    in place, by the upstream gradient (nothing to do where it is 1) and returns them: no ``(V, d)`` copy. So the
     backward can run once: a second one (``retain_graph=True``) raises autograd's "modified by an inplace
     operation". ``"none"`` keeps ``hidden``, ``weight``, ``bias`` and ``target`` and runs the chunks again in
     the backward (4 GEMMs in all instead of 3); it can run several times.
@@ -155,9 +156,9 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
 
     *Speed.* The GEMM work is torch's (``6 T V d`` flops: logits, ``d_hidden``, ``dW``); the cross-entropy
     reads and writes each chunk's logits once (torch's eager path makes ~7 ``T V`` passes). The extra costs:
-    ``T / c`` GEMMs of ``c`` rows instead of one of ``T`` (the ``dW`` products have inner size ``c``), the
-    in-place scaling of ``dW`` in the backward (one read + write of ``V d``) and, for ``"none"``, the
-    recomputed logits.
+    ``T / c`` GEMMs of ``c`` rows instead of one of ``T`` (the ``dW`` products have inner size ``c`` and
+    each reads and writes the ``V d`` sum), the in-place scaling of ``dW`` in the backward where the upstream
+    gradient is not 1 (one read + write of ``V d``) and, for ``"none"``, the recomputed logits.
 
     *No host synchronisation; torch.compile.* The mean's denominator is a device tensor; the chunk loop
     depends on shapes only. Under ``torch.compile(fullgraph=True)`` the loop is unrolled (one pass of ops
@@ -253,10 +254,12 @@ class _Grads:
 
 
 def _chunks(h, weight, bias, t, config: _Config, grads: Optional[_Grads] = None,
-            row_scale: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+            row_scale: Optional[torch.Tensor] = None, grad_scale: Optional[torch.Tensor] = None
+            ) -> Optional[torch.Tensor]:
     """Runs the chunks: the per-row losses (float32; float64 for float64) when ``row_scale`` is None, and the
     gradients into ``grads`` when given, each chunk's gradient rows multiplied by ``row_scale`` (T,) first
-    when given (the backward of ``"none"``, which needs no losses: returns None)."""
+    when given (the backward of ``"none"``, which needs no losses: returns None), else by the 0-d
+    ``grad_scale`` when given (the mean's 1 / count)."""
     rows = h.shape[0]
     losses = None if row_scale is not None else h.new_empty((rows,), dtype=compute_dtype(h))
     for begin in range(0, rows, config.chunk):
@@ -270,7 +273,7 @@ def _chunks(h, weight, bias, t, config: _Config, grads: Optional[_Grads] = None,
             # logits now hold the unit gradient, times row_scale's rows when given (in the same pass)
             loss, _ = _ops.cross_entropy_fwd_.default(logits, t_c, config.ignore_index, config.label_smoothing,
                                                       config.z_loss,
-                                                      None if row_scale is None else row_scale[begin:end])
+                                                      grad_scale if row_scale is None else row_scale[begin:end])
             grads.add_chunk(logits, h_c, weight, begin, end, begin == 0, config.variant)
         if losses is not None:
             losses[begin:end].copy_(loss)
@@ -309,8 +312,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
             ctx.save_for_backward(hidden, weight, bias, target)
             return _reduce(_chunks(h, weight, bias, t, config), t, hidden, target, config)
         grads = _Grads(h, weight, bias, ctx.needs_input_grad[:3], config.acc_dtype)
-        losses = _chunks(h, weight, bias, t, config, grads)
         count = (t != config.ignore_index).sum()
+        # mean: 1 / count folded into the logits' gradient by the kernel (as torch scales before its GEMMs), so
+        # that the backward of an upstream 1 touches nothing; all rows ignored: 1 / 0 = inf multiplies no row
+        # (ignored rows are written as 0 unscaled): zero gradients, as torch
+        grad_scale = torch.reciprocal(count.to(compute_dtype(h))) if config.reduction == "mean" else None
+        losses = _chunks(h, weight, bias, t, config, grads, grad_scale=grad_scale)
         ctx.save_for_backward(grads.d_hidden, grads.d_weight, grads.d_bias, count)
         ctx.weight_dtype = weight.dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
@@ -323,14 +330,22 @@ class _LinearCrossEntropy(torch.autograd.Function):
         if ctx.config.reduction == "none":
             return _LinearCrossEntropy._recompute(ctx, grad_loss)
         d_hidden, d_weight, d_bias, count = ctx.saved_tensors
+        # the stored gradients are those of the reduced loss (mean: 1 / count in them): scaled in place by the
+        # upstream gradient, untouched where it is exactly 1 (cross_entropy_bwd_ reads it on the device)
         scale = grad_loss.to(compute_dtype(d_hidden, d_weight, d_bias))
-        if ctx.config.reduction == "mean":
-            scale = scale / count.clamp(min=1)  # all rows ignored: zero gradients, as torch (not 0 * inf)
-        g_hidden = d_hidden.mul_(scale).view(ctx.hidden_shape) if d_hidden is not None else None
+        g_hidden = None
+        if d_hidden is not None:
+            _ops.cross_entropy_bwd_.default(d_hidden, scale)
+            bump_version(d_hidden)  # a second backward would scale again: autograd's version check refuses it
+            g_hidden = d_hidden.view(ctx.hidden_shape)
         g_weight = None
         if d_weight is not None:
-            g_weight = (d_weight.mul_(scale) if d_weight.dtype == ctx.weight_dtype
-                        else torch.mul(d_weight, scale, out=torch.empty_like(d_weight, dtype=ctx.weight_dtype)))
+            if d_weight.dtype == ctx.weight_dtype:
+                _ops.cross_entropy_bwd_.default(d_weight, scale)
+                bump_version(d_weight)
+                g_weight = d_weight
+            else:
+                g_weight = torch.mul(d_weight, scale, out=torch.empty_like(d_weight, dtype=ctx.weight_dtype))
         g_bias = d_bias.mul_(scale).to(ctx.bias_dtype) if d_bias is not None else None
         return (g_hidden, g_weight, g_bias) + (None,) * 8
 
