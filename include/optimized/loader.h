@@ -124,10 +124,13 @@ class ShardWriter {
 // the consumer's compute. kSynchronous reads a batch only when next() asks and returns when it is in
 // place: the ladder's first rung, for comparison.
 enum class LoaderVariant : uint8_t { kSynchronous, kPipelined };
-// kAuto: io_uring for O_DIRECT, else pread. kMmap (page cache only): maps the shards and, on CUDA,
-// registers the mappings as pinned read-only host memory, so that the copy engine reads the page
-// cache directly with no CPU copy; it keeps the whole dataset resident (pinned) while the loader
-// lives, so it is for datasets that fit in RAM, and is chosen only when asked for.
+// kMmap (page cache only): maps the shards and, on CUDA, registers the mappings as pinned read-only
+// host memory, so that the copy engine reads the page cache directly with no CPU copy (every run of a
+// batch in one batched DMA call, so shuffled batches move as fast as sequential ones); it keeps the whole dataset resident (pinned) while
+// the loader lives, so it is for datasets that fit in RAM. kAuto: on CUDA, kMmap when the page cache
+// holds >= 90% of the dataset (mincore) and the dataset is at most a quarter of the physical memory
+// (unless direct_io or gds is on); otherwise, and on the CPU, io_uring for O_DIRECT, else pread.
+// notes() says what was picked and why.
 enum class IoBackend : uint8_t { kAuto, kIoUring, kPread, kMmap };
 enum class DirectIo : uint8_t { kAuto, kOn, kOff };          // kAuto: O_DIRECT where the filesystem takes it
 enum class GdsMode : uint8_t { kAuto, kOn, kOff };           // GPUDirect Storage (cuFile)
@@ -163,7 +166,8 @@ struct LoaderOptions {
   LoaderPosition start;            // resume here (LoaderPosition returned by position())
   LoaderVariant variant = LoaderVariant::kPipelined;
   int prefetch = 4;                // batches in flight ahead of the consumer (>= 1)
-  int threads = 0;                 // worker threads (pread, checksums, packing); 0: from the core count
+  int threads = 0;                 // worker threads (pread, checksums, packing); 0: 3/4 of the hardware
+                                   // threads, 2 to 32 (notes() says how many)
   int queue_depth = 32;            // io_uring reads in flight
   uint64_t chunk_bytes = 1 << 20;  // largest single read (a multiple of 4 KiB)
   IoBackend io = IoBackend::kAuto;

@@ -264,12 +264,14 @@ class StreamingLoader(torch.utils.data.IterableDataset):
     prefetch : int
         Batches read ahead of the consumer.
     threads : int
-        Worker threads (pread, checksums); 0 chooses from the core count.
+        Worker threads (pread, checksums); 0: three quarters of the hardware threads, 2 to 32.
     io : str
-        ``"auto"`` (io_uring for O_DIRECT, else a pread pool), ``"io_uring"``, ``"pread"``, or
-        ``"mmap"`` (the shards mapped: page cache only, opt-in; a shard truncated while mapped is a
-        ``ValueError``, as with the others). Where io_uring is unavailable the pread pool is used and
-        the loader says so once.
+        ``"auto"``: on CUDA, ``"mmap"`` when the page cache holds at least 90% of the dataset and it is at
+        most a quarter of the physical memory, else (and on the CPU) io_uring for O_DIRECT, else a pread
+        pool; ``notes`` says what was picked and why. ``"io_uring"``, ``"pread"``, or ``"mmap"`` (the
+        shards mapped and, on CUDA, pinned while the loader lives: page cache only; a shard truncated while
+        mapped is a ``ValueError``, as with the others) force one. Where io_uring is unavailable the pread
+        pool is used and the loader says so once.
     direct_io : str
         ``"auto"`` (O_DIRECT where the filesystem takes it), ``"on"`` or ``"off"`` (page cache).
     gds : str

@@ -119,6 +119,26 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(c.per_shard) + "_" + std::get<1>(info.param) + "_direct_" + std::get<2>(info.param);
     });
 
+TEST(LoaderCpuDefaults, SaysWhatItPicked) {
+  TempDir tmp;
+  write_dataset(tmp.sub("ds"), make_records(20, 100), 100, 10);
+  LoaderOptions o;
+  o.batch_size = 4;
+  Loader loader(tmp.sub("ds"), o);
+  std::string said;
+  for (const std::string& s : loader.notes()) said += s + "\n";
+  const std::string threads = std::to_string(std::clamp(static_cast<int>(std::thread::hardware_concurrency()) * 3 / 4, 2, 32));
+  EXPECT_NE(said.find("loader: io=" + loader.io_backend()), std::string::npos) << said;
+  EXPECT_NE(said.find(threads + " worker threads (of " + std::to_string(std::thread::hardware_concurrency())),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(said.find("io=mmap"), std::string::npos) << said;  // the CPU device keeps its reads
+  o.threads = 3;
+  o.io = IoBackend::kPread;
+  Loader forced(tmp.sub("ds"), o);
+  for (const std::string& s : forced.notes()) EXPECT_EQ(s.find("loader: io="), std::string::npos) << s;
+}
+
 TEST(LoaderCpuRanks, ShardingCoversTheDatasetWithoutOverlap) {
   TempDir tmp;
   const uint64_t n = 101, r = 300;

@@ -3,12 +3,16 @@
 // read plans (alignment, runs, odd record sizes, shared pages read once), the writer and open_dataset
 // round trip, and every way a dataset can be broken (missing, extra, truncated, oversized shard;
 // bad magic, header and table checksums; mixed datasets; a corrupted record), each named in the
-// error.
+// error. And the machine facts io=auto and threads=0 read (auto_config.h).
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <numeric>
 #include <random>
 #include <set>
 
+#include "loader/auto_config.h"
 #include "loader/crc32c.h"
 #include "loader/order.h"
 #include "loader/read_plan.h"
@@ -19,6 +23,50 @@ namespace optimized {
 namespace {
 
 using namespace loader_test;
+
+// ---- the machine facts of the defaults -----------------------------------------------------------
+
+TEST(LoaderAutoConfig, ThreadsAreThreeQuartersOfTheHardwareWithinBounds) {
+  EXPECT_EQ(loader::default_threads(16), 12);  // the H100 host: 12 threads measured best (perf notes)
+  EXPECT_EQ(loader::default_threads(2), 2);
+  EXPECT_EQ(loader::default_threads(1), 2);
+  EXPECT_EQ(loader::default_threads(0), 3);    // unknown: as for 4
+  EXPECT_EQ(loader::default_threads(8), 6);
+  EXPECT_EQ(loader::default_threads(256), 32);
+}
+
+TEST(LoaderAutoConfig, PageCacheResidencyCountsWhatWasJustWrittenAndNamesMissingFiles) {
+  TempDir tmp;
+  const std::string f = tmp.sub("cached.bin"), empty = tmp.sub("empty.bin");
+  const std::vector<uint8_t> bytes = make_records(1, 3 * 4096 + 100, 3);
+  {
+    const int fd = ::open(f.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+    ::close(fd);
+    const int fe = ::open(empty.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ASSERT_GE(fe, 0);
+    ::close(fe);
+  }
+  std::vector<uint8_t> back(bytes.size());
+  {
+    const int fd = ::open(f.c_str(), O_RDONLY);  // read through the cache: resident now
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::pread(fd, back.data(), back.size(), 0), static_cast<ssize_t>(back.size()));
+    ::close(fd);
+  }
+  const loader::PageCacheResidency r = loader::page_cache_residency({f, empty});
+  EXPECT_TRUE(r.error.empty()) << r.error;
+  EXPECT_EQ(r.file_bytes, bytes.size());
+  EXPECT_EQ(r.resident_bytes, bytes.size());  // whole pages, capped at the file's end
+  EXPECT_DOUBLE_EQ(r.fraction(), 1.0);
+
+  const loader::PageCacheResidency missing = loader::page_cache_residency({f, tmp.sub("absent.bin")});
+  EXPECT_NE(missing.error.find("absent.bin"), std::string::npos) << missing.error;
+  EXPECT_EQ(missing.file_bytes, bytes.size());
+  EXPECT_DOUBLE_EQ(loader::page_cache_residency({}).fraction(), 1.0);
+  EXPECT_GT(loader::physical_memory_bytes(), uint64_t{1} << 26);
+}
 
 // ---- CRC32C -----------------------------------------------------------------------------------
 
