@@ -10,6 +10,7 @@
                                   [--varlen auto] [--peers flash,cudnn,efficient,math]  # bench/benchmark_attention.py
     python bench/benchmark_all.py --ops kv_cache [--cases decode,page_size,fp8,append,graph]  # bench/benchmark_kv_cache.py
     python bench/benchmark_all.py --ops linear [--linear-cases seed,layer,skinny] [--no-compile]  # bench/benchmark_linear.py
+    python bench/benchmark_all.py --ops models [--models-cases train,train_moe,decode,loader]  # bench/benchmark_models.py
     python bench/benchmark_all.py attention-memory [--memory-seqlens 8192,16384]   # the peak-memory table
     python bench/benchmark_all.py plot RESULT.json      # the PNGs again, from a JSON file
     python bench/benchmark_all.py loader [--gib 8 ...]  # the loader's standalone run (bench/loader_bench.py)
@@ -38,6 +39,7 @@ import benchmark_attention  # noqa: E402,F401 - registers attention (and attenti
 import benchmark_kv_cache  # noqa: E402,F401 - registers kv_cache
 import benchmark_linear  # noqa: E402,F401 - registers linear
 import benchmark_moe  # noqa: E402,F401 - registers moe
+import benchmark_models  # noqa: E402,F401 - registers models (imports optimized_ops.models only when run)
 import loader_bench  # noqa: E402,F401 - registers loader (standalone)
 
 main = runner.main

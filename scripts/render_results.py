@@ -30,6 +30,9 @@ without .json (e.g. fused, python-fused); any other key filters the rows by that
   <!-- generated: kv-cache file=python-kv_cache machine=h100 case=decode -->
         the KV-cache tables (bench/benchmark_kv_cache.py), one per case (decode, page_size, fp8, append,
         graph; filter case= for one): GB/s of K/V read, ratios to SDPA, to the copy ceiling, targets (issue 14)
+  <!-- generated: models-table file=python-models machine=h100 case=train -->
+        the models table (bench/benchmark_models.py): per (case, shape, implementation) the time per step or
+        generate call, tokens/s, MFU, vs torch eager and torch.compile, the targets (issue 20)
 """
 import argparse
 import json
@@ -511,12 +514,38 @@ def kv_cache_tables(results):
     return text
 
 
+def models_table(results):
+    """The models family (bench/benchmark_models.py): one line per (case, shape, implementation): time per
+    training step or per generate call, tokens/s, MFU, the ratios to torch eager and torch.compile, the targets."""
+    head = ("| case | impl | shape | median ms [p10-p90] | CV | tokens/s | MFU | vs eager | vs compile "
+            "| targets | validation |")
+    out = [head, "|" + "---|" * 11]
+    for r in results:
+        label = r.get("shape_label", "")
+        if r.get("status") != "ok":
+            out.append(f"| {r.get('case', r['op'])} | {r['variant']} | {label} | {r['status']}: {r.get('reason', '')} "
+                       "| | | | | | | |")
+            continue
+        t = r["time_ms"]
+        targets = "; ".join(f"{k} >= {v['target']}: {'met' if v['met'] else 'NOT met' if v['met'] is False else '-'}"
+                            for k, v in (r.get("targets") or {}).items())
+        v = r.get("validation")
+        val = "-" if not v else ("pass" if v.get("passed") else "FAIL")
+        vs_eager = r.get("vs_eager", r.get("vs_baseline"))
+        extra = f" ({fmt(r['loader_wait_ms_per_step'])} ms/step wait)" if r.get("loader_wait_ms_per_step") is not None \
+            else ""
+        out.append(f"| {r.get('case', r['op'])} | {r['variant']} | {label} | {fmt(t['median'])} [{fmt(t['p10'])}-"
+                   f"{fmt(t['p90'])}] | {t['cv'] * 100:.1f}% | {fmt(r.get('tokens_per_s'))}{extra} "
+                   f"| {pct(r.get('mfu'))} | {_x(vs_eager)} | {_x(r.get('vs_compile'))} | {targets or '-'} | {val} |")
+    return "\n".join(out)
+
+
 def run_markdown(data, heading_level=2):
     h = "#" * heading_level
     m = data["machine"]
     fams = {family_of(r) for r in data["results"]}
     titles = {"fused": "Fused ops", "attention": "Attention", "attention-memory": "Attention peak memory",
-              "kv_cache": "KV cache"}
+              "kv_cache": "KV cache", "models": "Models"}
     only = next(iter(fams)) if len(fams) == 1 else None
     what = (titles[only] + (", Python runner" if is_python_run(data) else "") + ": ") if only in titles else ""
     out = [f"{h} {what}{m.get('gpu') or 'CPU only'} ({m.get('cpu')}, {m.get('cpu_threads')} threads, "
@@ -542,6 +571,9 @@ def run_markdown(data, heading_level=2):
                     attention_memory_table(rows), ""]
         elif family == "kv_cache":
             out += [f"{h}# kv_cache on {backend}", "", kv_cache_tables(rows), ""]
+        elif family == "models":
+            out += [f"{h}# models on {backend} (train/loader: per optimizer step; decode: per generate call)", "",
+                    models_table(rows), ""]
         else:
             out += [f"{h}# {family} on {backend}", "", results_table(rows), ""]
     if any(family_of(r) == "fused" for r in data["results"]):
@@ -555,6 +587,10 @@ def run_markdown(data, heading_level=2):
         notes = [n for n in data.get("notes", []) if n.startswith("kv_cache")]
         if notes:
             out += [f"{h}# KV-cache notes", ""] + [f"- {n}" for n in notes] + [""]
+    if any(family_of(r) == "models" for r in data["results"]):
+        notes = [n for n in data.get("notes", []) if n.startswith("models")]
+        if notes:
+            out += [f"{h}# Models notes", ""] + [f"- {n}" for n in notes] + [""]
     if any(family_of(r).startswith("attention") for r in data["results"]):
         notes = [n for n in data.get("notes", []) if n.startswith("attention")]
         if notes:
@@ -597,7 +633,8 @@ def cmd_place(args):
             print(f"placed {dest / png.name}")
 
 
-BLOCK = re.compile(r"(<!-- generated: (?P<kind>ladder|fused-table|grid|attention-table|attention-ladder|attention-memory|kv-cache)"
+BLOCK = re.compile(r"(<!-- generated: (?P<kind>ladder|fused-table|grid|attention-table|attention-ladder|attention-memory|kv-cache|"
+                   r"models-table)"
                    r" (?P<spec>[^>]*?) -->\n)(?P<body>.*?)"
                    r"(<!-- end generated -->)", re.S)
 SPEC_KEYS = {"machine", "file", "metric"}  # every other key of a spec filters the rows
@@ -697,7 +734,16 @@ BLOCK_KINDS = {"ladder": ladder_block, "fused-table": fused_table_block, "grid":
                "attention-table": attention_block("attention-table"),
                "attention-ladder": attention_block("attention-ladder"),
                "attention-memory": attention_block("attention-memory"),
-               "kv-cache": lambda root, spec: kv_cache_block(root, spec)}
+               "kv-cache": lambda root, spec: kv_cache_block(root, spec),
+               "models-table": lambda root, spec: models_block(root, spec)}
+
+
+def models_block(root, spec):
+    want = dict(kv.split("=", 1) for kv in spec.split())
+    rows = [r for r in select_rows(root, want) if family_of(r) == "models"]
+    if not rows:
+        return f"(no results for {spec} under {root})\n"
+    return f"Measured: `{spec}` (from `{root.as_posix()}/{want['machine']}/`)\n\n" + models_table(rows) + "\n"
 
 
 def kv_cache_block(root, spec):

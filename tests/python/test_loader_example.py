@@ -1,5 +1,6 @@
 """examples/train_from_nvme.py end to end on the CPU (and CUDA where present): the model learns the
-synthetic data's rule from shards streamed by the loader."""
+synthetic data's rule from shards streamed by the loader, through the library's train_from_nvme
+(optimized_ops.models.training; its own tests are test_training.py)."""
 
 from __future__ import annotations
 
@@ -30,5 +31,5 @@ def test_train_from_nvme_learns(tmp_path, device):
     assert info.num_records == 2048
     result = ex.train_from_nvme(ex.TinyLM(64, dim=32), path,
                                 {"batch_size": 64, "epochs": 3, "device": device, "log_every": 0, "lr": 1e-2})
-    assert result["steps"] == 3 * 2048 // 64
-    assert result["losses"][-1] < 0.25 * result["losses"][0], result["losses"][::16]
+    assert result.steps == 3 * 2048 // 64
+    assert result.losses[-1] < 0.25 * result.losses[0], result.losses[::16]
