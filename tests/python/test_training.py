@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import optimized_ops
 from optimized_ops import data
 from optimized_ops.models.training import (TrainConfig, latest_checkpoint, lr_at, synthetic_corpus,
                                            train_from_nvme, write_token_shards)
@@ -322,7 +323,10 @@ def test_resume_in_a_fresh_process_is_bit_identical(tmp_path, shards):
     out = str(tmp_path / "resumed.pt")
     script = _RESUME_SCRIPT.format(tests=str(pathlib.Path(__file__).parent), path=shards,
                                    cfg={**cfg, "checkpoint_dir": ckpt}, out=out)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_ROOT / "python"), os.environ.get("PYTHONPATH", "")])}
+    # this optimized_ops first on the path (an installed site or the source tree) and the library it loaded
+    pkg_root = str(pathlib.Path(optimized_ops.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([pkg_root, os.environ.get("PYTHONPATH", "")]),
+           "OPTIMIZED_OPS_LIBRARY": os.environ.get("OPTIMIZED_OPS_LIBRARY") or optimized_ops.library_path()}
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     resumed = torch.load(out)
