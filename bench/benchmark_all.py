@@ -14,6 +14,7 @@
     python bench/benchmark_all.py attention-memory [--memory-seqlens 8192,16384]   # the peak-memory table
     python bench/benchmark_all.py plot RESULT.json      # the PNGs again, from a JSON file
     python bench/benchmark_all.py loader [--gib 8 ...]  # the loader's standalone run (bench/loader_bench.py)
+    python bench/benchmark_all.py --ops matmul --metrics   # + Nsight Compute counters per row (bench/ncu_metrics.py)
 
 The families are registered in bench/runner.py (the harness and the registry) by their modules:
 bench/benchmark_matmul.py (every GEMM variant vs torch.matmul), bench/benchmark_fused.py (the fused

@@ -6,6 +6,7 @@
 //   optimized-bench fused --ops rms_norm,softmax --shapes 16384x8192 --dtypes bf16
 //   optimized-bench linear --size 8192x4096x4096 --cases bias_gelu,dgelu_bgrad   (vs cuBLASLt epilogues)
 //   optimized-bench ceilings
+//   optimized-bench matmul --size 4096 --variant all --metrics --json m.json   (+ Nsight Compute counters)
 //
 // The families are plug-ins (harness/family.h), listed in kFamilies below: each brings its
 // subcommand, its share of `all` and its groups; the driver (harness/driver.h) runs the groups.
@@ -13,8 +14,12 @@
 //
 // Exit status: 0 when every row that ran passed validation, 1 when a row failed, 2 on a usage
 // error (CLI11 codes for parse errors), 3 on an unexpected error.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +32,8 @@
 #include "harness/family.h"
 #include "harness/harness.h"
 #include "harness/report.h"
+#include "metrics.h"
+#include "metrics_child.h"
 #include "optimized/core.h"
 
 namespace {
@@ -45,6 +52,15 @@ struct CommonOptions {
   std::string json_path;
   bench::MeasureOptions measure;
   bool no_flush = false;
+  bool metrics = false;        // --metrics: each CUDA row once more under Nsight Compute (metrics.h)
+  bool metrics_child = false;  // --metrics-child: this process is that run (under ncu)
+  int only_row = -1;           // --only-row: the row it keeps
+};
+
+// What the --metrics parent needs to start its children.
+struct Invocation {
+  std::string exe;                     // this executable
+  std::vector<std::string> argv_tail;  // argv[1..]
 };
 
 void add_common_options(CLI::App* app, CommonOptions& o) {
@@ -64,20 +80,95 @@ void add_common_options(CLI::App* app, CommonOptions& o) {
       ->capture_default_str();
   app->add_option("--warmup", o.measure.warmup_s, "Seconds of warm-up runs before timing")->capture_default_str();
   app->add_flag("--no-flush", o.no_flush, "Do not flush the L2 (GPU) / last-level cache (CPU) between samples");
+  app->add_flag("--metrics", o.metrics,
+                "After the timed run, run each CUDA row once more under Nsight Compute (ncu on PATH or\n"
+                "$OPTIMIZED_NCU) and add its hardware counters to the row (JSON `metrics`) and a table");
+  app->add_flag("--metrics-child", o.metrics_child, "(internal) the --metrics run of one row, under ncu")
+      ->group("");
+  app->add_option("--only-row", o.only_row, "(internal) with --metrics-child: the row index to run")->group("");
 }
 
-int finish(bench::Report& report, bench::Progress& progress, const CommonOptions& common) {
+// The rows' metrics objects (metrics.h), in report order: ncu's counters for the CUDA rows that
+// ran, "skipped" with the reason for the others (or for all of them where ncu is absent).
+std::vector<nlohmann::ordered_json> collect_metrics(bench::Report& report, const Invocation& inv) {
+  namespace m = bench::metrics;
+  std::vector<nlohmann::ordered_json> out(report.results.size());
+  const std::string ncu = m::find_ncu();
+  if (ncu.empty()) {
+    const std::string reason = m::ncu_missing_reason();
+    std::fprintf(stderr, "optimized-bench: --metrics: %s\n", reason.c_str());
+    report.notes.push_back("--metrics: " + reason);
+    for (size_t i = 0; i < out.size(); ++i)
+      out[i] = m::skipped(report.results[i].backend == "cuda" ? reason : "CPU row: no GPU counters");
+    return out;
+  }
+  const int cc = m::device_compute_capability();
+  std::string workdir;
+  {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/optimized-bench-metrics-XXXXXX";
+    std::vector<char> buf(templ.begin(), templ.end());
+    buf.push_back('\0');
+    if (!::mkdtemp(buf.data())) {
+      const std::string reason = "cannot create a directory for ncu's output (" + templ + ")";
+      for (auto& j : out) j = m::failed(reason);
+      return out;
+    }
+    workdir = buf.data();
+  }
+  int profiled = 0, total = 0;
+  for (const auto& r : report.results) total += (r.status == "ok" && r.backend == "cuda") ? 1 : 0;
+  std::fprintf(stderr, "--metrics: %s, sm_%d, %d row(s); ncu output under %s\n", ncu.c_str(), cc, total,
+               workdir.c_str());
+  for (size_t i = 0; i < report.results.size(); ++i) {
+    const bench::Result& r = report.results[i];
+    if (r.backend != "cuda") {
+      out[i] = m::skipped("CPU row: no GPU counters");
+      continue;
+    }
+    if (r.status != "ok") {
+      out[i] = m::skipped("the row did not run (" + r.status + ")");
+      continue;
+    }
+    const m::RowIdentity id = m::identity_of(r);
+    std::fprintf(stderr, "[metrics %d/%d] %s\n", ++profiled, total, id.text().c_str());
+    out[i] = m::run_ncu_row(ncu, inv.exe, inv.argv_tail, static_cast<int>(i), id, r.min_bytes, cc, workdir);
+  }
+  ::rmdir(workdir.c_str());  // left in place (with the failed rows' logs) when not empty
+  report.notes.push_back("--metrics: Nsight Compute (" + ncu + "), one run of each CUDA row in a child process; "
+                         "memory_efficiency = min_bytes / (DRAM bytes read + written)");
+  return out;
+}
+
+int finish(bench::Report& report, bench::Progress& progress, const CommonOptions& common, const Invocation& inv) {
   progress.finish();
+  std::vector<nlohmann::ordered_json> metrics;
+  if (common.metrics && !common.metrics_child) metrics = collect_metrics(report, inv);
   bench::print_machine(stdout, report);
   bench::print_ceilings(stdout, report.ceilings);
   bench::print_results(stdout, report.results);
+  if (!metrics.empty()) {
+    std::vector<bench::metrics::TableRow> table;
+    for (size_t i = 0; i < report.results.size(); ++i)
+      if (report.results[i].backend == "cuda")
+        table.push_back({bench::metrics::identity_of(report.results[i]).text(), metrics[i]});
+    bench::metrics::print_table(stdout, table);
+  }
   bench::print_notes(stdout, report);
   const int failed = static_cast<int>(std::count_if(report.results.begin(), report.results.end(),
                                                     [](const bench::Result& r) { return r.status == "failed"; }));
   if (failed > 0) std::printf("\n%d row(s) FAILED\n", failed);
   std::fflush(stdout);
-  if (!common.json_path.empty()) {
+  if (!common.json_path.empty() && metrics.empty()) {
     bench::write_json(report, common.json_path);
+    std::fprintf(stderr, "wrote %s\n", common.json_path.c_str());
+  } else if (!common.json_path.empty()) {  // the report's JSON, each row with its `metrics`
+    nlohmann::ordered_json j = bench::report_json(report);
+    for (size_t i = 0; i < metrics.size() && i < j["results"].size(); ++i) j["results"][i]["metrics"] = metrics[i];
+    std::ofstream f(common.json_path);
+    if (!f) throw std::runtime_error("--json: cannot open '" + common.json_path + "' for writing");
+    f << j.dump(2) << "\n";
+    if (!f) throw std::runtime_error("--json: writing '" + common.json_path + "' failed");
     std::fprintf(stderr, "wrote %s\n", common.json_path.c_str());
   }
   return failed > 0 ? 1 : 0;
@@ -153,6 +244,26 @@ int main(int argc, char** argv) {
                             : ceilings->parsed()     ? ceilings_common
                                                      : all_common;
     common.measure.flush_cache = !common.no_flush;
+    Invocation inv;
+    {
+      char buf[4096];
+      const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+      inv.exe = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string(argv[0]);
+      for (int i = 1; i < argc; ++i) inv.argv_tail.emplace_back(argv[i]);
+    }
+    if (common.metrics_child != (common.only_row >= 0))
+      throw std::invalid_argument("--metrics-child and --only-row go together (the --metrics run of one row)");
+    // The --metrics child: one row, no ceilings (metrics.h).
+    auto child = [&](std::vector<bench::FamilyRun>& runs, bench::CeilingPlan& ceilings) {
+      if (!common.metrics_child) return;
+      bench::metrics::RowIdentity id;
+      if (!bench::metrics::keep_only_row(runs, common.only_row, id))
+        throw std::invalid_argument("--only-row " + std::to_string(common.only_row) +
+                                    ": no CUDA row planned to run at that index");
+      ceilings = bench::CeilingPlan{};
+      std::printf("%s\n", bench::metrics::identity_line(id).c_str());
+      std::fflush(stdout);
+    };
     auto note_openblas = [&] {
       if (!bench::openblas_available())
         report.notes.push_back("OpenBLAS not found: the CPU rows carry no baseline and no roofline");
@@ -162,8 +273,9 @@ int main(int argc, char** argv) {
       bench::SubcommandPlan plan = families[chosen]->plan(env, *subs[chosen], common.measure);
       report.options = common.measure;
       for (auto& n : plan.notes) report.notes.push_back(n);
+      child(plan.runs, plan.ceilings);
       run(report, progress, plan.ceilings, plan.runs, common.measure);
-      return finish(report, progress, common);
+      return finish(report, progress, common, inv);
     }
     report.options = common.measure;
 
@@ -174,7 +286,7 @@ int main(int argc, char** argv) {
       note_openblas();
       std::vector<bench::FamilyRun> none;
       run(report, progress, plan, none, common.measure);
-      return finish(report, progress, common);
+      return finish(report, progress, common, inv);
     }
 
     // all
@@ -191,8 +303,9 @@ int main(int argc, char** argv) {
       for (auto& r : f->plan_all(all_options, common.measure)) runs.push_back(std::move(r));
     bench::CeilingPlan plan = bench::CeilingPlan::everything(all_options.run_gpu());
     plan.host_copy = plan.openblas = !all_options.no_cpu;
+    child(runs, plan);
     run(report, progress, plan, runs, common.measure);
-    return finish(report, progress, common);
+    return finish(report, progress, common, inv);
   } catch (const optimized::Error& e) {
     std::fprintf(stderr, "optimized-bench: %s\n", e.what());
     return e.status() == optimized::Status::kInvalidArgument ? 2 : 3;

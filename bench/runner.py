@@ -28,6 +28,12 @@ Measurement (the statistics of the C++ harness, bench/harness/harness.h, ported)
 Output, under OUT/<machine key>/ ("h100", or "cpu"), one set per family: python-<family>.json in
 the schema "optimized-ops-bench/1" of the C++ benchmark (so scripts/render_results.py renders it),
 python-<family>.md (its markdown table) and python-<family>.png (the family's plot).
+
+--metrics (bench/ncu_metrics.py, issue 23): after the timed run, one child run under Nsight Compute
+(--metrics-child) profiles one extra call of every measurement; each row (and ceiling) gets a `metrics`
+object: achieved occupancy, DRAM bytes and memory_efficiency (min_bytes / DRAM bytes), L2 / L1 / shared
+traffic, tensor-pipe utilization, the top stall reasons, registers and local (spill) bytes; or
+{"status": "skipped", "reason": ...} where ncu is absent or the run is on the CPU.
 """
 
 from __future__ import annotations
@@ -161,6 +167,10 @@ class Timer:
             self.cache_bytes = host_llc_bytes()
             self.flush_buf = torch.empty(2 * self.cache_bytes, dtype=torch.uint8)
         self.flush_value = 0
+        # --metrics-child (ncu_metrics.py): every measurement ends with one profiled call.
+        self.metrics_child = False
+        self.measures = 0     # measurements so far (their ids)
+        self.profiled = []    # the ids whose profiled call ran, in order
 
     def flush(self):
         self.flush_value = (self.flush_value + 1) % 251
@@ -170,7 +180,28 @@ class Timer:
         """before(i), when given, runs untimed ahead of sample i (and of each warm-up run): on the GPU
         its work is enqueued before the cache flush and the start event."""
         before = before or (lambda i: None)
-        return self._measure_gpu(run_once, before) if self.device == "cuda" else self._measure_cpu(run_once, before)
+        measure_id = self.measures
+        self.measures += 1
+        st = self._measure_gpu(run_once, before) if self.device == "cuda" else self._measure_cpu(run_once, before)
+        if self.metrics_child:
+            if self.device == "cuda":
+                self._profiled_call(run_once, before, st["samples"] + max(self.opt.max_warmup, 1), measure_id)
+            st["_measure"] = measure_id
+        return st
+
+    def _profiled_call(self, run_once, before, it, measure_id):
+        """One more call, untimed, between profiler start and stop, after the marker kernel (ncu_metrics.py):
+        ncu (--profile-from-start off) profiles exactly its kernels."""
+        before(it)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        try:
+            torch.cuda._sleep(1)  # the marker: "spin_kernel" opens this measurement's segment
+            run_once(it)
+            torch.cuda.synchronize()
+        finally:
+            torch.cuda.profiler.stop()
+        self.profiled.append(measure_id)
 
     def _measure_gpu(self, run_once, before):
         opt = self.opt
@@ -237,8 +268,19 @@ def rotating_set_count(set_bytes, cache_bytes, budget_bytes, max_sets=8):
     return int(want)
 
 
+_MEASURED = []  # (stats_json's dict, measurement id), in --metrics-child runs: which measurement a row timed
+
+
 def stats_json(st):
-    return {k: st[k] for k in ("median", "p10", "p90", "cv", "samples")}
+    out = {k: st[k] for k in ("median", "p10", "p90", "cv", "samples")}
+    if "_measure" in st:
+        _MEASURED.append((out, st["_measure"]))
+    return out
+
+
+def measure_of(time_json):
+    """The measurement id behind a row's time_ms (the same dict stats_json returned), or None."""
+    return next((m for d, m in _MEASURED if d is time_json), None)
 
 
 # ---- machine and ceilings ---------------------------------------------------------------------
@@ -321,6 +363,17 @@ def load_renderer():
     return mod
 
 
+def load_ncu_metrics():
+    """bench/ncu_metrics.py (the --metrics side), by path: the runner is imported from several places."""
+    if "ncu_metrics" in sys.modules:
+        return sys.modules["ncu_metrics"]
+    spec = importlib.util.spec_from_file_location("ncu_metrics", ROOT / "bench" / "ncu_metrics.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["ncu_metrics"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def plot(report, path_for_op):
     """One PNG per family of the results (the family's plot function), at path_for_op(family).
     Returns the written paths ([] where matplotlib is missing)."""
@@ -395,6 +448,10 @@ def parse_args(argv):
     p.add_argument("--warmup-s", type=float, default=0.05)
     p.add_argument("--max-warmup", type=int, default=10)
     p.add_argument("--no-flush", action="store_true", help="keep caches warm between samples")
+    p.add_argument("--metrics", action="store_true",
+                   help="after the timed run, profile one call of every measurement under Nsight Compute (ncu on "
+                        "PATH or $OPTIMIZED_NCU) and add the counters to the rows (`metrics`; bench/ncu_metrics.py)")
+    p.add_argument("--metrics-child", default=None, help=argparse.SUPPRESS)  # the run under ncu: its row map
     return p.parse_args(argv)
 
 
@@ -443,6 +500,7 @@ def main(argv=None):
 
     opt = Options(args)
     timer = Timer(device, opt)
+    timer.metrics_child = bool(args.metrics_child)
     log(f"benchmark_all: {device}, torch {torch.__version__}, library {optimized_ops.library_path()}")
     report = {"schema": SCHEMA,
               "created": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -460,6 +518,16 @@ def main(argv=None):
         results += FAMILIES[op].rows(args, device, timer, report["ceilings"], log, notes)
     report["results"] = results
     report["notes"] = notes
+    if args.metrics_child:  # the child under ncu: which measurement each row (and ceiling) timed
+        ncu_metrics = load_ncu_metrics()
+        pathlib.Path(args.metrics_child).write_text(json.dumps({
+            "profiled": timer.profiled,
+            "rows": [{"key": ncu_metrics.row_key(r), "measure": measure_of(r.get("time_ms")),
+                      "baseline_measure": measure_of((r.get("baseline") or {}).get("time_ms"))} for r in results],
+            "ceilings": {c["name"]: measure_of(c.get("time_ms")) for c in report["ceilings"]}}))
+    elif args.metrics:
+        ncu_metrics = load_ncu_metrics()
+        ncu_metrics.attach(report, argv, ROOT / "bench" / "benchmark_all.py", log, device)
     report = _clean(report)
     for path in write_outputs(report, args.out):
         print(f"wrote {path}")

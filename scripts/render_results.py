@@ -33,6 +33,14 @@ without .json (e.g. fused, python-fused); any other key filters the rows by that
   <!-- generated: models-table file=python-models machine=h100 case=train -->
         the models table (bench/benchmark_models.py): per (case, shape, implementation) the time per step or
         generate call, tokens/s, MFU, vs torch eager and torch.compile, the targets (issue 20)
+  <!-- generated: metrics-table file=matmul machine=h100 op=matmul dtype=bf16 shape=4096x4096x4096 -->
+        the hardware counters of each selected row (a run with --metrics, issue 23): achieved occupancy,
+        DRAM bytes, memory efficiency (min bytes / DRAM bytes), DRAM % of peak, L2 bytes, tensor-pipe %,
+        registers, local (spill) bytes, the top stall reasons (docs/perf-notes/metrics.md)
+
+Rows that carry a `metrics` object with status ok (optimized-bench / benchmark_all.py --metrics) also get
+four columns in the ladder and results tables: achieved occupancy, DRAM bytes, memory efficiency and
+tensor-pipe %; tables without such rows are rendered as before.
 """
 import argparse
 import json
@@ -81,15 +89,88 @@ def ceilings_table(data):
     return "\n".join(rows)
 
 
+# ---- hardware counters (--metrics, issue 23) ------------------------------------------------------
+
+def has_metrics(results):
+    """Whether any row carries counters (a --metrics run whose ncu ran): the tables gain their columns."""
+    return any((r.get("metrics") or {}).get("status") == "ok" for r in results)
+
+
+def human_bytes(x):
+    if x is None:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(x) >= scale:
+            return f"{fmt(x / scale)} {unit}"
+    return f"{fmt(x)} B"
+
+
+def _pct_value(x):
+    return "-" if x is None else f"{fmt(x)}%"
+
+
+METRIC_COLUMNS = ("achieved occupancy", "DRAM bytes", "memory efficiency", "tensor pipe")
+
+
+def metric_cells(r):
+    """The four columns the ladder tables gain (occupancy, DRAM bytes, memory efficiency, tensor pipe)."""
+    m = r.get("metrics") or {}
+    if m.get("status") != "ok":
+        return ["-"] * 4 if not m else [m.get("status", "-")] + ["-"] * 3
+    eff = m.get("memory_efficiency")
+    return [_pct_value(m.get("achieved_occupancy_pct")), human_bytes(m.get("dram_bytes")),
+            fmt(eff), _pct_value(m.get("tensor_pipe_pct"))]
+
+
+def metrics_table(results):
+    """One line per row: its counters, or why it has none."""
+    head = ("| variant | op | dir | dtype | shape | median ms | achieved occupancy | DRAM bytes (read + written) "
+            "| memory efficiency | DRAM % of peak | L2 bytes | tensor pipe | regs | local bytes | top stalls |")
+    rows = [head, "|" + "---|" * 15]
+    for r in results:
+        lead = (f"| {r['variant']} | {r['op']} | {r.get('direction', '')} | {r['dtype']} | "
+                f"{r.get('shape_label', '')} ")
+        m = r.get("metrics") or {}
+        if r.get("status") != "ok" or m.get("status") != "ok":
+            why = (f"{r['status']}: {r.get('reason', '')}" if r.get("status") != "ok"
+                   else f"no counters: {m.get('reason', 'not collected (run with --metrics)')}"
+                   if not m or m.get("status") == "skipped" else f"counters {m['status']}: {m.get('reason', '')}")
+            rows.append(lead + f"| {why} |" + " |" * 9)
+            continue
+        occ, dram, eff, tensor = metric_cells(r)
+        stalls = ", ".join(f"{s['reason']} {fmt(s['warps_per_issue'])}" for s in m.get("top_stalls", [])) or "-"
+        regs = fmt(m.get("registers_per_thread"))
+        rows.append(lead + f"| {fmt(r['time_ms']['median'])} | {occ} | {dram} | {eff} "
+                    f"| {_pct_value(m.get('dram_throughput_pct'))} | {human_bytes(m.get('l2_bytes'))} | {tensor} "
+                    f"| {regs} | {human_bytes(m.get('local_bytes'))} | {stalls} |")
+    return "\n".join(rows)
+
+
+def ceiling_metrics_lines(data):
+    """The ceilings the counters saw (the Python runner profiles its device copy: a known-bytes check)."""
+    out = []
+    for c in data.get("ceilings", []):
+        m = c.get("metrics") or {}
+        if m.get("status") == "ok" and m.get("dram_bytes"):
+            eff = m.get("memory_efficiency")
+            out.append(f"- {c['name']}: DRAM {human_bytes(m['dram_bytes'])} counted for {human_bytes(c.get('bytes'))} "
+                       f"moved" + (f" (efficiency {eff:.3f})" if eff is not None else ""))
+    return out
+
+
 def results_table(results):
+    with_metrics = has_metrics(results)
     head = ("| variant | backend | dtype | shape | threads | median ms [p10-p90] | CV | TFLOP/s | GB/s "
             "| vs baseline | roofline | regs / smem / occ |")
     rows = [head, "|" + "---|" * 12]
+    if with_metrics:
+        rows = [head + "".join(f" {c} |" for c in METRIC_COLUMNS), "|" + "---|" * 16]
+    extra = (lambda r: "".join(f" {c} |" for c in metric_cells(r))) if with_metrics else (lambda r: "")
     for r in results:
         shape = r.get("shape_label", "")
         if r.get("status") != "ok":
             rows.append(f"| {r['variant']} | {r['backend']} | {r['dtype']} | {shape} | {fmt(r.get('threads'))} "
-                        f"| {r['status']}: {r.get('reason', '')} | | | | | | |")
+                        f"| {r['status']}: {r.get('reason', '')} | | | | | | |" + (" |" * 4 if with_metrics else ""))
             continue
         t = r["time_ms"]
         base = r.get("baseline")
@@ -103,7 +184,7 @@ def results_table(results):
         rows.append(
             f"| {r['variant']} | {r['backend']} | {r['dtype']} | {shape} | {fmt(r.get('threads'))} "
             f"| {fmt(t['median'])} [{fmt(t['p10'])}-{fmt(t['p90'])}] | {t['cv'] * 100:.1f}% | {fmt(r['tflops'])} | {fmt(r.get('gbps'))} "
-            f"| {vs} | {roof} | {res} |")
+            f"| {vs} | {roof} | {res} |" + extra(r))
     return "\n".join(rows)
 
 
@@ -257,12 +338,16 @@ def fused_target_summary(results):
 
 def fused_rows_table(results):
     """One row per result with the fused columns (the ladder block of a fused shape)."""
+    with_metrics = has_metrics(results)
     rows = ["| variant | op | dir | dtype | shape | median ms [p10-p90] | CV | GB/s | % of copy | vs same-size copy "
             "| vs baseline |", "|" + "---|" * 11]
+    if with_metrics:
+        rows = [rows[0] + "".join(f" {c} |" for c in METRIC_COLUMNS), "|" + "---|" * 15]
+    extra = (lambda r: "".join(f" {c} |" for c in metric_cells(r))) if with_metrics else (lambda r: "")
     for r in results:
         lead = f"| {r['variant']} | {r['op']} | {r.get('direction', '')} | {r['dtype']} | {r['shape_label']} "
         if r.get("status") != "ok":
-            rows.append(lead + f"| {r['status']}: {r.get('reason', '')} | | | | | |")
+            rows.append(lead + f"| {r['status']}: {r.get('reason', '')} | | | | | |" + (" |" * 4 if with_metrics else ""))
             continue
         t = r["time_ms"]
         base = r.get("baseline")
@@ -271,7 +356,7 @@ def fused_rows_table(results):
         rows.append(lead.replace(f"| {r['variant']} |", f"| {r['variant']}{variant_note} |", 1) +
                     f"| {fmt(t['median'])} [{fmt(t['p10'])}-{fmt(t['p90'])}] | {t['cv'] * 100:.1f}% "
                     f"| {fmt(r.get('gbps'))} | {pct(r.get('roofline_fraction'))} | {pct(r.get('vs_copy_same_size'))} "
-                    f"| {vs} |")
+                    f"| {vs} |" + extra(r))
     return "\n".join(rows)
 
 
@@ -576,6 +661,12 @@ def run_markdown(data, heading_level=2):
                     models_table(rows), ""]
         else:
             out += [f"{h}# {family} on {backend}", "", results_table(rows), ""]
+        if has_metrics(rows):  # a --metrics run: each row's counters
+            out += [f"{h}# {family} on {backend}: hardware counters (Nsight Compute, one profiled call per row)", "",
+                    metrics_table(rows), ""]
+    ceiling_counters = ceiling_metrics_lines(data)
+    if ceiling_counters:
+        out += [f"{h}# Ceilings: hardware counters", ""] + ceiling_counters + [""]
     if any(family_of(r) == "fused" for r in data["results"]):
         formulas = fused_formulas(data)
         if formulas:
@@ -634,7 +725,7 @@ def cmd_place(args):
 
 
 BLOCK = re.compile(r"(<!-- generated: (?P<kind>ladder|fused-table|grid|attention-table|attention-ladder|attention-memory|kv-cache|"
-                   r"models-table)"
+                   r"models-table|metrics-table)"
                    r" (?P<spec>[^>]*?) -->\n)(?P<body>.*?)"
                    r"(<!-- end generated -->)", re.S)
 SPEC_KEYS = {"machine", "file", "metric"}  # every other key of a spec filters the rows
@@ -735,7 +826,20 @@ BLOCK_KINDS = {"ladder": ladder_block, "fused-table": fused_table_block, "grid":
                "attention-ladder": attention_block("attention-ladder"),
                "attention-memory": attention_block("attention-memory"),
                "kv-cache": lambda root, spec: kv_cache_block(root, spec),
-               "models-table": lambda root, spec: models_block(root, spec)}
+               "models-table": lambda root, spec: models_block(root, spec),
+               "metrics-table": lambda root, spec: metrics_block(root, spec)}
+
+
+def metrics_block(root, spec):
+    """The hardware counters of the selected rows (filters as the ladder's)."""
+    want = dict(kv.split("=", 1) for kv in spec.split())
+    rows = select_rows(root, want)
+    if not rows:
+        return f"(no results for {spec} under {root})\n"
+    note = "" if has_metrics(rows) else (" -- no counters in these results yet (run the benchmark with "
+                                          "--metrics on the GPU machine)")
+    return (f"Measured: `{spec}` (from `{root.as_posix()}/{want['machine']}/`): Nsight Compute counters{note}\n\n"
+            + metrics_table(rows) + "\n")
 
 
 def models_block(root, spec):
