@@ -444,7 +444,7 @@ def o_n2_bytes(impl, shape, backward):
 def resolve_variants(args, device):
     import optimized_ops as oo
 
-    rungs = list(oo.variants("attention"))
+    rungs = list(oo.variants("attention")) + ["triton"]  # + the Triton rung (optimized_ops/triton/attention.py)
     ours = [v for v in rungs if (v == "cpu") == (device == "cpu")]
     if args.variants_arg is None or args.variants_arg == ["all"]:
         return ours
@@ -452,6 +452,17 @@ def resolve_variants(args, device):
         if v != "auto" and v not in rungs:
             raise SystemExit(f"--variants: expected all, auto or some of {', '.join(rungs)}; given '{v}'")
     return list(args.variants_arg)
+
+
+def triton_skip(shape):
+    """Why ours:triton has no row here ("" where it runs): Triton unavailable, or a varlen row (the
+    Triton rung is flash_attention's only)."""
+    import optimized_ops.triton as ot
+
+    ok, why = ot.availability()
+    if not ok:
+        return f"Triton unavailable: {why}"
+    return "varlen: the Triton rung runs flash_attention only" if shape.varlen else ""
 
 
 def attention_rows(args, device, timer, ceilings, log, notes):
@@ -526,6 +537,8 @@ def attention_group(args, device, timer, log, notes, dname, dtype, elem, shape, 
     for impl in impls:
         if impl.variant in HALF_ONLY and dname not in HALF_ONLY[impl.variant]:
             skip[(impl.name, None)] = f"{impl.variant} supports {', '.join(HALF_ONLY[impl.variant])}; given {dname}"
+        if impl.ours and impl.variant == "triton" and triton_skip(shape):
+            skip[(impl.name, None)] = triton_skip(shape)
         if getattr(impl, "missing_backend", False):
             skip[(impl.name, None)] = f"torch {torch.__version__} has no SDPBackend.{PEER_BACKENDS[impl.name[5:]]}"
         if impl.name == "sdpa_math" and shape.seqlen > args.math_max_seqlen:

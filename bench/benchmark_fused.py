@@ -441,7 +441,20 @@ def op_rungs(op=None):
             return list(oo.variants("cross_entropy"))
         except Exception:  # noqa: BLE001 - no Python query for cross-entropy's table yet: its rows, by hand
             return list(CE_RUNGS)
-    return list(oo.fused_variants())
+    return list(oo.fused_variants()) + ["triton"]  # the Triton rung (optimized_ops/triton/): TRITON_OPS only
+
+
+TRITON_OPS = ("softmax", "layer_norm", "rms_norm")  # the row ops with a variant="triton"
+
+
+def triton_skip(op):
+    """Why ours:triton has no row for op here ("" where it runs): another op, or Triton unavailable."""
+    import optimized_ops.triton as ot
+
+    if op not in TRITON_OPS:
+        return f"no Triton rung for {op} (optimized_ops/triton/ has {', '.join(TRITON_OPS)})"
+    ok, why = ot.availability()
+    return "" if ok else f"Triton unavailable: {why}"
 
 
 def resolve_variants(args, device, op=None):
@@ -539,6 +552,8 @@ def fused_rows(args, device, timer, ceilings, log, notes):
                         skip[f"ours:{v}"] = "elementwise op: fused_registers runs the same kernel as fused_streaming"
                     elif v == "fused_registers" and 0 < max_w < width:
                         skip[f"ours:{v}"] = f"row of {width} elements exceeds fused_registers' {max_w}"
+                    elif v == "triton" and triton_skip(op):
+                        skip[f"ours:{v}"] = triton_skip(op)
                     fns[f"ours:{v}"] = (lambda f, v: (lambda *a: f(v, *a)))(spec.ours_fn, v)
                 fns["torch_eager"] = spec.torch_fn
                 if not args.no_compile:

@@ -80,7 +80,7 @@ def gemm_rows(args, device, timer, ceilings, log, notes):
     rows = []
     peaks = {c["name"].removeprefix("torch_matmul_"): c for c in ceilings if c["name"].startswith("torch_matmul_")}
     bw = next((c for c in ceilings if c["unit"] == "GB/s"), None)
-    all_variants = ["auto"] + optimized_ops.variants()
+    all_variants = ["auto"] + optimized_ops.variants() + ["triton", "triton_tma"]  # + the Triton rungs
     for dname in args.dtypes:
         dtype = runner.DTYPES[dname]
         for text in args.shapes:
@@ -120,7 +120,8 @@ def gemm_rows(args, device, timer, ceilings, log, notes):
             for variant in all_variants:
                 if args.variants != ["all"] and variant not in args.variants:
                     continue
-                ok, why = optimized_ops.variant_supports(variant, dtype, device)
+                ok, why = (_triton_supports(variant, dtype, device, shape) if variant.startswith("triton")
+                           else optimized_ops.variant_supports(variant, dtype, device))
                 if not ok:
                     if why and "runs on" not in why:  # other device's rungs are not rows at all
                         r = base_row(variant)
@@ -170,6 +171,23 @@ def gemm_rows(args, device, timer, ceilings, log, notes):
             if device == "cuda":
                 torch.cuda.empty_cache()
     return rows
+
+
+def _triton_supports(variant, dtype, device, shape):
+    """variant_supports for the Triton rungs (optimized_ops/triton/), which the C++ table does not hold:
+    CUDA tensors where Triton is available; triton: fp32 / fp16 / bf16; triton_tma: fp16 / bf16, compute
+    capability 9.0+, K and N multiples of 8 (TMA's 16-byte rows). Otherwise a skipped row with the reason."""
+    import optimized_ops.triton as ot
+
+    if device != "cuda":
+        return False, f"{variant} runs on CUDA tensors"  # another device's rung: no row, as for the CUDA rungs
+    halves = (torch.float16, torch.bfloat16)
+    if dtype not in ((torch.float32,) + halves if variant == "triton" else halves):
+        return False, f"{variant} supports {'fp32, ' if variant == 'triton' else ''}fp16, bf16; given {dtype}"
+    if variant == "triton_tma" and (shape.k % 8 or shape.n % 8):
+        return False, f"triton_tma needs K and N multiples of 8 (TMA's 16-byte rows); given K={shape.k} N={shape.n}"
+    ok, why = ot.tma_availability() if variant == "triton_tma" else ot.availability()
+    return ok, "" if ok else f"Triton unavailable: {why}"
 
 
 def _too_slow(variant, device, flops):

@@ -16,6 +16,10 @@ variant        device  what runs
 ``"naive"``    CUDA    S and P materialized in global memory: the O(N²) baseline
 ``"flash"``    CUDA    tiled, online softmax, S never leaves the chip (FlashAttention-1, SIMT)
 ``"flash2"``   CUDA    mma.sync tensor cores, cp.async double buffering (FlashAttention-2)
+``"triton"``   CUDA    FlashAttention-2 written in Triton (optimized_ops/triton/attention.py):
+                       causal or not, softmax_scale, GQA / MQA, forward and backward
+                       (``flash_attention`` only; CPU tensors under ``TRITON_INTERPRET=1``; not
+                       in the C++ table: ``variants("attention", detail=True)`` lists it)
 =============  ======  ======================================================================
 
 The package is split by what torch needs around the C++ ops:
@@ -39,8 +43,9 @@ from typing import Optional, Union
 
 import torch
 
+from .. import triton as _triton
 from .._library import load
-from .._variants import register_family
+from .._variants import register_family, register_rung
 
 _lib = load()  # registers torch.ops.optimized.* before the registrations below
 _ops = torch.ops.optimized
@@ -65,6 +70,7 @@ def attention_variants() -> list[str]:
 
 
 register_family("attention", attention_variants)
+register_rung("attention", "triton", "triton", _triton.availability)
 
 
 def attention_head_dims() -> list[int]:
@@ -145,7 +151,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
         Also return the log-sum-exp of every row, ``(B, H_q, S_q)`` float32 (float64 for float64
         inputs), without gradient.
     variant : str
-        ``"auto"``, ``"cpu"``, ``"naive"``, ``"flash"`` or ``"flash2"``.
+        ``"auto"``, ``"cpu"``, ``"naive"``, ``"flash"``, ``"flash2"`` or ``"triton"`` (causal,
+        softmax_scale and GQA only: window_size, softcap and alibi_slopes raise
+        NotImplementedError there; deterministic always).
 
     Returns
     -------
@@ -177,6 +185,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     torch.Size([2, 1024, 16, 128])
     """
     left, right = _window("flash_attention", window_size)
+    if variant == "triton":
+        out, lse = _triton.ops.flash_attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                                               window_size=(left, right), softcap=softcap, alibi_slopes=alibi_slopes)
+        return (out, lse) if return_lse else out
     out, lse = _ops.attention_fwd.default(q, k, v, softmax_scale=softmax_scale, causal=causal, window_left=left,
                                           window_right=right, softcap=softcap, alibi_slopes=alibi_slopes,
                                           deterministic=deterministic, variant=variant)

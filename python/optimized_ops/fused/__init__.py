@@ -14,6 +14,11 @@ variant                 device  what runs
 ``"unfused"``           CUDA    one kernel per elementary step, temporaries in global memory
 ``"fused_streaming"``   CUDA    one kernel, a block streams its row in passes (any width)
 ``"fused_registers"``   CUDA    one kernel, the row read once into registers (short rows)
+``"triton"``            CUDA    softmax, layer_norm, rms_norm written in Triton
+                                (``optimized_ops/triton/``; CPU tensors under
+                                ``TRITON_INTERPRET=1``); not in the C++ table:
+                                ``variants("fused", detail=True)`` lists it with its
+                                availability
 ======================  ======  ===========================================================
 
 The package is split by what torch needs around the C++ ops:
@@ -40,8 +45,9 @@ from typing import Optional, Union
 
 import torch
 
+from .. import triton as _triton
 from .._library import load
-from .._variants import register_family
+from .._variants import register_family, register_rung
 
 _lib = load()  # registers torch.ops.optimized.* before the registrations below
 _ops = torch.ops.optimized
@@ -66,6 +72,16 @@ def fused_variants() -> list[str]:
 
 _VARIANTS = ("auto", *fused_variants())
 register_family("fused", fused_variants)
+register_rung("fused", "triton", "triton", _triton.availability)
+
+_TRITON_OPS = "softmax, layer_norm, rms_norm"
+
+
+def _no_triton(op: str, variant: str) -> None:
+    """A clear error for variant="triton" of an op that has no Triton rung (yet)."""
+    if variant == "triton":
+        raise ValueError(f"optimized::{op}: variant triton: this op has no Triton rung (the fused family's "
+                         f"Triton rungs: {_TRITON_OPS}); use auto, cpu, unfused, fused_streaming or fused_registers")
 
 
 def fused_registers_max_width(op: str, dtype: torch.dtype, backward: bool = False) -> int:
@@ -155,7 +171,9 @@ def softmax(input: torch.Tensor, dim: int, dtype: Optional[torch.dtype] = None, 
     scale : float, keyword-only
         Multiplies the input before the softmax (e.g. attention's ``1 / sqrt(d)``), at no cost.
     variant : str, keyword-only
-        ``"auto"``, ``"cpu"``, ``"unfused"``, ``"fused_streaming"`` or ``"fused_registers"``.
+        ``"auto"``, ``"cpu"``, ``"unfused"``, ``"fused_streaming"``, ``"fused_registers"`` or
+        ``"triton"`` (optimized_ops/triton/softmax.py; NotImplementedError with the reason where
+        Triton cannot run).
 
     Returns
     -------
@@ -187,6 +205,8 @@ def softmax(input: torch.Tensor, dim: int, dtype: Optional[torch.dtype] = None, 
     """
     if dtype is not None:
         input = input.to(dtype)
+    if variant == "triton":
+        return _triton.ops.softmax(input, dim, scale)
     return _ops.softmax_fwd.default(input, dim, scale, variant=variant)
 
 
@@ -222,6 +242,7 @@ def log_softmax(input: torch.Tensor, dim: int, dtype: Optional[torch.dtype] = No
     """
     if dtype is not None:
         input = input.to(dtype)
+    _no_triton("log_softmax_fwd", variant)
     return _ops.log_softmax_fwd.default(input, dim, scale, variant=variant)
 
 
@@ -278,6 +299,9 @@ def layer_norm(input: torch.Tensor, normalized_shape: _ShapeLike, weight: Option
     >>> optimized_ops.layer_norm(x, (1024,), w, torch.zeros_like(w)).shape
     torch.Size([8, 128, 1024])
     """
+    if variant == "triton":
+        return _triton.ops.layer_norm(input, _normalized_shape(normalized_shape), _cast_like(weight, input),
+                                      _cast_like(bias, input), eps)
     y, _, _, _ = _ops.layer_norm_fwd.default(input, None, _normalized_shape(normalized_shape),
                                              _cast_like(weight, input), _cast_like(bias, input), eps,
                                              variant=variant)
@@ -323,6 +347,7 @@ def add_layer_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape
     --------
     >>> y, residual = optimized_ops.add_layer_norm(attn_out, residual, (4096,), w, b)
     """
+    _no_triton("layer_norm_fwd", variant)
     y, residual_out, _, _ = _ops.layer_norm_fwd.default(input, residual, _normalized_shape(normalized_shape),
                                                         _cast_like(weight, input), _cast_like(bias, input), eps,
                                                         variant=variant)
@@ -373,6 +398,9 @@ def rms_norm(input: torch.Tensor, normalized_shape: _ShapeLike, weight: Optional
     >>> x = torch.randn(4, 4096, device="cuda", dtype=torch.bfloat16)
     >>> optimized_ops.rms_norm(x, 4096, torch.ones(4096, device="cuda", dtype=torch.bfloat16))
     """
+    if variant == "triton":
+        return _triton.ops.rms_norm(input, _normalized_shape(normalized_shape), _cast_like(weight, input),
+                                    _rms_eps(input, eps))
     y, _, _ = _ops.rms_norm_fwd.default(input, None, _normalized_shape(normalized_shape), _cast_like(weight, input),
                                         _rms_eps(input, eps), variant=variant)
     return y
@@ -413,6 +441,7 @@ def add_rms_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: 
     --------
     >>> h, residual = optimized_ops.add_rms_norm(mlp_out, residual, 4096, w)
     """
+    _no_triton("rms_norm_fwd", variant)
     y, residual_out, _ = _ops.rms_norm_fwd.default(input, residual, _normalized_shape(normalized_shape),
                                                    _cast_like(weight, input), _rms_eps(input, eps), variant=variant)
     return y, residual_out
@@ -449,6 +478,7 @@ def gelu(input: torch.Tensor, approximate: str = "none", *, variant: str = "auto
     >>> optimized_ops.gelu(torch.randn(3, 5), approximate="tanh").shape
     torch.Size([3, 5])
     """
+    _no_triton("bias_gelu_fwd", variant)
     return _ops.bias_gelu_fwd.default(input, None, approximate, variant=variant)
 
 
@@ -493,6 +523,7 @@ def bias_gelu(input: torch.Tensor, bias: Optional[torch.Tensor], approximate: st
     --------
     >>> h = optimized_ops.bias_gelu(x @ w1.t(), b1, approximate="tanh")
     """
+    _no_triton("bias_gelu_fwd", variant)
     return _ops.bias_gelu_fwd.default(input, _cast_like(bias, input), approximate, variant=variant)
 
 
@@ -527,6 +558,7 @@ def silu_and_mul(input: torch.Tensor, *, variant: str = "auto") -> torch.Tensor:
     >>> gate_up = x @ w_gate_up.t()           # (tokens, 2 * ffn)
     >>> h = optimized_ops.silu_and_mul(gate_up)  # (tokens, ffn)
     """
+    _no_triton("silu_and_mul_fwd", variant)
     return _ops.silu_and_mul_fwd.default(input, variant=variant)
 
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import torch
 
+from .. import triton as _triton
 from .._library import load
-from .._variants import register_family
+from .._variants import register_family, register_rung
 
 _lib = load()  # registers torch.ops.optimized.* before the registrations below
 
@@ -35,6 +36,8 @@ def variants() -> list[str]:
 
 
 register_family("gemm", variants)
+register_rung("gemm", "triton", "triton", _triton.availability)
+register_rung("gemm", "triton_tma", "triton", _triton.tma_availability)
 
 
 def variant_supports(variant: str, dtype: torch.dtype, device: str | torch.device) -> tuple[bool, str]:
@@ -95,7 +98,13 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, variant: str = "auto") -> torch.
         the rows of ``a`` and ``b`` must be 16-byte aligned: K and N multiples of 8 for
         contiguous operands. ``auto`` picks ``wgmma_persistent`` where it can run and
         ``mma_pipeline`` elsewhere), and ``gemv`` for decode shapes (a few rows; any dtype and
-        alignment; ``auto`` takes it up to 8 rows).
+        alignment; ``auto`` takes it up to 8 rows); ``"triton"``: the tiled, autotuned Triton GEMM
+        (optimized_ops/triton/matmul.py; float32, float16, bfloat16; CUDA, or CPU tensors under
+        ``TRITON_INTERPRET=1``; not in the C++ table, ``variants("gemm", detail=True)`` lists it
+        with its availability; NotImplementedError with the reason where Triton cannot run);
+        ``"triton_tma"``: the persistent Triton GEMM loading through TMA descriptors
+        (optimized_ops/triton/matmul_tma.py; float16 and bfloat16, compute capability 9.0 or later,
+        rows 16-byte aligned: K and N multiples of 8).
 
     Returns
     -------
@@ -152,6 +161,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, variant: str = "auto") -> torch.
     >>> optimized_ops.matmul(a, b[:, 0]).shape  # 1-D b: a matrix-vector product
     torch.Size([128])
     """
+    if variant in ("triton", "triton_tma"):
+        return _triton.ops.matmul(a, b, tma=variant == "triton_tma")
     return torch.ops.optimized.matmul.default(a, b, variant=variant)
 
 
