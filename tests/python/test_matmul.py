@@ -323,9 +323,14 @@ def test_float64_only_on_the_plain_cpu_rungs(variant):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("shapes", GRAD_SHAPES + GRAD_ND_SHAPES, ids=_ids)
 def test_gradients_against_float64(device, dtype, shapes, rng):
+    check_gradients_against_float64(shapes, dtype, device, rng)
+
+
+def check_gradients_against_float64(shapes, dtype, device, rng, variant="auto"):
+    """matmul(a, b, variant=variant)'s gradients against float64 (also the Triton rungs' check)."""
     a = rand(shapes[0], dtype, device, rng).requires_grad_()
     b = rand(shapes[1], dtype, device, rng).requires_grad_()
-    out = optimized_ops.matmul(a, b)
+    out = optimized_ops.matmul(a, b, variant=variant)
     assert out.shape == torch.matmul(a, b).shape
     g = rand(out.shape, dtype, device, rng)
     grad_a, grad_b = torch.autograd.grad(out, (a, b), g)

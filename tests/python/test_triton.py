@@ -28,7 +28,8 @@ from optimized_ops import triton as ot
 from conftest import gemm_error_ratio, rand
 from test_fused import CASE_BY_NAME, check_case, _dname, _strided_layouts
 from test_attention import check_against_reference, reference
-from test_matmul import GRAD_ND_SHAPES, GRAD_SHAPES, ND_SHAPES, SHAPES as GEMM_SHAPES, _ids, _poison_allocator
+from test_matmul import (GRAD_ND_SHAPES, GRAD_SHAPES, ND_SHAPES, SHAPES as GEMM_SHAPES, _ids, _poison_allocator,
+                         check_gradients_against_float64)
 
 ops = torch.ops.optimized
 
@@ -374,20 +375,7 @@ def test_matmul_strided_operands(dtype, rng):
 def test_matmul_gradients_against_float64(shapes, dtype, rng):
     """test_matmul.py's gradient check: each gradient a GEMM of the Triton kernel (on transposed
     views), batch sums of broadcast operands by autograd."""
-    a = rand(shapes[0], dtype, DEVICE, rng).requires_grad_()
-    b = rand(shapes[1], dtype, DEVICE, rng).requires_grad_()
-    out = optimized_ops.matmul(a, b, variant="triton")
-    g = rand(out.shape, dtype, DEVICE, rng)
-    grad_a, grad_b = torch.autograd.grad(out, (a, b), g)
-    a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
-    ref_a, ref_b = torch.autograd.grad(torch.matmul(a64, b64), (a64, b64), g.double())
-    assert grad_a.shape == a.shape and grad_b.shape == b.shape
-    assert grad_a.dtype == dtype and grad_b.dtype == dtype
-    for got, ref, name in ((grad_a, ref_a, "grad_a"), (grad_b, ref_b, "grad_b")):
-        err = (got.double().cpu() - ref.cpu()).abs().max().item()
-        scale = ref.abs().max().item()
-        eps = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}[dtype]
-        assert err <= 4 * eps * scale + 1e-5 * scale, f"{name}: max error {err} (scale {scale})"
+    check_gradients_against_float64(shapes, dtype, DEVICE, rng, variant="triton")
 
 
 @requires_triton
