@@ -205,7 +205,8 @@ OPTIMIZED_C_EXPORT optimized_status optimized_variant_check(const char* family, 
 /* ---- fused memory-bound ops (include/optimized/fused.h) -----------------------------------
  * Row-wise ops on 2-D views (rows, width) whose last dimension has unit stride and whose rows may
  * be further apart than the width; a 1-D view is one row. One dtype for every data operand of a
- * call (fp32, fp16, bf16; fp64 on the "cpu" variant); mean and rstd are fp32 (rows), contiguous.
+ * call (fp32, fp16, bf16; fp64 on the "cpu" variant); mean and rstd are fp32 (rows), contiguous
+ * (fp64 for fp64 data).
  * Optional operands are NULL when absent (a non-NULL view of rank 0 is refused: pass NULL).
  * An output may be the very same view as an input of its shape (in place); other overlaps are
  * refused. variant: "auto" (or NULL), "cpu", "unfused", "fused_streaming", "fused_registers"
@@ -238,7 +239,7 @@ OPTIMIZED_C_EXPORT optimized_status optimized_log_softmax_backward(const optimiz
 /* y = (h - mean) * rstd * weight + bias, rstd = 1 / sqrt(var + eps) (biased variance), where
  * h = x, or h = x + residual (rounded to the dtype) when residual is given; then residual_out
  * (required with residual, NULL without) receives h. weight, bias: (width) or NULL. mean, rstd:
- * fp32 (rows) outputs, or NULL (inference); the backward needs them. eps >= 0. */
+ * fp32 (rows) outputs (fp64 for fp64 data), or NULL (inference); the backward needs them. eps >= 0. */
 OPTIMIZED_C_EXPORT optimized_status optimized_layer_norm_forward(
     const optimized_tensor* x, const optimized_tensor* residual, const optimized_tensor* weight,
     const optimized_tensor* bias, double eps, optimized_tensor* y, optimized_tensor* residual_out,

@@ -6,8 +6,8 @@
 // number 0 (nothing is done) to any count; the width may be 1 to 262144 and beyond.
 // Tensors: fp32, fp16 or bf16, one dtype for every data operand of a call (x, residual, weight,
 // bias, y, dy, dx, dweight, dbias); statistics (mean, rstd) are fp32 and every op computes in fp32.
-// fp64 is taken by the CPU variant only (computing in fp64), so that gradients can be checked in
-// float64 on the library's own code.
+// fp64 is taken by the CPU variant only (computing in fp64, with fp64 statistics), so that
+// gradients can be checked in float64 on the library's own code.
 //
 // Scalars (softmax's scale, the norms' eps) are taken as double: the fp64 CPU path computes with
 // them as given; fp32 / fp16 / bf16 round them to fp32 once, as the fp32 math they run in needs.
@@ -106,7 +106,9 @@ void softmax_backward(const TensorView& y, const TensorView& dy, const TensorVie
 // variance), h = x, or h = x + residual when `residual` is present; then h (rounded to the dtype)
 // is written to residual_out and the normalization reads that rounded h, so that forward and
 // backward see the same h. weight, bias: (width) or absent. mean, rstd: fp32 (rows), contiguous,
-// or absent (inference); backward needs them.
+// or absent (inference); backward needs them. For fp64 data (CPU only) mean and rstd are fp64
+// instead (fp32 ones are refused then, as fp64 ones are for fp32 / fp16 / bf16 data), so that the
+// fp64 backward is fp64-accurate.
 void layer_norm_forward(const TensorView& x, const TensorView& residual, const TensorView& weight,
                         const TensorView& bias, double eps, const TensorView& y,
                         const TensorView& residual_out, const TensorView& mean,

@@ -72,13 +72,16 @@ class Operands {
     outputs_.push_back({&t, name});
     return t.data;
   }
-  // fp32 (rows) statistics, contiguous.
-  float* stats(const TensorView& t, const char* name, bool output, bool required) {
+  // (rows) statistics, contiguous: fp32, or fp64 for fp64 data (the dtype of the first operand).
+  void* stats(const TensorView& t, const char* name, bool output, bool required) {
+    const DType want = dtype_ == DType::kF64 ? DType::kF64 : DType::kF32;
     if (!present(t)) {
-      if (required) invalid(std::string(name) + ": required (fp32 (rows) as saved by the forward); given absent");
+      if (required)
+        invalid(std::string(name) + ": required (" + std::string(dtype_name(want)) +
+                " (rows) as saved by the forward); given absent");
       return nullptr;
     }
-    check_common(t, name, DType::kF32);
+    check_common(t, name, want);
     const bool one_d = t.rank == 1 && t.shape[0] == rows_;
     const bool col = t.rank == 2 && t.shape[0] == rows_ && t.shape[1] == 1;
     if (!one_d && !col)
@@ -87,7 +90,7 @@ class Operands {
     if (rows_ > 1 && t.strides[0] != 1)
       invalid(std::string(name) + ": expected a contiguous vector; given " + t.describe());
     (output ? outputs_ : inputs_).push_back({&t, name});
-    return static_cast<float*>(t.data);
+    return t.data;
   }
 
   int64_t rows() const { return rows_; }
@@ -298,6 +301,17 @@ void softmax_backward(const TensorView& y, const TensorView& dy, const TensorVie
 
 namespace {
 
+// The statistics Operands::stats checked: fp64 ones for fp64 data, fp32 ones otherwise.
+void set_stats(FusedParams& p, const Operands& ops, void* mean, void* rstd) {
+  if (ops.dtype() == DType::kF64) {
+    p.mean64 = static_cast<double*>(mean);
+    p.rstd64 = static_cast<double*>(rstd);
+  } else {
+    p.mean = static_cast<float*>(mean);
+    p.rstd = static_cast<float*>(rstd);
+  }
+}
+
 void layer_or_rms_norm_forward(bool layer, const TensorView& x, const TensorView& residual, const TensorView& weight,
                   const TensorView& bias, double eps, const TensorView& y, const TensorView& residual_out,
                   const TensorView& mean, const TensorView& rstd, FusedVariant variant,
@@ -319,8 +333,8 @@ void layer_or_rms_norm_forward(bool layer, const TensorView& x, const TensorView
   p.weight = ops.vector_in(weight, "weight");
   if (layer) p.bias = ops.vector_in(bias, "bias");
   p.y = ops.rows_out(y, "y", &p.ld_y);
-  if (layer) p.mean = ops.stats(mean, "mean", true, false);
-  p.rstd = ops.stats(rstd, "rstd", true, false);
+  void* const mean_data = layer ? ops.stats(mean, "mean", true, false) : nullptr;  // mean checked first
+  set_stats(p, ops, mean_data, ops.stats(rstd, "rstd", true, false));
   ops.check_overlaps(true);
   if (!(eps >= 0.0)) invalid("eps: expected >= 0; given " + number(eps));
   p.eps = eps;
@@ -341,8 +355,8 @@ void layer_or_rms_norm_backward(bool layer, const TensorView& dy, const TensorVi
   p.x = ops.rows_in(h, "h", &p.ld_x);
   if (add) p.dresidual_out = ops.rows_in(dresidual_out, "dresidual_out", &p.ld_dresidual_out);
   p.weight = ops.vector_in(weight, "weight");
-  if (layer) p.mean = ops.stats(mean, "mean", false, true);
-  p.rstd = ops.stats(rstd, "rstd", false, true);
+  void* const mean_data = layer ? ops.stats(mean, "mean", false, true) : nullptr;  // mean checked first
+  set_stats(p, ops, mean_data, ops.stats(rstd, "rstd", false, true));
   p.dx = ops.rows_out(dx, "dx", &p.ld_dx);
   p.dweight = ops.vector_out(dweight, "dweight");
   if (p.dweight && !p.weight) invalid("dweight: asked for without weight (the forward had no weight)");

@@ -36,10 +36,14 @@ struct FusedParams {
   int64_t ld_y = 0;
   void* residual_out = nullptr;    // (rows, width): add forms, forward only
   int64_t ld_residual_out = 0;
-  // Statistics, fp32 (rows), contiguous. Forward: written when non-null. Backward of the norms:
-  // read (required; rstd always, mean for layer_norm).
+  // Statistics (rows), contiguous. Forward: written when non-null. Backward of the norms: read
+  // (required; rstd always, mean for layer_norm). fp32 for fp32 / fp16 / bf16 data (mean, rstd:
+  // what the CUDA kernels read and write); fp64 for fp64 data, which runs on the CPU only
+  // (mean64, rstd64; mean and rstd stay null then).
   float* mean = nullptr;
   float* rstd = nullptr;
+  double* mean64 = nullptr;
+  double* rstd64 = nullptr;
 
   // ---- backward -----------------------------------------------------------------------------
   const void* dy = nullptr;        // (rows, width)

@@ -53,11 +53,12 @@ int64_t output_cols(const FusedParams& p, FusedOutput o) {
 ReductionRule fused_rule(const FusedParams& p, FusedOutput o) {
   ReductionRule rule;
   const bool stats = o == FusedOutput::kMean || o == FusedOutput::kRstd;
-  rule.out = stats ? DType::kF32 : p.dtype;
+  rule.out = stats && p.dtype != DType::kF64 ? DType::kF32 : p.dtype;  // fp64 data: fp64 statistics
   if (o == FusedOutput::kDweight || o == FusedOutput::kDbias) rule.n = p.rows;
   else if (p.has_row_reduction() && o != FusedOutput::kResidualOut) rule.n = p.width;
   else rule.n = 1;
-  rule.u_acc = p.backward && p.is_norm() ? std::ldexp(1.0, -24) : accumulation_unit(p.dtype);
+  // The norms' backward reads fp32 statistics for fp32 / fp16 / bf16 data (fp64 ones for fp64).
+  rule.u_acc = p.backward && p.is_norm() && p.dtype != DType::kF64 ? std::ldexp(1.0, -24) : accumulation_unit(p.dtype);
   return rule;
 }
 

@@ -6,7 +6,7 @@
 // rstd: fp32, n = width); the whole of a parameter gradient (dweight, dbias: n = rows).
 // n: the row width for the row-reducing ops (softmax, log_softmax, the norms), 1 for the
 // element-wise ones (bias_gelu, silu_and_mul, residual_out). u_acc: fp32's unit, fp64's for fp64
-// except the norms' backward, which reads fp32 statistics whatever the dtype.
+// (the norms' backward included: fp64 data saves fp64 statistics).
 // The terms (the magnitude of what was summed, where a result can cancel far below its terms):
 //   layer_norm y  mean |h| rstd max |w|  (h - mean cancels when the row's mean is far from 0)
 //   softmax bwd   2 |scale| max y max |dy|;  log_softmax bwd  |scale| (max |dy| + max e^y sum |dy|)

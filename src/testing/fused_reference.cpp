@@ -216,7 +216,11 @@ class Reference {
       load_row(p_.x, p_.ld_x, r, n, h);
       load_row(p_.dy, p_.ld_dy, r, n, dy);
       T mean = 0, rstd = 0;
-      if (mode_.same_dtype && p_.rstd && (p_.mean || !p_.is_layer_norm())) {
+      if (mode_.same_dtype && p_.rstd64 && (p_.mean64 || !p_.is_layer_norm())) {
+        // the saved fp64 statistics (fp64 data), as the library reads them
+        mean = p_.is_layer_norm() ? static_cast<T>(p_.mean64[r]) : T(0);
+        rstd = static_cast<T>(p_.rstd64[r]);
+      } else if (mode_.same_dtype && p_.rstd && (p_.mean || !p_.is_layer_norm())) {
         // the saved fp32 statistics, as the library reads them
         mean = p_.is_layer_norm() ? static_cast<T>(p_.mean[r]) : T(0);
         rstd = static_cast<T>(p_.rstd[r]);

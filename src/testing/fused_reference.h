@@ -17,7 +17,7 @@
 // fused_reference_same_dtype: the same formulas the plain way in the dtype's working precision,
 // what torch in that dtype computes: float math for fp32 / fp16 / bf16 (double for fp64),
 // sequential sums, h = x + residual rounded to the dtype, the norms' backward reading the saved
-// fp32 p.mean / p.rstd (recomputing them when absent). Its outputs are NOT rounded to their dtype: the check rounds them, so that
+// p.mean / p.rstd (fp32; p.mean64 / p.rstd64 for fp64 data; recomputed when absent). Its outputs are NOT rounded to their dtype: the check rounds them, so that
 // the parameter gradients of row chunks add up before their one rounding.
 //
 // Outputs are contiguous, rows * width (dx of silu_and_mul: rows * 2 * width); a field the op

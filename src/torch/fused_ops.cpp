@@ -215,7 +215,8 @@ NormForward norm_forward(const Op& op, bool layer, const at::Tensor& x, const at
   const std::vector<int64_t> stat_shape = rows_shape(x, normalized_shape.size());
   f.y = at::empty(x.sizes(), x.options());
   if (residual.defined()) f.residual_out = at::empty(x.sizes(), x.options());
-  const auto stat_options = x.options().dtype(at::kFloat);
+  // float32 statistics, float64 ones for float64 x (the C++ API wants the data dtype's then).
+  const auto stat_options = x.options().dtype(x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
   if (layer) f.mean = at::empty(stat_shape, stat_options);
   f.rstd = at::empty(stat_shape, stat_options);
   if (w == 0) {
@@ -270,8 +271,8 @@ struct NormBackward {
   at::Tensor dx, dweight, dbias;
 };
 
-// mean: undefined for rms_norm. The statistics are the C++ API's to check (float32, one per row,
-// on h's device); the glue only flattens them.
+// mean: undefined for rms_norm. The statistics are the C++ API's to check (float32, float64 for
+// float64 h; one per row, on h's device); the glue only flattens them.
 NormBackward norm_backward(const Op& op, bool layer, const at::Tensor& dy, const at::Tensor& h,
                            at::IntArrayRef normalized_shape, const at::Tensor& weight, const at::Tensor& mean,
                            const at::Tensor& rstd, const at::Tensor& dresidual_out, bool want_dweight,
@@ -494,7 +495,8 @@ TORCH_LIBRARY_FRAGMENT(optimized, m) {
   m.def("log_softmax_fwd(Tensor x, int dim=-1, float scale=1., *, str variant='auto') -> Tensor", tags);
   m.def("log_softmax_bwd(Tensor y, Tensor dy, int dim=-1, float scale=1., *, str variant='auto') -> Tensor", tags);
   // Norms over the trailing dimensions normalized_shape; with a residual, h = x + residual is
-  // normalized and returned as residual_out. mean / rstd: float32, x.shape[:-len(normalized_shape)].
+  // normalized and returned as residual_out. mean / rstd: float32 (float64 for float64
+  // x), x.shape[:-len(normalized_shape)].
   m.def(
       "layer_norm_fwd(Tensor x, Tensor? residual, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, "
       "float eps, *, str variant='auto') -> (Tensor y, Tensor? residual_out, Tensor mean, Tensor rstd)",

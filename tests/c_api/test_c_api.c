@@ -1006,7 +1006,7 @@ enum { F_SOFTMAX, F_LOG_SOFTMAX, F_LAYER_NORM, F_RMS_NORM, F_BIAS_GELU, F_SILU_A
 typedef struct {
   int present, output, two_d; /* two_d: (rows, cols) with rows ld apart; else a (cols) vector */
   int64_t rows, cols, ld;
-  int32_t dtype;              /* the call's dtype, or fp32 for mean / rstd */
+  int32_t dtype;              /* the call's dtype, or fp32 for mean / rstd (fp64 for fp64 calls) */
   void* host;                 /* ld * rows elements (cols for vectors); padding NaN */
   void* dev;                  /* the CUDA copy */
   optimized_tensor view;
@@ -1063,6 +1063,7 @@ static void add_operand(fused_case* c, int role, int output, int two_d, int64_t 
 static void fused_setup(fused_case* c) {
   const int64_t w = c->s.width, rows_w = c->s.op == F_SILU_AND_MUL ? 2 * w : w;
   const int32_t d = c->s.dtype;
+  const int32_t stat_dtype = d == OPTIMIZED_DTYPE_F64 ? OPTIMIZED_DTYPE_F64 : OPTIMIZED_DTYPE_F32; /* mean / rstd */
   switch (c->s.op) {
     case F_SOFTMAX:
     case F_LOG_SOFTMAX:
@@ -1096,14 +1097,14 @@ static void fused_setup(fused_case* c) {
         if (c->s.bias && layer) add_operand(c, R_B, 0, 0, w, d);
         add_operand(c, R_Y, 1, 1, w, d);
         if (c->s.stats) {
-          if (layer) add_operand(c, R_MEAN, 1, 0, c->s.rows, OPTIMIZED_DTYPE_F32);
-          add_operand(c, R_RSTD, 1, 0, c->s.rows, OPTIMIZED_DTYPE_F32);
+          if (layer) add_operand(c, R_MEAN, 1, 0, c->s.rows, stat_dtype);
+          add_operand(c, R_RSTD, 1, 0, c->s.rows, stat_dtype);
         }
-      } else { /* h random; mean / rstd its statistics, as the forward saves them (fp32) */
+      } else { /* h random; mean / rstd its statistics, as the forward saves them (fp32; fp64 for fp64) */
         add_operand(c, R_DY, 0, 1, w, d), add_operand(c, R_X, 0, 1, w, d); /* R_X holds h */
         if (c->s.weight) add_operand(c, R_W, 0, 0, w, d);
-        if (layer) add_operand(c, R_MEAN, 0, 0, c->s.rows, OPTIMIZED_DTYPE_F32);
-        add_operand(c, R_RSTD, 0, 0, c->s.rows, OPTIMIZED_DTYPE_F32);
+        if (layer) add_operand(c, R_MEAN, 0, 0, c->s.rows, stat_dtype);
+        add_operand(c, R_RSTD, 0, 0, c->s.rows, stat_dtype);
         if (c->s.residual) add_operand(c, R_DRES, 0, 1, w, d);
         add_operand(c, R_DX, 1, 1, w, d);
         if (c->s.dweight) add_operand(c, R_DW, 1, 0, w, d);
@@ -1116,8 +1117,8 @@ static void fused_setup(fused_case* c) {
             mean /= (double)w;
           }
           for (int64_t j = 0; j < w; ++j) var += (fget(h, at(h, r, j)) - mean) * (fget(h, at(h, r, j)) - mean);
-          if (layer) ((float*)c->o[R_MEAN].host)[r] = (float)mean;
-          ((float*)c->o[R_RSTD].host)[r] = (float)(1.0 / sqrt(var / (double)w + c->s.eps));
+          if (layer) fset(&c->o[R_MEAN], r, mean); /* rounded to the statistics' dtype */
+          fset(&c->o[R_RSTD], r, 1.0 / sqrt(var / (double)w + c->s.eps));
         }
       }
       break;
@@ -1159,7 +1160,7 @@ static void fused_free(fused_case* c) {
  * Every output element must satisfy |out - ref| <= 2 u_out |ref| + 8 u_c (sqrt(n) S + E) + floor
  * (tests/fused_test_util.h explains each term; u_out = u_c = 2^-24 for fp32, 2^-53 for fp64; n the
  * terms of the element's sums, S their size, E the element's own roundings). The backward reads the
- * fp32 mean / rstd set up above, and the reference takes the same values. */
+ * mean / rstd set up above (fp32; fp64 for fp64), and the reference takes the same values. */
 static void expect(fused_case* c, int role, int64_t r, int64_t j, double ref, double n, double S, double E) {
   operand* p = &c->o[role];
   const double u = c->s.dtype == OPTIMIZED_DTYPE_F64 && p->dtype == OPTIMIZED_DTYPE_F64 ? ldexp(1.0, -53) : ldexp(1.0, -24);
@@ -1254,8 +1255,8 @@ static void fused_reference(fused_case* c) {
                *dw_e = calloc((size_t)w + 1, sizeof(double)), *db = calloc((size_t)w + 1, sizeof(double)),
                *db_s = calloc((size_t)w + 1, sizeof(double));
         for (int64_t r = 0; r < rows; ++r) {
-          const double mean = layer ? (double)((const float*)c->o[R_MEAN].host)[r] : 0.0;
-          const double rstd = (double)((const float*)c->o[R_RSTD].host)[r];
+          const double mean = layer ? fget(&c->o[R_MEAN], r) : 0.0;
+          const double rstd = fget(&c->o[R_RSTD], r);
           double mg = 0, mgx = 0, mg_abs = 0, mgk_abs = 0;
           for (int64_t j = 0; j < w; ++j) {
             const double xhat = (fget(x, at(x, r, j)) - mean) * rstd, g = fget(dy, at(dy, r, j)) * W_(j);

@@ -172,6 +172,7 @@ class FusedOperands {
   explicit FusedOperands(const FusedCase& c) : cs(c) {
     const int64_t R = c.rows, W = c.width, XC = c.x_cols();
     const bool fwd = !c.backward, add = is_add(c.op), layer = is_layer(c.op), norm = is_norm(c.op);
+    const DType stat_dtype = c.dtype == DType::kF64 ? DType::kF64 : DType::kF32;  // as the API wants them
     auto rows_op = [&](Role r, int64_t cols, bool output) {
       Operand& o = ops[r];
       o.present = true;
@@ -194,14 +195,14 @@ class FusedOperands {
       if ((layer || c.op == FusedOp::kBiasGelu) && c.with_bias) vec_op(kBias, W, c.dtype, false);
       rows_op(kY, W, true);
       if (add) rows_op(kResidualOut, W, true);
-      if (layer && c.with_stats) vec_op(kMean, R, DType::kF32, true);
-      if (norm && c.with_stats) vec_op(kRstd, R, DType::kF32, true);
+      if (layer && c.with_stats) vec_op(kMean, R, stat_dtype, true);
+      if (norm && c.with_stats) vec_op(kRstd, R, stat_dtype, true);
     } else {
       rows_op(kDy, W, false);
       if (norm && c.with_weight) vec_op(kWeight, W, c.dtype, false);
       if (c.op == FusedOp::kBiasGelu && c.with_bias) vec_op(kBias, W, c.dtype, false);
-      if (layer) vec_op(kMean, R, DType::kF32, false);
-      if (norm) vec_op(kRstd, R, DType::kF32, false);
+      if (layer) vec_op(kMean, R, stat_dtype, false);
+      if (norm) vec_op(kRstd, R, stat_dtype, false);
       if (add) rows_op(kDres, W, false);
       rows_op(kDx, XC, true);
       if (norm && c.with_weight && c.with_dweight) vec_op(kDweight, W, c.dtype, true);
@@ -241,6 +242,17 @@ class FusedOperands {
     return static_cast<char*>(base) + ops[r].layout.offset * static_cast<int64_t>(dtype_size(ops[r].dtype));
   }
 
+  // The statistics' pointers as fused.cpp fills them: mean64 / rstd64 for fp64 data, else mean / rstd.
+  void set_stats(FusedParams& p, void* mean, void* rstd) const {
+    if (cs.dtype == DType::kF64) {
+      p.mean64 = static_cast<double*>(mean);
+      p.rstd64 = static_cast<double*>(rstd);
+    } else {
+      p.mean = static_cast<float*>(mean);
+      p.rstd = static_cast<float*>(rstd);
+    }
+  }
+
   // The params the reference reads: host pointers into the (pristine) input buffers.
   FusedParams reference_params() const {
     FusedParams p;
@@ -264,10 +276,8 @@ class FusedOperands {
     p.ld_dy = ld(kDy);
     p.dresidual_out = ptr(kDres);
     p.ld_dresidual_out = ld(kDres);
-    if (cs.backward) {  // the saved statistics (the same-dtype reference reads them, as the library does)
-      p.mean = static_cast<float*>(ptr(kMean));
-      p.rstd = static_cast<float*>(ptr(kRstd));
-    }
+    if (cs.backward) set_stats(p, ptr(kMean), ptr(kRstd));  // the saved statistics (the same-dtype
+                                                            // reference reads them, as the library does)
     // A backward add form is the plain norm's backward plus dresidual_out: same reference.
     return p;
   }
@@ -287,8 +297,7 @@ class FusedOperands {
     p.ld_y = ld(kY);
     p.residual_out = ptr(kResidualOut);
     p.ld_residual_out = ld(kResidualOut);
-    p.mean = static_cast<float*>(ptr(kMean));
-    p.rstd = static_cast<float*>(ptr(kRstd));
+    set_stats(p, ptr(kMean), ptr(kRstd));
     p.dx = ptr(kDx);
     p.ld_dx = ld(kDx);
     p.dweight = ptr(kDweight);
@@ -296,8 +305,8 @@ class FusedOperands {
     return p;
   }
 
-  // Backward norms: the saved mean / rstd are the float64 statistics of h, rounded to fp32 (what
-  // an exact forward would have saved). Called again after a test edits h.
+  // Backward norms: the saved mean / rstd are the float64 statistics of h, rounded to their dtype
+  // (fp32; fp64 for fp64 data: what an exact forward would have saved). Called again after a test edits h.
   void refresh_stats() {
     if (!cs.backward || !is_norm(cs.op)) return;
     FusedParams p = reference_params();
@@ -306,8 +315,8 @@ class FusedOperands {
     p.residual = nullptr;
     const FusedReference f = fused_reference_f64(p);
     for (int64_t r = 0; r < cs.rows; ++r) {
-      if (has(kMean)) set(kMean, 0, r, static_cast<float>(f.mean[static_cast<size_t>(r)]));
-      set(kRstd, 0, r, static_cast<float>(f.rstd[static_cast<size_t>(r)]));
+      if (has(kMean)) set(kMean, 0, r, f.mean[static_cast<size_t>(r)]);  // set rounds to the dtype
+      set(kRstd, 0, r, f.rstd[static_cast<size_t>(r)]);
     }
   }
 

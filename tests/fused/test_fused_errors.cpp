@@ -264,6 +264,27 @@ TEST_F(FusedErrors, DtypeMismatch) {
     EXPECT_CONTAINS(e, "bf16");
   }
   {
+    // fp64 data (CPU only) takes fp64 statistics, and only those; other data dtypes take only fp32.
+    Caught e = call([&] { ln_fwd(rows(x64_), kAbsent, kAbsent, kAbsent, rows(y64_), kAbsent, Mean(), Rstd(),
+                                 FusedVariant::kCpu); });
+    EXPECT_ERROR(e, Status::kInvalidArgument);
+    EXPECT_MENTIONS(e, "mean");
+    EXPECT_CONTAINS(e, "expected dtype fp64");
+  }
+  {
+    Caught e = call([&] { rms_norm_backward(rows(x64_), rows(x64_), kAbsent, RstdIn(), kAbsent, rows(y64_), kAbsent,
+                                            FusedVariant::kCpu); });
+    EXPECT_ERROR(e, Status::kInvalidArgument);
+    EXPECT_MENTIONS(e, "rstd");
+    EXPECT_CONTAINS(e, "expected dtype fp64");
+  }
+  {
+    Caught e = call([&] { ln_fwd(X(), kAbsent, Wt(), B(), Y(), kAbsent, as(Mean(), DType::kF64), as(Rstd(), DType::kF64)); });
+    EXPECT_ERROR(e, Status::kInvalidArgument);
+    EXPECT_MENTIONS(e, "mean");
+    EXPECT_CONTAINS(e, "expected dtype fp32");
+  }
+  {
     Caught e = call([&] { softmax_forward(rows(x64_), rows(y16_)); });
     EXPECT_ERROR(e, Status::kInvalidArgument);
     EXPECT_MENTIONS(e, "y");
@@ -513,6 +534,20 @@ TEST_F(FusedErrors, ResidualAndResidualOutGoTogether) {
     EXPECT_ERROR(e, Status::kInvalidArgument);
     EXPECT_MENTIONS(e, "residual_out");
   }
+}
+
+TEST_F(FusedErrors, Fp64DataTakesFp64Statistics) {
+  check_untouched_ = false;
+  const TensorView m64 = as(Mean(), DType::kF64), r64 = as(Rstd(), DType::kF64);
+  EXPECT_NO_THROW(ln_fwd(rows(x64_), kAbsent, kAbsent, kAbsent, rows(y64_), kAbsent, m64, r64, FusedVariant::kCpu));
+  EXPECT_NO_THROW(layer_norm_backward(rows(x64_), rows(x64_), kAbsent, m64, r64, kAbsent, rows(y64_), kAbsent,
+                                      kAbsent, FusedVariant::kCpu));
+  EXPECT_NO_THROW(rms_norm_forward(rows(x64_), kAbsent, kAbsent, 1e-6, rows(y64_), kAbsent, r64, FusedVariant::kCpu));
+  Caught e = call([&] { rms_norm_backward(rows(x64_), rows(x64_), kAbsent, kAbsent, kAbsent, rows(y64_), kAbsent,
+                                          FusedVariant::kCpu); });
+  EXPECT_ERROR(e, Status::kInvalidArgument);
+  EXPECT_MENTIONS(e, "rstd");
+  EXPECT_CONTAINS(e, "fp64 (rows)");
 }
 
 TEST_F(FusedErrors, BackwardNeedsSavedStatistics) {

@@ -180,8 +180,8 @@ def test_softmax_over_a_leading_dim_tangent_layout(rng):
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_jacfwd_equals_jacrev_and_torch(case, rng):
     """Full Jacobians with respect to every input, float64: jacfwd (vmap over jvp) against jacrev (vmap
-    over the backward) and against torch's jacfwd. The norms' backward reads float32 statistics
-    (float64 inputs too), their jvp does not: jacrev matches to ~1e-7 there."""
+    over the backward) and against torch's jacfwd. (The ~1e-7 bound on the norms dates from their float32
+    statistics; float64 inputs now keep float64 ones.)"""
     inputs = case.make(3, 6, torch.float64, "cpu", rng)
     names = list(inputs)
     argnums = tuple(range(len(names)))
@@ -295,7 +295,8 @@ def test_gradcheck_forward_ad_float64(name, rng):
 @pytest.mark.parametrize("name", [n for n, v in GRAD_FNS.items() if not v[3]])
 def test_gradgradcheck_forward_over_reverse_float64(name, rng):
     """Forward mode over the first backward (the *_bwd ops' jvp) against finite differences of the
-    backward kernels; not for the norms (float32 statistics in their backward, see test_fused.py)."""
+    backward kernels; not for the norms (their *_bwd ops take mean / rstd as operands, whose rounding to the
+    statistics' dtype steps defeats finite differences)."""
     fn, _, names, _ = GRAD_FNS[name]
     shapes = dict(x=(5, 6), r=(5, 6), w=(6,), b=(6,))
     inputs = tuple(rand(shapes[n], torch.float64, "cpu", rng).requires_grad_() for n in names)
@@ -378,7 +379,7 @@ def _bwd_cases(rng, dtype=torch.float64, device="cpu"):
 def test_backward_ops_jvp_against_torch(rng):
     """Every *_bwd op's jvp (tangents on every operand but mean / rstd, which are the statistics of h:
     their dependence on h is differentiated through h) against forward mode over torch's float64
-    vector-Jacobian product of the same math. The norms' backward reads float32 statistics."""
+    vector-Jacobian product of the same math."""
     for name, op, composite, inputs in _bwd_cases(rng):
         primals = tuple(inputs.values())
         tangents = tuple(rand(p.shape, torch.float64, "cpu", rng) for p in primals)
@@ -397,7 +398,7 @@ def test_backward_ops_jvp_against_torch(rng):
                                   "silu_and_mul_bwd"])
 def test_gradcheck_forward_ad_backward_ops(name, rng):
     """gradcheck's forward-mode check on the *_bwd ops that are functions of their operands alone
-    (the norms' take the float32 statistics of h, whose rounding steps defeat finite differences)."""
+    (the norms' take the saved statistics of h, whose rounding steps defeat finite differences)."""
     op, inputs = next((op, inputs) for n, op, _, inputs in _bwd_cases(rng) if n == name)
     args = tuple(t.clone().requires_grad_() for t in inputs.values())
     assert torch.autograd.gradcheck(op, args, check_forward_ad=True, check_backward_ad=False,

@@ -66,7 +66,7 @@ class Case:
     # and output gradients): the scale of the rounding noise where terms cancel and the result is
     # far smaller than they are (a norm over a row of width 1, a softmax row with near-constant dy).
     terms: Callable = None
-    norm: bool = False  # the backward reads the forward's float32 statistics (float64 included)
+    norm: bool = False  # the backward reads the forward's statistics (float32; float64 for float64)
 
 
 def _f32(v: float) -> float:
@@ -242,8 +242,8 @@ def check_case(case: Case, inputs: dict, variant: str, dtype: torch.dtype, rng, 
         assert_parity(o, t, r, dtype, n, f"{label}{case.name} output {k}")
     i64 = {k: t.detach().double() for k, t in inputs.items()}
     terms = case.terms(i64, [g.double() for g in grads_out], dtype) if case.terms else {}
-    # The norms' backward reads float32 statistics, for float64 too: float32's unit there.
-    acc_unit = 2.0**-24 if case.norm else None
+    # The norms' backward reads float32 statistics (float64 ones for float64): float32's unit there.
+    acc_unit = 2.0**-24 if case.norm and dtype != torch.float64 else None
     for name in inputs:
         assert_parity(o_grad[name], t_grad[name], r_grad[name], dtype, n, f"{label}{case.name} d{name}",
                       terms=terms.get(name, 0.0), acc_unit=acc_unit)
@@ -318,7 +318,7 @@ def test_backward_ops_called_directly(device, dtype, variant, rng):
                                                        [dy.double()], dtype)
         for g, t, r, name in zip(got, theirs, ref, ("x", "w", "b")):
             assert_parity(g, t, r, dtype, width, f"{what} d{name}", terms=terms.get(name, 0.0),
-                          acc_unit=2.0**-24 if norm else None)
+                          acc_unit=2.0**-24 if norm and dtype != torch.float64 else None)
 
     for log in (False, True):
         y = (F.log_softmax if log else F.softmax)(x.double(), -1).to(dtype)
@@ -528,7 +528,7 @@ def test_nan_rows_every_variant(device, dtype, variant):
 
 # ---- autograd --------------------------------------------------------------------------------------
 
-# name: (ours, torch's, input names, norm: whether the backward reads float32 statistics)
+# name: (ours, torch's, input names, norm: whether the backward reads the forward's statistics)
 GRAD_FNS = {
     "softmax": (lambda x: optimized_ops.softmax(x, -1, scale=0.75, variant="cpu"),
                 lambda x: F.softmax(x * 0.75, -1), ("x",), False),
@@ -571,12 +571,12 @@ def test_gradcheck_float64(name, rng):
     assert torch.autograd.gradcheck(fn, _grad_inputs(names, rng))
 
 
-@pytest.mark.parametrize("name", [n for n, v in GRAD_FNS.items() if not v[3]])
+@pytest.mark.parametrize("name", list(GRAD_FNS))
 def test_gradgradcheck_float64(name, rng):
     """gradgradcheck: the double backward (the autograd of the *_bwd ops, torch's autograd on a
     composite formula, see fused/_autograd.py) against finite differences of the first backward (the
-    kernels). Not for the norms: their first backward reads float32 statistics, whose rounding
-    steps make its finite differences noise (test_double_backward_against_torch covers them)."""
+    kernels). The norms included: their first backward reads the float64 statistics a float64
+    forward saves (float32 ones made its finite differences noise)."""
     fn, _, names, _ = GRAD_FNS[name]
     assert torch.autograd.gradgradcheck(fn, _grad_inputs(names, rng))
 
@@ -1071,3 +1071,58 @@ def test_fused_ops_from_the_library_alone():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "optimized::layer_norm_fwd(Tensor x, Tensor? residual, SymInt[] normalized_shape" in result.stdout
+
+
+# ---- float64 statistics ----------------------------------------------------------------------------
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got - want).abs().max() / want.abs().max()).item()
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"])
+def test_float64_statistics_give_float64_gradients(op):
+    """float64 input (CPU): the forward saves float64 mean / rstd and the backward reads them, so the
+    gradients match torch's float64 autograd to ~1e-12 relative (float32 statistics gave ~1e-8)."""
+    g = torch.Generator().manual_seed(7)
+    rows, width, eps = 37, 301, 1e-5
+    layer, add = "layer" in op, op.startswith("add")
+    x = (torch.randn(rows, width, generator=g, dtype=torch.float64) * 3 + 2).requires_grad_()
+    r = torch.randn(rows, width, generator=g, dtype=torch.float64).requires_grad_()
+    w = (torch.rand(width, generator=g, dtype=torch.float64) + 0.5).requires_grad_()
+    b = torch.randn(width, generator=g, dtype=torch.float64).requires_grad_()
+    dy = torch.randn(rows, width, generator=g, dtype=torch.float64)
+    leaves = [x] + ([r] if add else []) + [w] + ([b] if layer else [])
+
+    def ours():
+        if op == "layer_norm":
+            return optimized_ops.layer_norm(x, (width,), w, b, eps, variant="cpu")
+        if op == "rms_norm":
+            return optimized_ops.rms_norm(x, (width,), w, eps, variant="cpu")
+        if op == "add_layer_norm":
+            return optimized_ops.add_layer_norm(x, r, (width,), w, b, eps, variant="cpu")[0]
+        return optimized_ops.add_rms_norm(x, r, (width,), w, eps, variant="cpu")[0]
+
+    def reference():
+        h = x + r if add else x
+        return F.layer_norm(h, (width,), w, b, eps) if layer else F.rms_norm(h, (width,), w, eps)
+
+    got = torch.autograd.grad(ours(), leaves, dy)
+    want = torch.autograd.grad(reference(), leaves, dy)
+    for name, a, e in zip(["x", "residual", "weight", "bias"] if add else ["x", "weight", "bias"], got, want):
+        assert _rel_err(a, e) < 1e-12, f"{op} d{name}: relative error {_rel_err(a, e):.3g}"
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=_dname)
+def test_saved_statistics_dtype(dtype):
+    """mean / rstd are float64 for float64 input, float32 for every other dtype (forward ops and fakes)."""
+    want = torch.float64 if dtype == torch.float64 else torch.float32
+    x = torch.randn(5, 16).to(dtype)
+    _, _, mean, rstd = ops.layer_norm_fwd(x, None, [16], None, None, 1e-5, variant="cpu")
+    _, _, rstd2 = ops.rms_norm_fwd(x, x, [16], None, 1e-5, variant="cpu")
+    assert mean.dtype == want and rstd.dtype == want and rstd2.dtype == want
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode() as mode:
+        fx = mode.from_tensor(x)
+        _, _, fmean, frstd = ops.layer_norm_fwd(fx, None, [16], None, None, 1e-5)
+        _, _, frstd2 = ops.rms_norm_fwd(fx, fx, [16], None, 1e-5)
+    assert fmean.dtype == want and frstd.dtype == want and frstd2.dtype == want

@@ -290,7 +290,8 @@ def layer_norm(input: torch.Tensor, normalized_shape: _ShapeLike, weight: Option
     -----
     Autograd gives ``input``, ``weight`` and ``bias`` their gradients through
     ``torch.ops.optimized.layer_norm_bwd`` (one pass; ``dweight`` and ``dbias`` only when asked
-    for), from the mean and rstd the forward saved.
+    for), from the mean and rstd the forward saved (float32; float64 for float64 input, so float64
+    gradients are float64-accurate).
 
     Examples
     --------
@@ -391,7 +392,8 @@ def rms_norm(input: torch.Tensor, normalized_shape: _ShapeLike, weight: Optional
 
     Notes
     -----
-    Autograd through ``torch.ops.optimized.rms_norm_bwd``, from the rstd the forward saved.
+    Autograd through ``torch.ops.optimized.rms_norm_bwd``, from the rstd the forward saved (float32;
+    float64 for float64 input).
 
     Examples
     --------

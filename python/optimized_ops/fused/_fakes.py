@@ -76,13 +76,18 @@ def _row_shape(op: str, x: torch.Tensor, normalized_shape) -> list:
     return list(x.shape[:x.dim() - k])
 
 
+def _stat_dtype(x: torch.Tensor) -> torch.dtype:
+    """The statistics' dtype, as the C++ glue allocates them: float64 for float64 x, else float32."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 @torch.library.register_fake("optimized::layer_norm_fwd")
 def _layer_norm_fwd_fake(x, residual, normalized_shape, weight, bias, eps, *, variant="auto"):
     one_device("layer_norm_fwd", x=x, residual=residual, weight=weight, bias=bias)
     rows = _row_shape("layer_norm_fwd", x, normalized_shape)
     residual_out = x.new_empty(x.shape) if residual is not None else None
-    return (x.new_empty(x.shape), residual_out, x.new_empty(rows, dtype=torch.float32),
-            x.new_empty(rows, dtype=torch.float32))
+    return (x.new_empty(x.shape), residual_out, x.new_empty(rows, dtype=_stat_dtype(x)),
+            x.new_empty(rows, dtype=_stat_dtype(x)))
 
 
 @torch.library.register_fake("optimized::rms_norm_fwd")
@@ -90,7 +95,7 @@ def _rms_norm_fwd_fake(x, residual, normalized_shape, weight, eps, *, variant="a
     one_device("rms_norm_fwd", x=x, residual=residual, weight=weight)
     rows = _row_shape("rms_norm_fwd", x, normalized_shape)
     residual_out = x.new_empty(x.shape) if residual is not None else None
-    return x.new_empty(x.shape), residual_out, x.new_empty(rows, dtype=torch.float32)
+    return x.new_empty(x.shape), residual_out, x.new_empty(rows, dtype=_stat_dtype(x))
 
 
 @torch.library.register_fake("optimized::layer_norm_bwd")

@@ -16,7 +16,7 @@ and the LM head: ``linear(norm_f(x), W_emb or W_lm_head)`` for logits, or, given
 ``optimized_ops.linear_cross_entropy`` (the ``(T, V)`` logits never exist).
 
 What runs (every op has a CPU path in float32 and float64, except the MoE layer's, which takes float32 /
-float16 / bfloat16 only; the norms' float64 backward is float32-accurate: they save float32 statistics):
+float16 / bfloat16 only):
 
 ===================  ===================================================  ============================================
 step                 optimized                                            reference (plain PyTorch)

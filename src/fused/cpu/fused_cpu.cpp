@@ -6,8 +6,8 @@
 // the very same view as an input (y = x, residual_out = residual, dx = dy) is safe: the row is
 // read whole before any of it is written.
 // Numerics, as optimized/fused.h promises and torch does:
-//   - fp32 math and fp32 statistics for fp32 / fp16 / bf16 (fp64 throughout for fp64), except
-//     where a row's sums meet (below);
+//   - fp32 math and fp32 statistics for fp32 / fp16 / bf16 (fp64 throughout for fp64, the saved
+//     statistics included), except where a row's sums meet (below);
 //   - sums over a row are blocked: blocks of kSumBlock terms summed in the math type with 8
 //     interleaved accumulators (this vectorizes), the block sums added pairwise in double. The error
 //     then stays flat in the row length. 8 accumulators over the whole row grow like sqrt(n / 8):
@@ -25,8 +25,9 @@
 //     holds is what was normalized); bias + GELU does NOT round x + bias;
 //   - dweight / dbias: per-thread partial sums over the thread's rows in double, added in thread
 //     order (deterministic for a given thread count), then rounded to the dtype.
-// Backward of the norms reads the saved fp32 mean / rstd, fp64 included: the backward has no eps
-// to recompute rstd with, so fp64 gradients of the norms are as accurate as fp32 statistics allow.
+// Backward of the norms reads the saved mean / rstd (the backward has no eps to recompute rstd
+// with): fp32 for fp32 / fp16 / bf16, fp64 for fp64 (p.mean64 / p.rstd64), so fp64 gradients of
+// the norms are fp64-accurate.
 #include <omp.h>
 
 #include <algorithm>
@@ -244,6 +245,8 @@ void norm_forward(const FusedParams& p, int nth) {
       row_stats(p, h.data(), n, mean, rstd);
       if (p.mean) p.mean[r] = static_cast<float>(mean);
       if (p.rstd) p.rstd[r] = static_cast<float>(rstd);
+      if (p.mean64) p.mean64[r] = static_cast<double>(mean);
+      if (p.rstd64) p.rstd64[r] = static_cast<double>(rstd);
       for (int64_t j = 0; j < n; ++j) {
         A v = (h[j] - mean) * rstd;
         if (weight) v *= D::load(weight[j]);
@@ -273,7 +276,8 @@ void norm_backward(const FusedParams& p, int nth) {
     for (int64_t r = 0; r < p.rows; ++r) {
       load_row<D>(p.x, p.ld_x, r, n, h.data());
       load_row<D>(p.dy, p.ld_dy, r, n, dy.data());
-      const A mean = layer ? A(p.mean[r]) : A(0), rstd = A(p.rstd[r]);
+      const A mean = !layer ? A(0) : p.mean64 ? static_cast<A>(p.mean64[r]) : A(p.mean[r]);
+      const A rstd = p.rstd64 ? static_cast<A>(p.rstd64[r]) : A(p.rstd[r]);
       // h becomes xhat = (h - mean) * rstd; g = dy * weight.
       for (int64_t j = 0; j < n; ++j) {
         h[j] = (h[j] - mean) * rstd;
