@@ -148,7 +148,12 @@ TEST(FusedRule, ReductionLengthAndAccumulationUnitPerOutput) {
   p.backward = true;
   p.dtype = DType::kF64;
   EXPECT_EQ(fused_rule(p, FusedOutput::kDweight).n, 100);  // a sum over rows
+  EXPECT_EQ(fused_rule(p, FusedOutput::kDx).u_acc, std::ldexp(1.0, -53));  // fp64 data: fp64 statistics
+  EXPECT_EQ(fused_rule(p, FusedOutput::kRstd).out, DType::kF64);
+  p.dtype = DType::kF32;
   EXPECT_EQ(fused_rule(p, FusedOutput::kDx).u_acc, std::ldexp(1.0, -24));  // reads fp32 statistics
+  EXPECT_EQ(fused_rule(p, FusedOutput::kRstd).out, DType::kF32);
+  p.dtype = DType::kF64;
   p.op = FusedOp::kSoftmax;
   EXPECT_EQ(fused_rule(p, FusedOutput::kDx).u_acc, std::ldexp(1.0, -53));
   p.op = FusedOp::kBiasGelu;
