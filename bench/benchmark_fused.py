@@ -737,6 +737,18 @@ class Case:
             return self.min_bytes("fwd") + self.min_bytes("bwd")
         return self.bytes[direction][0]
 
+    def add_peers(self, fns, skip, args, liger, eager, liger_call):
+        """The peers into fns: torch eager (`eager`), torch.compile of it, and Liger's function for the op
+        (`liger_call(its autograd.Function)` -> the call; skipped with the reason where Liger lacks it)."""
+        fns["torch_eager"] = eager
+        if not args.no_compile:
+            fns["torch_compile"] = torch.compile(eager, fullgraph=True, dynamic=False)
+        if liger is not None:
+            f, why = liger.function(self.op)
+            if f is None:
+                skip["liger"] = why
+            fns["liger"] = liger_call(f)
+
     def bytes_formula(self, direction):
         if direction == "fwd+bwd" and direction not in self.bytes:
             return f"fwd + bwd: {self.bytes_formula('fwd')}; {self.bytes_formula('bwd')}"
@@ -787,17 +799,11 @@ class CrossEntropyCase(Case):
         if "auto" in variants:
             fns["ours:auto_inplace"] = lambda logits, target: (
                 oo.cross_entropy(logits, target, inplace_backward=True, variant="auto"),)
-        fns["torch_eager"] = lambda logits, target: (F.cross_entropy(logits, target),)
-        if not args.no_compile:
-            fns["torch_compile"] = torch.compile(fns["torch_eager"], fullgraph=True, dynamic=False)
-        if liger is not None:
-            f, why = liger.function(self.op)
-            if f is None:
-                skip["liger"] = why
-            # (input, target, weight, ignore_index, lse_square_scale, label_smoothing, reduction, softcap,
-            #  return_z_loss, return_token_accuracy, return_predicted_tokens) -> (loss, z_loss, accuracy, tokens)
-            fns["liger"] = lambda logits, target: (f.apply(logits, target, None, -100, 0.0, 0.0, "mean", None,
-                                                           False, False, False)[0],)
+        # Liger: (input, target, weight, ignore_index, lse_square_scale, label_smoothing, reduction, softcap,
+        #  return_z_loss, return_token_accuracy, return_predicted_tokens) -> (loss, z_loss, accuracy, tokens)
+        self.add_peers(fns, skip, args, liger, lambda logits, target: (F.cross_entropy(logits, target),),
+                       lambda f: lambda logits, target: (f.apply(logits, target, None, -100, 0.0, 0.0, "mean", None,
+                                                                 False, False, False)[0],))
         return fns, skip, {"ours:auto_inplace", "liger"}
 
     def skip_direction(self, name, direction):
@@ -874,17 +880,11 @@ class LinearCrossEntropyCase(Case):
 
         fns, skip = {}, {}
         fns["ours:auto"] = lambda h, w, target: (oo.linear_cross_entropy(h, w, target),)
-        fns["torch_eager"] = lambda h, w, target: (F.cross_entropy(F.linear(h, w), target),)
-        if not args.no_compile:
-            fns["torch_compile"] = torch.compile(fns["torch_eager"], fullgraph=True, dynamic=False)
-        if liger is not None:
-            f, why = liger.function(self.op)
-            if f is None:
-                skip["liger"] = why
-            # (input, weight, target, bias, ce_weight, ignore_index, lse_square_scale, label_smoothing, reduction,
-            #  softcap, return_z_loss, accum_dtype, ...) -> (loss, z_loss, token_accuracy, predicted_tokens)
-            fns["liger"] = lambda h, w, target: (f.apply(h, w, target, None, None, -100, 0.0, 0.0, "mean", None,
-                                                         False, None)[0],)
+        # Liger: (input, weight, target, bias, ce_weight, ignore_index, lse_square_scale, label_smoothing,
+        #  reduction, softcap, return_z_loss, accum_dtype, ...) -> (loss, z_loss, token_accuracy, predicted_tokens)
+        self.add_peers(fns, skip, args, liger, lambda h, w, target: (F.cross_entropy(F.linear(h, w), target),),
+                       lambda f: lambda h, w, target: (f.apply(h, w, target, None, None, -100, 0.0, 0.0, "mean", None,
+                                                               False, None)[0],))
         return fns, skip, set()
 
     def skip_direction(self, name, direction):
@@ -977,21 +977,16 @@ class RopeCase(Case):
         for v in variants:
             fns[f"ours:{v}"] = (lambda v: lambda q, k: tuple(
                 oo.rope(q, k, positions, theta=ROPE_THETA, layout="neox", variant=v)))(v)
-        fns["torch_eager"] = lambda q, k: RopeCase.hf(q, k, cos, sin)
-        if not args.no_compile:
-            fns["torch_compile"] = torch.compile(fns["torch_eager"], fullgraph=True, dynamic=False)
-        if liger is not None:
-            f, why = liger.function(self.op)
-            if f is None:
-                skip["liger"] = why
-            cos1, sin1 = cos[None], sin[None]  # (1, S, D)
+        cos1, sin1 = cos[None], sin[None]  # (1, S, D)
 
-            def liger_rope(q, k):
+        def liger_rope(f):
+            def call(q, k):
                 # LigerRopeFunction takes HF's (B, H, S, D) views; it rotates their storage in place
                 qo, ko = f.apply(q.transpose(1, 2), k.transpose(1, 2), cos1, sin1)
                 return qo.transpose(1, 2), ko.transpose(1, 2)
+            return call
 
-            fns["liger"] = liger_rope
+        self.add_peers(fns, skip, args, liger, lambda q, k: RopeCase.hf(q, k, cos, sin), liger_rope)
         return fns, skip, {"liger"}
 
     def skip_direction(self, name, direction):

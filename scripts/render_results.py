@@ -765,12 +765,15 @@ def ladder_block(root, spec):
     return f"Measured: `{spec}` (from `{root.as_posix()}/{want['machine']}/`)\n\n" + table + "\n"
 
 
-def fused_table_block(root, spec):
-    want = dict(kv.split("=", 1) for kv in spec.split())
-    rows = [r for r in select_rows(root, want) if family_of(r) == "fused"]
-    if not rows:
-        return f"(no results for {spec} under {root})\n"
-    return f"Measured: `{spec}` (from `{root.as_posix()}/{want['machine']}/`)\n\n" + fused_pivot(rows) + "\n"
+def family_block(family, table):
+    """A generated block of one family's selected rows, laid out by table(rows)."""
+    def block(root, spec):
+        want = dict(kv.split("=", 1) for kv in spec.split())
+        rows = [r for r in select_rows(root, want) if family_of(r) == family]
+        if not rows:
+            return f"(no results for {spec} under {root})\n"
+        return f"Measured: `{spec}` (from `{root.as_posix()}/{want['machine']}/`)\n\n" + table(rows) + "\n"
+    return block
 
 
 GRID_METRICS = {"gbps": ("GB/s", lambda r: fmt(r.get("gbps"))),
@@ -821,12 +824,12 @@ def attention_block(kind):
     return block
 
 
-BLOCK_KINDS = {"ladder": ladder_block, "fused-table": fused_table_block, "grid": grid_block,
+BLOCK_KINDS = {"ladder": ladder_block, "fused-table": family_block("fused", fused_pivot), "grid": grid_block,
                "attention-table": attention_block("attention-table"),
                "attention-ladder": attention_block("attention-ladder"),
                "attention-memory": attention_block("attention-memory"),
-               "kv-cache": lambda root, spec: kv_cache_block(root, spec),
-               "models-table": lambda root, spec: models_block(root, spec),
+               "kv-cache": family_block("kv_cache", kv_cache_tables),
+               "models-table": family_block("models", models_table),
                "metrics-table": lambda root, spec: metrics_block(root, spec)}
 
 
@@ -840,22 +843,6 @@ def metrics_block(root, spec):
                                           "--metrics on the GPU machine)")
     return (f"Measured: `{spec}` (from `{root.as_posix()}/{want['machine']}/`): Nsight Compute counters{note}\n\n"
             + metrics_table(rows) + "\n")
-
-
-def models_block(root, spec):
-    want = dict(kv.split("=", 1) for kv in spec.split())
-    rows = [r for r in select_rows(root, want) if family_of(r) == "models"]
-    if not rows:
-        return f"(no results for {spec} under {root})\n"
-    return f"Measured: `{spec}` (from `{root.as_posix()}/{want['machine']}/`)\n\n" + models_table(rows) + "\n"
-
-
-def kv_cache_block(root, spec):
-    want = dict(kv.split("=", 1) for kv in spec.split())
-    rows = [r for r in select_rows(root, want) if family_of(r) == "kv_cache"]
-    if not rows:
-        return f"(no results for {spec} under {root})\n"
-    return f"Measured: `{spec}` (from `{root.as_posix()}/{want['machine']}/`)\n\n" + kv_cache_tables(rows) + "\n"
 
 
 def refresh_generated_blocks(root, notes_dir):

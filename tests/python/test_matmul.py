@@ -50,10 +50,18 @@ def _params():
 @pytest.mark.parametrize("device,dtype,variant", list(_params()))
 @pytest.mark.parametrize("shapes", SHAPES, ids=_ids)
 def test_parity_with_float64_and_torch(device, dtype, variant, shapes, rng):
-    a = rand(shapes[0], dtype, device, rng)
-    b = rand(shapes[1], dtype, device, rng)
-    out = optimized_ops.matmul(a, b, variant=variant)
+    check_parity_with_float64_and_torch(rand(shapes[0], dtype, device, rng), rand(shapes[1], dtype, device, rng),
+                                        variant)
+
+
+def check_parity_with_float64_and_torch(a, b, variant, poison=False):
+    """matmul(a, b, variant=variant) against float64 and torch.matmul (also the Triton rungs' check);
+    poison: the caching allocator's next block of the output's size filled with NaN first."""
+    dtype = a.dtype
     expected = torch.matmul(a, b)
+    if poison:
+        _poison_allocator(expected.shape, dtype, a.device)
+    out = optimized_ops.matmul(a, b, variant=variant)
     assert out.shape == expected.shape and out.dtype == dtype and out.device == a.device
     assert out.is_contiguous()
     # 1. Within the GEMM bound of the C++ tests, element by element.

@@ -29,7 +29,7 @@ from conftest import gemm_error_ratio, rand
 from test_fused import CASE_BY_NAME, check_case, _dname, _strided_layouts
 from test_attention import check_against_reference, reference
 from test_matmul import (GRAD_ND_SHAPES, GRAD_SHAPES, ND_SHAPES, SHAPES as GEMM_SHAPES, _ids, _poison_allocator,
-                         check_gradients_against_float64)
+                         check_gradients_against_float64, check_parity_with_float64_and_torch)
 
 ops = torch.ops.optimized
 
@@ -333,20 +333,8 @@ TRITON_GEMM_SHAPES = GEMM_SHAPES + [((33, 65), (65, 129)), ((130, 31), (31, 67))
 def test_matmul_parity_with_float64_and_torch(shapes, dtype, rng):
     """test_matmul.py's two checks: the GEMM rule element by element (fp32 products and
     accumulation, one rounding), and no worse than twice torch's own error plus accumulation noise."""
-    a = rand(shapes[0], dtype, DEVICE, rng)
-    b = rand(shapes[1], dtype, DEVICE, rng)
-    expected = torch.matmul(a, b)
-    _poison_allocator(expected.shape, dtype, DEVICE)
-    out = optimized_ops.matmul(a, b, variant="triton")
-    assert out.shape == expected.shape and out.dtype == dtype and out.device == a.device
-    assert out.is_contiguous()
-    ratio = gemm_error_ratio(out, a, b)
-    assert ratio <= 1.0, f"worst error / allowed = {ratio}"
-    ref = torch.matmul(a.double(), b.double())
-    ours = (out.double() - ref).abs().max().item()
-    theirs = (expected.double() - ref).abs().max().item()
-    noise = 8 * math.sqrt(a.shape[-1]) * 2.0**-24 * torch.matmul(a.double().abs(), b.double().abs()).max().item()
-    assert ours <= 2 * theirs + noise, f"max error {ours} vs torch.matmul {theirs}"
+    check_parity_with_float64_and_torch(rand(shapes[0], dtype, DEVICE, rng), rand(shapes[1], dtype, DEVICE, rng),
+                                        "triton", poison=True)
 
 
 @requires_triton
