@@ -70,5 +70,42 @@ cudaError_t make_tma_map_sw128(CUtensorMap* map, const TmaMatrix& m, int box_col
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+std::string tma_rejects(const TmaTensor4& t, const char* name) {
+  const std::string n(name);
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
+    return n + ": expected a 16-byte aligned data pointer for TMA; given address " +
+           std::to_string(reinterpret_cast<uintptr_t>(t.data));
+  for (int i = 0; i < 3; ++i)
+    if (t.dims[i + 1] > 1 && (t.strides[i] * t.element_bytes) % 16 != 0)
+      return n + ": expected strides that are multiples of " + std::to_string(16 / t.element_bytes) +
+             " elements (16 bytes) for TMA; given " + std::to_string(t.strides[i]) + " for dimension " +
+             std::to_string(i + 1) + " (innermost first)";
+  for (int i = 0; i < 4; ++i)
+    if (t.dims[i] >= (int64_t(1) << 31)) return n + ": expected sizes below 2^31 for TMA";
+  return "";
+}
+
+cudaError_t make_tma_map_sw128(CUtensorMap* map, const TmaTensor4& t, int box_cols, int box_rows) {
+  const EncodeTiledFn encode = encode_tiled();
+  if (!encode) return cudaErrorNotSupported;
+  cuuint64_t dims[4];
+  for (int i = 0; i < 4; ++i) dims[i] = static_cast<cuuint64_t>(t.dims[i] > 0 ? t.dims[i] : 1);
+  // Byte strides of dims 1..3; a size-1 dimension takes the extent of the dimensions inside it
+  // (rounded up to 16 bytes), a stride that is never stepped but always valid.
+  cuuint64_t strides[3];
+  int64_t extent = ((t.dims[0] * t.element_bytes + 15) / 16) * 16;
+  for (int i = 0; i < 3; ++i) {
+    const int64_t s = t.dims[i + 1] > 1 ? t.strides[i] * t.element_bytes : extent;
+    strides[i] = static_cast<cuuint64_t>(s);
+    extent = s * static_cast<int64_t>(dims[i + 1]);
+  }
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUresult r = encode(map, data_type(t.element_bytes), 4, const_cast<void*>(t.data), dims, strides, box,
+                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 }  // namespace optimized
 #endif

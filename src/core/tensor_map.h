@@ -30,5 +30,25 @@ std::string tma_rejects(const TmaMatrix& m, const char* name);
 // the driver refuses it.
 cudaError_t make_tma_map_sw128(CUtensorMap* map, const TmaMatrix& m, int box_cols, int box_rows);
 
+// A 4-D tensor of 16-bit (or 1- or 4-byte) elements: dims innermost first (dims[0] contiguous),
+// strides of dims 1..3 in elements, any order (attention's (B, S, H, D) as (D, S, H, B) has the
+// head stride below the row stride).
+struct TmaTensor4 {
+  const void* data;
+  int64_t dims[4];
+  int64_t strides[3];
+  int element_bytes;
+};
+
+// Empty when TMA can describe t (base 16-byte aligned, strides of dimensions larger than 1
+// multiples of 16 bytes, sizes below 2^31); otherwise why not, naming `name`.
+std::string tma_rejects(const TmaTensor4& t, const char* name);
+
+// A 4-D map of t with boxes of box_cols x box_rows x 1 x 1 (dims 0 and 1), 128-byte swizzle
+// (box_cols * element_bytes must be 128), zeros outside the tensor. A dimension of size 1 gets a
+// stride TMA accepts whatever the view says (it is never stepped). cudaErrorInvalidValue when the
+// driver refuses it.
+cudaError_t make_tma_map_sw128(CUtensorMap* map, const TmaTensor4& t, int box_cols, int box_rows);
+
 }  // namespace optimized
 #endif

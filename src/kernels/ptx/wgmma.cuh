@@ -170,7 +170,62 @@ __device__ __forceinline__ void wgmma_m64n128k32(float (&d)[64], uint64_t desc_a
     OPTIMIZED_WGMMA_M64N128("k32.f32.e5m2.e5m2", "");
 }
 
+#define OPTIMIZED_WGMMA_RS_M64N64(SHAPE_TYPES)                                              \
+  asm volatile(                                                                                  \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                              \
+      "wgmma.mma_async.sync.aligned.m64n64" SHAPE_TYPES " "                                      \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "  \
+      "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                               \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),                                   \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),                                   \
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),                                   \
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                                      \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB))
+#define OPTIMIZED_WGMMA_RS_M64N128(SHAPE_TYPES)                                              \
+  asm volatile(                                                                                  \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                              \
+      "wgmma.mma_async.sync.aligned.m64n128" SHAPE_TYPES " "                                      \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "  \
+      "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"                               \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),                                   \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),                                   \
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),                                   \
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),                                   \
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),                                   \
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),                                   \
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),                                   \
+      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                                      \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB))
+
+// The same with A from registers ("RS": the attention rungs' P V, where P is the softmax of a
+// tile just computed in registers and never goes through shared memory). a holds the warp's
+// 16x16 slice of A exactly as an mma.sync m16n8k16 A fragment: warp w of the group owns rows
+// 16w..16w+15; a[0] = (row g, cols 2t, 2t+1), a[1] = (row g + 8, same), a[2] = (row g, cols
+// 2t + 8, 2t + 9), a[3] = (row g + 8, same), with g = lane / 4, t = lane % 4, two 16-bit
+// elements per register (the lower column in the low half). That is the accumulator layout of
+// the previous wgmma with its columns 16k..16k+15 taken as k-step k: a[0] packs d[8k], d[8k + 1];
+// a[1] d[8k + 2], d[8k + 3]; a[2] d[8k + 4], d[8k + 5]; a[3] d[8k + 6], d[8k + 7]. There is no A
+// transpose immediate (a register A is always K-major); kTransB as above.
+template <int kTransB, typename Tag>
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
+                                                   int scale_d, Tag) {
+  if constexpr (std::is_same_v<Tag, F16Tag>)
+    OPTIMIZED_WGMMA_RS_M64N64("k16.f32.f16.f16");
+  else
+    OPTIMIZED_WGMMA_RS_M64N64("k16.f32.bf16.bf16");
+}
+template <int kTransB, typename Tag>
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
+                                                    int scale_d, Tag) {
+  if constexpr (std::is_same_v<Tag, F16Tag>)
+    OPTIMIZED_WGMMA_RS_M64N128("k16.f32.f16.f16");
+  else
+    OPTIMIZED_WGMMA_RS_M64N128("k16.f32.bf16.bf16");
+}
+
 #undef OPTIMIZED_WGMMA_M64N64
+#undef OPTIMIZED_WGMMA_RS_M64N64
+#undef OPTIMIZED_WGMMA_RS_M64N128
 #undef OPTIMIZED_WGMMA_M64N128
 #undef OPTIMIZED_WGMMA_M64N256
 
