@@ -29,7 +29,7 @@
 // out_i = sum_j softmax_j(s) v_j; lse_i = log(sum_j exp(s_ij)) (natural log).
 // A row with no visible key (every score -inf) gives out 0 and lse -inf; its gradients are 0.
 // NaN in q, k or v propagates to the rows it reaches; an infinite input gives NaN, as in torch.
-// flash2 multiplies whole tiles, so a NaN or Inf of q, k or v also reaches the rows (forward, dq)
+// flash2 and hopper multiply whole tiles, so a NaN or Inf of q, k or v also reaches the rows (forward, dq)
 // and keys (dk, dv) of its tile that do not see it (0 * NaN, as torch's math path and
 // FlashAttention give); the other rungs touch only the pairs a row sees.
 //
@@ -60,9 +60,14 @@ enum class AttentionVariant : uint8_t {
             // SIMT fp32 math)
   kFlash2,  // CUDA: mma.sync tensor cores, ldmatrix, cp.async double-buffered K/V tiles, warps
             // split query rows (FlashAttention-2), fp16 / bf16
+  kHopper,  // CUDA sm_90a (compute capability 9.0 only; builds with the sm_90a sources): wgmma and
+            // TMA, a producer warp and two consumer warpgroups (setmaxnreg), fp16 / bf16. Forward
+            // only (the backward runs on flash2, from the lse this forward writes); fixed length,
+            // head dim 64 or 128, causal or no mask, GQA; no window, softcap, ALiBi, mask or
+            // varlen yet (each refused with a message). Not picked by auto until measured.
 };
 
-std::string_view attention_variant_name(AttentionVariant variant);  // "cpu", "naive", "flash", "flash2"
+std::string_view attention_variant_name(AttentionVariant variant);  // "cpu", "naive", "flash", "flash2", "hopper"
 AttentionVariant parse_attention_variant(std::string_view name);     // throws Error naming the choices
 std::span<const AttentionVariant> all_attention_variants();           // every variant but kAuto, in order
 bool attention_variant_is_cuda(AttentionVariant variant);

@@ -309,6 +309,29 @@ void check_cuda_head_dim(int64_t head_dim) {
                 " (the cpu variant takes any head_dim)");
 }
 
+// What the hopper rung (forward only, wgmma / TMA) does not run yet: Error kUnsupported naming the
+// feature and the rung that runs it; rows TMA cannot describe: kInvalidArgument.
+void check_hopper(const AttentionParams& p, const std::string& what, bool aligned) {
+  const std::string use = " (use flash2 or auto, which run it)";
+  if (p.backward)
+    unsupported(what + ": hopper is a forward-only rung (its backward is not written yet); run the backward on "
+                "flash2 (variant 'flash2'), which takes the lse this forward writes");
+  if (p.varlen()) unsupported(what + ": hopper runs fixed-length batches only (varlen is not written yet)" + use);
+  if (p.head_dim != 64 && p.head_dim != 128)
+    unsupported("head_dim: hopper runs head dims 64 and 128; given " + std::to_string(p.head_dim) + use);
+  if (p.window_left >= 0 || p.window_right > 0)
+    unsupported("window_left / window_right: hopper runs causal or unmasked attention only (sliding windows are "
+                "not written yet); given (" + std::to_string(p.window_left) + ", " + std::to_string(p.window_right) +
+                ")" + use);
+  if (p.softcap > 0) unsupported("softcap: hopper does not run a soft-cap yet; given " + number(p.softcap) + use);
+  if (p.alibi) unsupported("alibi_slopes: hopper does not run ALiBi yet; given slopes" + use);
+  if (p.mask) unsupported("mask: hopper does not run an explicit mask yet; given a mask" + use);
+  if (!aligned)
+    invalid(what + ": hopper loads q, k, v by TMA, which needs every row of q, k, v, out to start on a 16-byte "
+            "boundary (data pointers and batch / row / head strides multiples of 16 bytes); given a view that "
+            "does not (use flash or auto)");
+}
+
 AttentionVariant resolve(AttentionVariant variant, DType dtype, int64_t head_dim, Device device, bool aligned) {
   if (variant != AttentionVariant::kAuto) return variant;
   if (!device.is_cuda()) return AttentionVariant::kCpu;
@@ -403,6 +426,7 @@ void run(AttentionParams& p, Operands& ops, const AttentionOptions& o, Attention
       invalid(what + ": flash2 needs every row of q, k, v, out (and dout, dq, dk, dv) to start on a 16-byte "
               "boundary (data pointers and batch / row / head strides multiples of 16 bytes); given a view that "
               "does not (use flash or auto)");
+    if (variant == AttentionVariant::kHopper) check_hopper(p, what, aligned);
     ops.check_workspace(ctx.workspace);
     if (cuda_device_count() == 0)
       unsupported(what + ": operands on " + device_name(device) + " but no CUDA device can be used: " +

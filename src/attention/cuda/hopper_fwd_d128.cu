@@ -1,0 +1,16 @@
+// hopper forward, head dim 128: the instances of run_forward for fp16 and bf16 (each dtype only
+// when the build has it: core/dtypes_built.h). sm_90a code (SM90A_SOURCES); one translation unit
+// per head dim so that the kernels compile in parallel.
+#include "attention/cuda/hopper.h"
+#include "attention/cuda/hopper_fwd.cuh"
+
+namespace optimized::cuda::hopper {
+
+#ifdef OPTIMIZED_BUILT_F16
+template cudaError_t run_forward<__half, 128>(const AttentionParams& p, cudaStream_t stream);
+#endif
+#ifdef OPTIMIZED_BUILT_BF16
+template cudaError_t run_forward<__nv_bfloat16, 128>(const AttentionParams& p, cudaStream_t stream);
+#endif
+
+}  // namespace optimized::cuda::hopper
