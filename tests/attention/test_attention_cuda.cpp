@@ -1,5 +1,5 @@
 // The attention family on CUDA through the public API: the rungs naive, flash and flash2 (and
-// auto), forward and backward, fp32 (naive, flash) / fp16 / bf16, against the float64 reference with
+// auto), forward and backward, and the hopper forward (its own suite at the end, the subset it runs), fp32 (naive, flash) / fp16 / bf16, against the float64 reference with
 // flash-attention's rule (src/testing/attention_check.h), on fresh random inputs with poisoned
 // outputs, padded rows, view offsets and guard zones: S in {1, 7, 113, 1000} and S_q != S_k both
 // ways, B > 1, GQA ratios 1 / 2 / 4 / 8 and MQA, head dims 64, 96, 128, 256 and the rounded-up ones
@@ -246,6 +246,146 @@ TEST(CudaAttentionWorkspace, NaiveNeedsTheMaterializedScores) {
   EXPECT_ERROR(e, Status::kInvalidArgument);
   EXPECT_MENTIONS(e, "workspace");
 }
+
+
+// ---- hopper: the sm_90a forward (wgmma / TMA, warp-specialized) --------------------------------
+// What it runs (attention.h): the forward, fp16 / bf16, fixed length, head dims 64 and 128, causal
+// (both alignments) or unmasked, GQA / MQA, any softmax_scale; the same reference, tolerance rule,
+// poisoned outputs, odd sizes, strided views and special values as the grid above. The rest it
+// refuses (test_attention_errors.cpp; here on the device too). Skips with the reason without a
+// device of compute capability 9.0 or in a build without the sm_90a sources.
+
+// Why hopper cannot run here; empty when it can.
+const std::string& hopper_unavailable() {
+  static const std::string why = []() -> std::string {
+    if (cuda_device_count() == 0) return "no CUDA device: " + cuda_unavailable_reason();
+    if (!hopper_device()) return "hopper is sm_90a code: it runs on compute capability 9.0 only";
+    const AttnOperands o(make_case(false, DType::kBF16, AttentionVariant::kHopper, Device::cuda(0), 1, 1, 1, 1, 1, 64));
+    const AttnRun r = run_attention(o);
+    if (!r.ok && r.error.find("not in this build") != std::string::npos) return r.error;
+    return "";
+  }();
+  return why;
+}
+
+class HopperAttention : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    if (!hopper_unavailable().empty()) GTEST_SKIP() << hopper_unavailable();
+  }
+  AttnCase base(int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d) const {
+    return make_case(false, GetParam(), AttentionVariant::kHopper, Device::cuda(0), batch, sq, sk, hq, hkv, d);
+  }
+  // Every case unmasked, causal bottom-right and causal top-left.
+  void expect_all_masks(AttnCase c) const {
+    for (int m = 0; m < 3; ++m) {
+      c.causal = m > 0;
+      c.top_left = m == 2;
+      expect_attention_ok(c);
+    }
+  }
+};
+
+// Odd sizes around the 128-row tiles (1, primes, 127 / 128 / 129, 255 / 256 / 257), S_q != S_k both
+// ways, both head dims.
+TEST_P(HopperAttention, Sizes) {
+  const std::vector<std::pair<int64_t, int64_t>> sizes = {{1, 1},     {7, 7},     {113, 113}, {7, 113},
+                                                          {113, 7},   {1, 113},   {113, 1},   {127, 129},
+                                                          {128, 128}, {129, 127}, {255, 257}, {256, 256}};
+  for (int64_t d : {64, 128}) {
+    for (auto [sq, sk] : sizes) expect_all_masks(base(2, sq, sk, 4, 2, d));
+    expect_all_masks(base(1, 1000, 1000, 2, 1, d));
+    expect_all_masks(base(1, 300, 1000, 2, 2, d));
+  }
+}
+
+TEST_P(HopperAttention, GqaAndMqa) {
+  for (int64_t d : {64, 128})
+    for (auto [hq, hkv] : std::vector<std::pair<int64_t, int64_t>>{{4, 4}, {4, 2}, {8, 2}, {8, 1}, {16, 2}, {3, 1}})
+      expect_all_masks(base(2, 137, 201, hq, hkv, d));
+}
+
+TEST_P(HopperAttention, Scale) {
+  for (double scale : {0.3, 1.0, -0.2}) {
+    AttnCase c = base(2, 150, 190, 4, 2, 128);
+    c.scale = scale;
+    expect_all_masks(c);
+  }
+}
+
+TEST_P(HopperAttention, WithoutLse) {
+  AttnCase c = base(2, 129, 77, 4, 2, 128);
+  c.with_lse = false;
+  expect_all_masks(c);
+}
+
+// TMA takes any 16-byte-aligned strides: (B, H, S, D) views, padded rows, offset views.
+TEST_P(HopperAttention, StridedViews) {
+  for (DataLayout layout : {DataLayout::kBSHD, DataLayout::kBHSD})
+    for (auto [pad, offset] : std::vector<std::pair<int64_t, int64_t>>{{0, 0}, {8, 16}, {24, 8}}) {
+      AttnCase c = base(2, 150, 161, 4, 2, 128);
+      c.layout = layout;
+      c.pad = pad;
+      c.offset = offset;
+      expect_all_masks(c);
+    }
+}
+
+TEST_P(HopperAttention, RowsWithNoVisibleKey) {
+  for (int64_t d : {64, 128}) {
+    AttnCase c = base(2, 290, 40, 2, 1, d);
+    c.causal = true;  // bottom-right: the first 250 rows see no key, whole 128-row blocks of them
+    expect_attention_ok(c);
+  }
+}
+
+// hopper multiplies whole tiles (as flash2): the special values sit where every rule agrees (see
+// CudaAttention.NanAndInf).
+TEST_P(HopperAttention, NanAndInf) {
+  AttnCase c = base(2, 40, 40, 2, 1, 128);
+  c.causal = true;
+  AttnOperands o(c);
+  o.set_data(kQ, 39, 0, 7, std::nan(""));
+  o.set_data(kK, 0, 0, 0, 0.5);
+  o.set_data(kQ, 39, 1, 0, INFINITY);
+  o.set_data(kK, 40, 0, 2, std::nan(""));
+  o.set_data(kV, 0, 0, 1, std::nan(""));
+  o.refresh_forward();
+  expect_operands_ok(o);
+}
+
+TEST_P(HopperAttention, OwnStream) {
+  OwnStream stream;
+  AttnCase c = base(2, 129, 77, 4, 2, 64);
+  c.stream = stream.get();
+  expect_all_masks(c);
+}
+
+TEST_P(HopperAttention, BigSequences) {
+  AttnCase c = base(1, 4097, 4097, 2, 1, 128);
+  c.causal = true;
+  expect_attention_ok(c);
+  expect_attention_ok(base(1, 257, 4097, 1, 1, 128));
+}
+
+// On the device, too: the refusals name the feature and flash2.
+TEST_P(HopperAttention, RefusesTheBackwardAndVarlen) {
+  const AttnOperands b(make_case(true, GetParam(), AttentionVariant::kHopper, Device::cuda(0), 1, 33, 33, 2, 1, 64));
+  const AttnRun rb = run_attention(b);
+  EXPECT_FALSE(rb.ok);
+  EXPECT_TRUE(contains(rb.error, "forward-only") && contains(rb.error, "flash2")) << rb.error;
+  AttnCase v = base(1, 1, 1, 2, 1, 64);
+  v.lens_q = {5, 130};
+  v.lens_k = {7, 100};
+  const AttnRun rv = run_attention(AttnOperands(v));
+  EXPECT_FALSE(rv.ok);
+  EXPECT_TRUE(contains(rv.error, "varlen")) << rv.error;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, HopperAttention, ::testing::Values(DType::kF16, DType::kBF16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(dtype_name(info.param));
+                         });
 
 }  // namespace
 }  // namespace optimized::testing

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -349,7 +350,7 @@ TEST_F(AttentionErrors, HeadDimOnCudaRungs) {
   // Views on cuda:0 over host memory: the head-dim check comes before any device work.
   for (int64_t d : {12, 264, 4}) {
     for (AttentionVariant var : {AttentionVariant::kAuto, AttentionVariant::kNaive, AttentionVariant::kFlash,
-                                 AttentionVariant::kFlash2}) {
+                                 AttentionVariant::kFlash2, AttentionVariant::kHopper}) {
       const Device dev = Device::cuda(0);
       const Caught c = call([&] {
         attention_forward(t4(q16_, 1, 3, 1, d, dev), t4(k16_, 1, 3, 1, d, dev), t4(k16_, 1, 3, 1, d, dev),
@@ -369,7 +370,7 @@ TEST_F(AttentionErrors, HeadDimOnCudaRungs) {
 TEST_F(AttentionErrors, DtypeOfTheRung) {
   const Device dev = Device::cuda(0);
   for (AttentionVariant var : {AttentionVariant::kAuto, AttentionVariant::kNaive, AttentionVariant::kFlash,
-                               AttentionVariant::kFlash2}) {
+                               AttentionVariant::kFlash2, AttentionVariant::kHopper}) {
     SCOPED_TRACE(std::string(attention_variant_name(var)));
     const Caught c = call([&] {
       attention_forward(t4(q64_, 1, 3, 1, 64, dev), t4(q64_, 1, 3, 1, 64, dev), t4(q64_, 1, 3, 1, 64, dev),
@@ -395,8 +396,64 @@ TEST_F(AttentionErrors, VariantOnTheWrongDevice) {
                  Status::kInvalidArgument, "variant");
 }
 
+// hopper (forward only, fixed length, head dims 64 / 128, causal or no mask, TMA rows) refuses the
+// rest before any device work, naming the feature and the rung that runs it.
+TEST_F(AttentionErrors, HopperRefusesWhatItDoesNotRunYet) {
+  const Device dev = Device::cuda(0);
+  const AttentionVariant hop = AttentionVariant::kHopper;
+  // (1, s, 1, d) fp16 views on "cuda:0" over host memory, `off` elements into the buffer.
+  auto h4 = [&](const Buffer& b, int64_t s, int64_t d, int64_t off = 0) {
+    auto* base = static_cast<unsigned char*>(const_cast<void*>(static_cast<const void*>(b.data())));
+    return raw(base + 2 * off, DType::kF16, dev, {1, s, 1, d}, {s * d, d, d, 1});
+  };
+  auto q = [&](int64_t d = 64) { return h4(q16_, 3, d); };
+  auto out = [&](int64_t d = 64, int64_t off = 0) { return h4(out16_, 3, d, off); };
+  auto refuses = [&](const std::function<void()>& f, Status status, const char* word, const char* text) {
+    const Caught c = call(f);
+    EXPECT_ERROR(c, status);
+    EXPECT_MENTIONS(c, word);
+    EXPECT_CONTAINS(c, text);
+  };
+  refuses([&] { attention_forward(q(96), q(96), q(96), out(96), kAbsent, {}, hop); }, Status::kUnsupported,
+          "head_dim", "64 and 128");
+  AttentionOptions o;
+  o.window_left = 2;
+  refuses([&] { attention_forward(q(), q(), q(), out(), kAbsent, o, hop); }, Status::kUnsupported, "window_left",
+          "flash2");
+  o = {};
+  o.window_right = 3;
+  refuses([&] { attention_forward(q(), q(), q(), out(), kAbsent, o, hop); }, Status::kUnsupported, "window_right",
+          "flash2");
+  o = {};
+  o.softcap = 5.0;
+  refuses([&] { attention_forward(q(), q(), q(), out(), kAbsent, o, hop); }, Status::kUnsupported, "softcap",
+          "flash2");
+  o = {};
+  o.alibi_slopes = raw(slopes_.data(), DType::kF32, dev, {1}, {1});
+  refuses([&] { attention_forward(q(), q(), q(), out(), kAbsent, o, hop); }, Status::kUnsupported, "alibi_slopes",
+          "flash2");
+  o = {};
+  o.mask = raw(mask_.data(), DType::kBool, dev, {1, 1, 3, 3}, {9, 9, 3, 1});
+  refuses([&] { attention_forward(q(), q(), q(), out(), kAbsent, o, hop); }, Status::kUnsupported, "mask", "flash2");
+  // An out view one element off a 16-byte boundary: TMA-less rows are the caller's to fix.
+  refuses([&] { attention_forward(q(), q(), q(), out(64, 1), kAbsent, {}, hop); }, Status::kInvalidArgument,
+          "hopper", "16-byte");
+  // The backward: forward-only, and flash2 named.
+  auto* dq = static_cast<unsigned char*>(out16_.data());
+  auto grad = [&](int64_t k) { return raw(dq + 2 * 1024 * k, DType::kF16, dev, {1, 3, 1, 64}, {192, 64, 64, 1}); };
+  const TensorView lse = raw(lse_in_.data(), DType::kF32, dev, {1, 1, 3}, {3, 3, 1});
+  refuses([&] { attention_backward(q(), q(), q(), q(), h4(k16_, 3, 64), lse, grad(0), grad(1), grad(2), {}, hop); },
+          Status::kUnsupported, "hopper", "flash2");
+  // Varlen.
+  const TensorView vq = raw(q16_.data(), DType::kF16, dev, {5, 1, 64}, {64, 64, 1});
+  const TensorView vout = raw(out16_.data(), DType::kF16, dev, {5, 1, 64}, {64, 64, 1});
+  const TensorView cq = raw(cu_q_.data(), DType::kI32, dev, {3}, {1});
+  refuses([&] { attention_varlen_forward(vq, vq, vq, cq, cq, 3, 3, vout, kAbsent, {}, hop); }, Status::kUnsupported,
+          "hopper", "varlen");
+}
+
 TEST(AttentionVariants, NamesAndParsing) {
-  const std::vector<std::string> names = {"cpu", "naive", "flash", "flash2"};
+  const std::vector<std::string> names = {"cpu", "naive", "flash", "flash2", "hopper"};
   ASSERT_EQ(all_attention_variants().size(), names.size());
   for (size_t i = 0; i < names.size(); ++i) {
     const AttentionVariant v = all_attention_variants()[i];
@@ -407,13 +464,16 @@ TEST(AttentionVariants, NamesAndParsing) {
   const Caught c = call([] { parse_attention_variant("flash3"); });
   EXPECT_ERROR(c, Status::kInvalidArgument);
   EXPECT_CONTAINS(c, "flash3");
-  EXPECT_TRUE(contains_all(c.message, {"cpu", "naive", "flash", "flash2"}));
+  EXPECT_TRUE(contains_all(c.message, {"cpu", "naive", "flash", "flash2", "hopper"}));
   const std::vector<int> dims(attention_head_dims().begin(), attention_head_dims().end());
   EXPECT_EQ(dims, (std::vector<int>{64, 96, 128, 256}));
   EXPECT_TRUE(attention_variant_supports_dtype(AttentionVariant::kCpu, DType::kF64));
   EXPECT_FALSE(attention_variant_supports_dtype(AttentionVariant::kFlash, DType::kF64));
   EXPECT_FALSE(attention_variant_supports_dtype(AttentionVariant::kFlash2, DType::kF32));
   EXPECT_TRUE(attention_variant_supports_dtype(AttentionVariant::kFlash2, DType::kBF16));
+  EXPECT_FALSE(attention_variant_supports_dtype(AttentionVariant::kHopper, DType::kF32));
+  EXPECT_TRUE(attention_variant_supports_dtype(AttentionVariant::kHopper, DType::kF16));
+  EXPECT_EQ(attention_variant_min_compute_capability(AttentionVariant::kHopper), 90);
   EXPECT_EQ(resolve_attention_variant(DType::kF32, 12, Device::cpu()), AttentionVariant::kCpu);
 }
 
