@@ -80,7 +80,12 @@ DIRECTIONS = ["fwd", "bwd", "fwd+bwd"]
 PEERS = ["flash", "cudnn", "efficient", "math"]
 PEER_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH"}
-HALF_ONLY = {"flash2": ("fp16", "bf16")}  # include/optimized/attention.h: flash2 is tensor-core fp16/bf16
+HALF_ONLY = {"flash2": ("fp16", "bf16"), "hopper": ("fp16", "bf16")}  # attention.h: tensor-core fp16/bf16
+# Rungs that run a subset (include/optimized/attention.h): hopper is the sm_90a forward, fixed length, head dims 64
+# and 128 (its backward, varlen and the other head dims are refused by the library; skipped rows here say why).
+FORWARD_ONLY = {"hopper": "hopper is a forward-only rung (its backward is not written yet; flash2 runs it)"}
+FIXED_LENGTH_ONLY = {"hopper": "hopper runs fixed-length batches only (varlen is not written yet)"}
+HEAD_DIMS_ONLY = {"hopper": (64, 128)}
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
 CHECK_PAIRS = 3
 GiB = float(1 << 30)
@@ -537,6 +542,15 @@ def attention_group(args, device, timer, log, notes, dname, dtype, elem, shape, 
     for impl in impls:
         if impl.variant in HALF_ONLY and dname not in HALF_ONLY[impl.variant]:
             skip[(impl.name, None)] = f"{impl.variant} supports {', '.join(HALF_ONLY[impl.variant])}; given {dname}"
+        if impl.variant in FIXED_LENGTH_ONLY and shape.varlen:
+            skip[(impl.name, None)] = FIXED_LENGTH_ONLY[impl.variant]
+        if impl.variant in HEAD_DIMS_ONLY and shape.head_dim not in HEAD_DIMS_ONLY[impl.variant]:
+            skip[(impl.name, None)] = (f"{impl.variant} runs head dims "
+                                       f"{', '.join(map(str, HEAD_DIMS_ONLY[impl.variant]))}; given {shape.head_dim}")
+        if impl.variant in FORWARD_ONLY:
+            for direction in directions:
+                if direction != "fwd":
+                    skip[(impl.name, direction)] = FORWARD_ONLY[impl.variant]
         if impl.ours and impl.variant == "triton" and triton_skip(shape):
             skip[(impl.name, None)] = triton_skip(shape)
         if getattr(impl, "missing_backend", False):

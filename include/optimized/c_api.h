@@ -453,7 +453,8 @@ OPTIMIZED_C_EXPORT optimized_status optimized_dataset_verify(const char* dir);
 
 /* ---- attention (include/optimized/attention.h) -------------------------------------------
  * out = softmax(S) V with S = score(Q K^T), forward and backward; the ladder "cpu", "naive",
- * "flash", "flash2" (optimized_variant_name("attention", i)), "auto" (or NULL): cpu on the CPU, on
+ * "flash", "flash2", "hopper" (optimized_variant_name("attention", i); hopper: the sm_90a forward alone), "auto"
+ * (or NULL): cpu on the CPU, on
  * CUDA flash2 where it runs the call (fp16 / bf16), else flash.
  *
  * Layouts (every view: last dimension of unit stride, other strides free, so (B, S, H, D) and

@@ -78,7 +78,7 @@ def variants(family: str = "gemm", *, detail: bool = False) -> list:
         ``["cpu", "unfused", "fused_streaming", "fused_registers"]``, ``variants("scaled_gemm")``
         ``["cpu", "naive", "wgmma_fp8"]``, ``variants("loader")``
         ``["synchronous", "pipelined"]`` (``StreamingLoader(variant=...)``), ``variants("attention")``
-        ``["cpu", "naive", "flash", "flash2"]``, ``variants("linear")`` ``["cpu", "naive", "fused",
+        ``["cpu", "naive", "flash", "flash2", "hopper"]``, ``variants("linear")`` ``["cpu", "naive", "fused",
         "persistent"]``, ``variants("kv_cache")``
         ``["cpu", "contiguous_naive", "paged", "paged_split", "paged_mma"]``. Every variant is listed,
         whatever this build and machine can run.

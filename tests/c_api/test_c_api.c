@@ -2439,10 +2439,10 @@ static void attention_tests(void) {
   expect_error("attention check: cpu on CUDA",
                optimized_variant_check("attention", "cpu", OPTIMIZED_DTYPE_F32, OPTIMIZED_DEVICE_CUDA), I,
                "variant: cpu runs on the CPU");
-  const char* const names[4] = {"cpu", "naive", "flash", "flash2"};
+  const char* const names[5] = {"cpu", "naive", "flash", "flash2", "hopper"};
   int listed = 1;
-  for (int i = 0; i < 4; ++i) listed &= optimized_variant_name("attention", i) && strcmp(optimized_variant_name("attention", i), names[i]) == 0;
-  check(listed && optimized_variant_name("attention", 4) == NULL, "attention: variants cpu, naive, flash, flash2", NULL);
+  for (int i = 0; i < 5; ++i) listed &= optimized_variant_name("attention", i) && strcmp(optimized_variant_name("attention", i), names[i]) == 0;
+  check(listed && optimized_variant_name("attention", 5) == NULL, "attention: variants cpu, naive, flash, flash2, hopper", NULL);
 
   free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv);
   free(r_out), free(r_lse), free(r_dq), free(r_dk), free(r_dv);

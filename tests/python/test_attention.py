@@ -538,9 +538,9 @@ def test_flash_attention_from_the_library_alone():
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert "['cpu', 'naive', 'flash', 'flash2']" in result.stdout
+    assert "['cpu', 'naive', 'flash', 'flash2', 'hopper']" in result.stdout
     assert optimized_ops.variants("attention") == optimized_ops.attention_variants() == ["cpu", "naive", "flash",
-                                                                                        "flash2"]
+                                                                                        "flash2", "hopper"]
     assert optimized_ops.attention_head_dims() == [64, 96, 128, 256]
 
 

@@ -16,6 +16,10 @@ variant        device  what runs
 ``"naive"``    CUDA    S and P materialized in global memory: the O(N²) baseline
 ``"flash"``    CUDA    tiled, online softmax, S never leaves the chip (FlashAttention-1, SIMT)
 ``"flash2"``   CUDA    mma.sync tensor cores, cp.async double buffering (FlashAttention-2)
+``"hopper"``   CUDA    sm_90a (H100 / H200 only): wgmma + TMA, a producer warp and two
+                       consumer warpgroups; forward only (the backward raises, naming
+                       flash2), fixed length, D 64 or 128, causal or not, GQA / MQA;
+                       float16 / bfloat16, 16-byte aligned rows; not picked by auto yet
 ``"triton"``   CUDA    FlashAttention-2 written in Triton (optimized_ops/triton/attention.py):
                        causal or not, softmax_scale, GQA / MQA, forward and backward
                        (``flash_attention`` only; CPU tensors under ``TRITON_INTERPRET=1``; not
@@ -64,7 +68,7 @@ def attention_variants() -> list[str]:
     Returns
     -------
     list of str
-        ``["cpu", "naive", "flash", "flash2"]``.
+        ``["cpu", "naive", "flash", "flash2", "hopper"]``.
     """
     return list(_ops.attention_variants())
 
@@ -151,7 +155,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
         Also return the log-sum-exp of every row, ``(B, H_q, S_q)`` float32 (float64 for float64
         inputs), without gradient.
     variant : str
-        ``"auto"``, ``"cpu"``, ``"naive"``, ``"flash"``, ``"flash2"`` or ``"triton"`` (causal,
+        ``"auto"``, ``"cpu"``, ``"naive"``, ``"flash"``, ``"flash2"``, ``"hopper"`` (sm_90a forward; see
+        the table above) or ``"triton"`` (causal,
         softmax_scale and GQA only: window_size, softcap and alibi_slopes raise
         NotImplementedError there; deterministic always).
 

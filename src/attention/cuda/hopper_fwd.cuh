@@ -69,6 +69,7 @@
 #include "kernels/ptx/smem.cuh"
 #include "kernels/ptx/tma.cuh"
 #include "kernels/ptx/wgmma.cuh"
+#include "kernels/tile/mma_frag.cuh"
 
 namespace optimized::cuda::hopper {
 
@@ -272,14 +273,14 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float m_use = mx == -INFINITY ? 0.f : mx;  // nothing visible yet: 2^(-inf - 0) = 0
-        const float alpha = exp2f(row_max[hh] - m_use);
+        const float alpha = kernels::exp2_approx(row_max[hh] - m_use);
         row_max[hh] = mx;
         float sum = 0.f;
 #pragma unroll
         for (int j = 0; j < C::kBlockN / 8; ++j)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float pv = exp2f(s[4 * j + 2 * hh + e] - m_use);
+            const float pv = kernels::exp2_approx(s[4 * j + 2 * hh + e] - m_use);
             s[4 * j + 2 * hh + e] = pv;
             sum += pv;
           }
@@ -336,7 +337,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
         }
         if (args.lse && lane % 4 == 0)
           args.lse[b * args.lse_batch + h * args.lse_head + row] =
-              l > 0.f ? (row_max[hh] + __log2f(l)) * 0.69314718055994531f : -INFINITY;
+              l > 0.f ? (row_max[hh] + kernels::log2_approx(l)) * 0.69314718055994531f : -INFINITY;
       }
     }
   }
@@ -372,9 +373,14 @@ cudaError_t run_forward(const AttentionParams& p, cudaStream_t stream) {
   };
   CUtensorMap map_q, map_k, map_v;
   cudaError_t err = map_of(&map_q, p.q, p.q_s, p.seqlen_q, p.heads_q);
-  if (err == cudaSuccess) err = map_of(&map_k, p.k, p.k_s, p.seqlen_k, p.heads_kv);
-  if (err == cudaSuccess) err = map_of(&map_v, p.v, p.v_s, p.seqlen_k, p.heads_kv);
   if (err != cudaSuccess) return err;
+  if (p.seqlen_k == 0) {
+    map_k = map_v = map_q;  // no key tile is ever loaded (out 0, lse -inf); k and v may be null
+  } else {
+    err = map_of(&map_k, p.k, p.k_s, p.seqlen_k, p.heads_kv);
+    if (err == cudaSuccess) err = map_of(&map_v, p.v, p.v_s, p.seqlen_k, p.heads_kv);
+    if (err != cudaSuccess) return err;
+  }
   FwdArgs a{};
   a.out = p.out;
   a.out_batch = p.out_s.batch, a.out_row = p.out_s.row, a.out_head = p.out_s.head;
