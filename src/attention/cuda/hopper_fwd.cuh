@@ -1,16 +1,17 @@
 // The hopper rung's forward (sm_90a): FlashAttention on wgmma and TMA, warp-specialized.
 //
 // Versions of this file (the ladder inside the rung; each line what it adds):
-//   v1 (this one): a producer warp issuing TMA into a K ring and a V ring on mbarriers; two
-//      consumer warpgroups, each S = Q Kᵀ with wgmma from shared memory, online softmax in
-//      registers, P converted in registers and O += P V with wgmma taking A from registers;
-//      causal masks only on the tiles that cross the diagonal or the sequence's end; rows
-//      normalized and stored from registers, lse written. No overlap between a warpgroup's
-//      softmax and its own GEMMs yet.
-//   next: ping-pong between the two consumer warpgroups (named barriers so that one runs its
-//      GEMMs while the other runs its softmax), the intra-warpgroup two-stage overlap (S of tile
-//      n+1 issued before the softmax of tile n), a persistent scheduler with causal tiles longest
-//      first, the output staged in shared memory and written by TMA.
+//   v1: a producer warp issuing TMA into a K ring and a V ring on mbarriers; two consumer
+//      warpgroups, each S = Q Kᵀ with wgmma from shared memory, online softmax in registers, P
+//      converted in registers and O += P V with wgmma taking A from registers; causal masks only
+//      on the tiles that cross the diagonal or the sequence's end; rows normalized and stored
+//      from registers, lse written.
+//   v2 (this one): ping-pong between the two consumer warpgroups (kPingPong: named barriers make
+//      them take turns issuing S, so that one's softmax overlaps the other's GEMMs). No overlap
+//      between a warpgroup's softmax and its own GEMMs yet.
+//   next: the intra-warpgroup two-stage overlap (S of tile n+1 issued before the softmax of tile
+//      n), a persistent scheduler with causal tiles longest first, the output staged in shared
+//      memory and written by TMA.
 //
 // The block (kThreads = 384: three warpgroups; __launch_bounds__(384, 1), one block per SM):
 //   warpgroup 0, the producer: setmaxnreg.dec to 24 registers; one thread loads Q once and then,
@@ -93,6 +94,11 @@ struct FwdConfig {
   static constexpr int kBarriers = 1 + 4 * kStages;       // q_full, k_full, k_empty, v_full, v_empty
   static constexpr int kSmemBytes = kBarOffset + kBarriers * 8 + 1024;  // + slack to align to 1024
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  // Ping-pong: the consumer warpgroups take turns issuing S = Q Kᵀ (named barriers kPingPongBarrier
+  // + c), so that one's softmax runs while the other's GEMMs do, instead of both softmaxes falling
+  // into step with the tensor cores idle. false: the warpgroups run freely (for an A/B).
+  static constexpr bool kPingPong = true;
+  static constexpr int kPingPongBarrier = 1;  // ids 1, 2 (0 is __syncthreads)
   // Releases of a stage: lane 0 of every consumer warp.
   static constexpr int kReleases = kConsumers * 4;
 
@@ -101,6 +107,7 @@ struct FwdConfig {
   static_assert(kBlockN == 128, "S is one m64n128 accumulator per warpgroup");
   static_assert(kSmemBytes <= 227 * 1024, "over the 227 KiB of shared memory a block may have");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536, "register file");
+  static_assert(!kPingPong || kConsumers == 2, "the ping-pong alternates two consumer warpgroups");
 };
 
 // What the kernel reads besides the three tensor maps.
@@ -226,6 +233,12 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
 
     ptx::mbarrier_wait(q_full, 0);
     const unsigned char* q_rows = q_tile + 64 * c * 128;  // 64 rows x 128 bytes into each box
+    // Ping-pong: warpgroup c waits on barrier 1 + c before issuing its S and then lets the other
+    // one go (arrive on 1 + (1 - c)); each barrier counts the 128 waiters and the other's 128
+    // arrivals. Warpgroup 1 arrives once up front, so warpgroup 0 goes first. Both run the same
+    // number of tiles, so every wait has its arrival; the last arrival is left unmatched at exit.
+    if constexpr (C::kPingPong)
+      if (c == 1) ptx::named_barrier_arrive(C::kPingPongBarrier, 256);
 
     kernels::RingCursor<C::kStages> ring;
     for (int n = n_end - 1; n >= 0; --n) {
@@ -233,6 +246,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
       float s[C::kBlockN / 2];
       ptx::mbarrier_wait(&k_full[ring.stage], ring.phase);
       const unsigned char* kt = k_tile(ring.stage);
+      if constexpr (C::kPingPong) ptx::named_barrier_sync(C::kPingPongBarrier + c, 256);
       ptx::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
@@ -242,6 +256,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
         ptx::wgmma_m64n128k16<0, 0>(s, da, db, kk > 0 ? 1 : 0, Tag{});
       }
       ptx::wgmma_commit();
+      if constexpr (C::kPingPong) ptx::named_barrier_arrive(C::kPingPongBarrier + 1 - c, 256);
       ptx::wgmma_wait<0>();
       ptx::wgmma_hold(s);
       if (lane == 0) ptx::mbarrier_arrive(&k_empty[ring.stage]);

@@ -30,4 +30,10 @@ __device__ __forceinline__ void named_barrier_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
+// Arrives on barrier `id` without waiting: `count` counts these arrivals and the bar.sync waiters
+// together (a producer / consumer hand-off between warpgroups, e.g. attention's ping-pong).
+__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
 }  // namespace optimized::kernels::ptx
