@@ -215,11 +215,10 @@ GemmParams make_params(const TensorView& a, const TensorView& b, const TensorVie
 // any alignment.
 std::string gemm_hopper_rejects(const GemmParams& p) {
   const int bytes = static_cast<int>(dtype_size(p.dtype));
-  if (std::string why = tma_rejects(
-          {p.a, p.a_stored_rows(), p.a_stored_cols(), p.lda, p.batch, p.batch_stride_a, bytes}, "a");
+  if (std::string why = tma_rejects(TmaMatrix{p.a, p.a_stored_rows(), p.a_stored_cols(), p.lda, p.batch, p.batch_stride_a, bytes}, "a");
       !why.empty())
     return why;
-  return tma_rejects({p.b, p.b_stored_rows(), p.b_stored_cols(), p.ldb, p.batch, p.batch_stride_b, bytes}, "b");
+  return tma_rejects(TmaMatrix{p.b, p.b_stored_rows(), p.b_stored_cols(), p.ldb, p.batch, p.batch_stride_b, bytes}, "b");
 }
 #endif
 

@@ -288,10 +288,16 @@ std::string temp_json(const char* stem) {
   return std::string(tmp && *tmp ? tmp : "/tmp") + "/" + stem + "-" + std::to_string(::getpid()) + ".json";
 }
 
+// The driver: the build's, or $OPTIMIZED_BENCH_EXE where the test binary was moved to another machine.
+std::string bench_exe() {
+  const char* moved = std::getenv("OPTIMIZED_BENCH_EXE");
+  return moved && *moved ? std::string(moved) : std::string(OPTIMIZED_BENCH_EXE);
+}
+
 // Runs optimized-bench with `args`; returns its JSON report (empty on failure).
 json run_bench(const std::string& args, const char* stem, const std::string& env = "") {
   const std::string path = temp_json(stem);
-  const std::string cmd = env + " " + OPTIMIZED_BENCH_EXE + " " + args + " --json " + path + " > " + path + ".log 2>&1";
+  const std::string cmd = env + " " + m::shell_quote(bench_exe()) + " " + args + " --json " + path + " > " + path + ".log 2>&1";
   const int rc = std::system(cmd.c_str());
   if (rc != 0) ADD_FAILURE() << cmd << " exited " << rc << "\n" << slurp(path + ".log");
   json j = json::parse(slurp(path), nullptr, false);

@@ -90,8 +90,8 @@ Staging staging_for(const GemmParams& p) {
   const auto round8 = [](int64_t x) { return (x + 7) / 8 * 8; };
   const auto round256 = [](int64_t x) { return static_cast<size_t>((x + 255) / 256 * 256); };
   Staging st;
-  st.a = !tma_rejects({p.a, p.a_stored_rows(), p.a_stored_cols(), p.lda, p.batch, p.batch_stride_a, e}, "a").empty();
-  st.b = !tma_rejects({p.b, p.b_stored_rows(), p.b_stored_cols(), p.ldb, p.batch, p.batch_stride_b, e}, "b").empty();
+  st.a = !tma_rejects(TmaMatrix{p.a, p.a_stored_rows(), p.a_stored_cols(), p.lda, p.batch, p.batch_stride_a, e}, "a").empty();
+  st.b = !tma_rejects(TmaMatrix{p.b, p.b_stored_rows(), p.b_stored_cols(), p.ldb, p.batch, p.batch_stride_b, e}, "b").empty();
   size_t a_bytes = 0, b_bytes = 0;
   if (st.a) {
     st.lda = round8(p.a_stored_cols());

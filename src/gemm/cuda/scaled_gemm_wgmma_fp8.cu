@@ -356,8 +356,8 @@ struct Copies {
 
 Copies copies_for(const ScaledGemmParams& p) {
   Copies c;
-  c.a = !p.a_k_major() || !tma_rejects({p.a, p.m, p.k, p.a_ld(), 1, 0, 1}, "a").empty();
-  c.b = !p.b_k_major() || !tma_rejects({p.b, p.n, p.k, p.b_ld(), 1, 0, 1}, "b").empty();
+  c.a = !p.a_k_major() || !tma_rejects(TmaMatrix{p.a, p.m, p.k, p.a_ld(), 1, 0, 1}, "a").empty();
+  c.b = !p.b_k_major() || !tma_rejects(TmaMatrix{p.b, p.n, p.k, p.b_ld(), 1, 0, 1}, "b").empty();
   c.b_offset = c.a ? round256(static_cast<size_t>(p.m * round16(p.k))) : 0;
   c.bytes = c.b_offset + (c.b ? round256(static_cast<size_t>(p.n * round16(p.k))) : 0);
   return c;
@@ -405,9 +405,9 @@ cudaError_t scaled_gemm_wgmma_fp8(const ScaledGemmParams& p, const Workspace& wo
     b = dst;
   }
   CUtensorMap map_a, map_b;
-  if (cudaError_t e = make_tma_map_sw128(&map_a, {a, p.m, p.k, lda, 1, 0, 1}, 128, Tile::kBM); e != cudaSuccess)
+  if (cudaError_t e = make_tma_map_sw128(&map_a, TmaMatrix{a, p.m, p.k, lda, 1, 0, 1}, 128, Tile::kBM); e != cudaSuccess)
     return e;
-  if (cudaError_t e = make_tma_map_sw128(&map_b, {b, p.n, p.k, ldb, 1, 0, 1}, 128, 64); e != cudaSuccess) return e;
+  if (cudaError_t e = make_tma_map_sw128(&map_b, TmaMatrix{b, p.n, p.k, ldb, 1, 0, 1}, 128, 64); e != cudaSuccess) return e;
   Fp8Args args;
   args.c = p.c;
   args.m = static_cast<int>(p.m);
