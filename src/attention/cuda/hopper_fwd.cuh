@@ -99,6 +99,9 @@ struct FwdConfig {
   // into step with the tensor cores idle. false: the warpgroups run freely (for an A/B).
   static constexpr bool kPingPong = true;
   static constexpr int kPingPongBarrier = 1;  // ids 1, 2 (0 is __syncthreads)
+  // Intra-warpgroup overlap: the softmax of key tile n runs while the tensor cores do the PV
+  // product of tile n + 1 (the previous one in visiting order); false: S, softmax, PV in turn.
+  static constexpr bool kIntraOverlap = true;
   // Releases of a stage: lane 0 of every consumer warp.
   static constexpr int kReleases = kConsumers * 4;
 
@@ -240,13 +243,9 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
     if constexpr (C::kPingPong)
       if (c == 1) ptx::named_barrier_arrive(C::kPingPongBarrier, 256);
 
-    kernels::RingCursor<C::kStages> ring;
-    for (int n = n_end - 1; n >= 0; --n) {
-      // S = Q Kᵀ (64 x 128 per warpgroup).
-      float s[C::kBlockN / 2];
-      ptx::mbarrier_wait(&k_full[ring.stage], ring.phase);
-      const unsigned char* kt = k_tile(ring.stage);
-      if constexpr (C::kPingPong) ptx::named_barrier_sync(C::kPingPongBarrier + c, 256);
+    // S = Q Kᵀ (64 x 128 per warpgroup) of the key tile in `stage`, issued (not waited for).
+    auto issue_qk = [&](float (&s)[C::kBlockN / 2], int stage) {
+      const unsigned char* kt = k_tile(stage);
       ptx::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
@@ -256,12 +255,26 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
         ptx::wgmma_m64n128k16<0, 0>(s, da, db, kk > 0 ? 1 : 0, Tag{});
       }
       ptx::wgmma_commit();
-      if constexpr (C::kPingPong) ptx::named_barrier_arrive(C::kPingPongBarrier + 1 - c, 256);
-      ptx::wgmma_wait<0>();
-      ptx::wgmma_hold(s);
-      if (lane == 0) ptx::mbarrier_arrive(&k_empty[ring.stage]);
-
-      // Scale into the log2 domain; mask the tiles that cross len_k or the causal diagonal.
+    };
+    // O += P V of the value tile in `stage`, issued (not waited for).
+    auto issue_pv = [&](uint32_t (&pa)[C::kBlockN / 16][4], int stage) {
+      const unsigned char* vt = v_tile(stage);
+      ptx::wgmma_hold(o);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
+        const uint64_t db = ptx::make_smem_desc_mn_major_sw128(vt + kk * 16 * 128, C::kBoxBytes);
+        if constexpr (kHeadDim == 128)
+          ptx::wgmma_m64n128k16_rs<1>(o, pa[kk], db, 1, Tag{});
+        else
+          ptx::wgmma_m64n64k16_rs<1>(o, pa[kk], db, 1, Tag{});
+      }
+      ptx::wgmma_commit();
+    };
+    // The online softmax of tile n (S in s, finished): scaled into the log2 domain, the edge and
+    // diagonal tiles masked, the new row max (over the row's 4 lanes), P = 2^(s - m) in s, l
+    // rescaled and grown; alpha[hh] = 2^(m_old - m_new), the factor O still needs.
+    auto softmax = [&](float (&s)[C::kBlockN / 2], int n, float (&alpha)[2]) {
       const int n0 = n * C::kBlockN;
       const bool masked = n0 + C::kBlockN > args.len_k || (args.causal && n0 + C::kBlockN - 1 > m0 + args.offset);
 #pragma unroll
@@ -278,8 +291,6 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
               if (col >= args.len_k || (args.causal && col > row + args.offset)) s[4 * j + 2 * hh + e] = -INFINITY;
             }
       }
-
-      // Online softmax: the new row max (over the row's 4 lanes), P = 2^(s - m), O and l rescaled.
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         float mx = row_max[hh];
@@ -288,7 +299,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float m_use = mx == -INFINITY ? 0.f : mx;  // nothing visible yet: 2^(-inf - 0) = 0
-        const float alpha = kernels::exp2_approx(row_max[hh] - m_use);
+        alpha[hh] = kernels::exp2_approx(row_max[hh] - m_use);
         row_max[hh] = mx;
         float sum = 0.f;
 #pragma unroll
@@ -299,39 +310,102 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
             s[4 * j + 2 * hh + e] = pv;
             sum += pv;
           }
-        row_sum[hh] = row_sum[hh] * alpha + sum;
-#pragma unroll
-        for (int j = 0; j < kHeadDim / 8; ++j) {
-          o[4 * j + 2 * hh] *= alpha;
-          o[4 * j + 2 * hh + 1] *= alpha;
-        }
+        row_sum[hh] = row_sum[hh] * alpha[hh] + sum;
       }
-
-      // P in 16-bit registers, as wgmma's register A (8 k-steps of 16 keys).
-      uint32_t pa[C::kBlockN / 16][4];
+    };
+    auto rescale_o = [&](const float (&alpha)[2]) {
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; ++j)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          o[4 * j + 2 * hh] *= alpha[hh];
+          o[4 * j + 2 * hh + 1] *= alpha[hh];
+        }
+    };
+    // P in 16-bit registers, as wgmma's register A (8 k-steps of 16 keys).
+    auto pack_p = [&](const float (&s)[C::kBlockN / 2], uint32_t (&pa)[C::kBlockN / 16][4]) {
 #pragma unroll
       for (int kk = 0; kk < C::kBlockN / 16; ++kk)
 #pragma unroll
         for (int r = 0; r < 4; ++r) pa[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+    };
+    auto pingpong_wait = [&] {
+      if constexpr (C::kPingPong) ptx::named_barrier_sync(C::kPingPongBarrier + c, 256);
+    };
+    auto pingpong_pass = [&] {
+      if constexpr (C::kPingPong) ptx::named_barrier_arrive(C::kPingPongBarrier + 1 - c, 256);
+    };
 
-      // O += P V.
-      ptx::mbarrier_wait(&v_full[ring.stage], ring.phase);
-      const unsigned char* vt = v_tile(ring.stage);
-      ptx::wgmma_hold(o);
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
-        const uint64_t db = ptx::make_smem_desc_mn_major_sw128(vt + kk * 16 * 128, C::kBoxBytes);
-        if constexpr (kHeadDim == 128)
-          ptx::wgmma_m64n128k16_rs<1>(o, pa[kk], db, 1, Tag{});
-        else
-          ptx::wgmma_m64n64k16_rs<1>(o, pa[kk], db, 1, Tag{});
+    kernels::RingCursor<C::kStages> ring;
+    if constexpr (C::kIntraOverlap) {
+      // Two tiles in flight per warpgroup: while the tensor cores run S_n = Q K_nᵀ and O += P_{n+1}
+      // V_{n+1}, this warpgroup's threads wait only for S_n and compute its softmax; O is rescaled
+      // once the PV group is done. The first tile's S comes alone; the last PV alone.
+      float s[C::kBlockN / 2];
+      uint32_t pa[C::kBlockN / 16][4];
+      float alpha[2];
+      if (n_end > 0) {
+        ptx::mbarrier_wait(&k_full[ring.stage], ring.phase);
+        pingpong_wait();
+        issue_qk(s, ring.stage);
+        pingpong_pass();
+        ptx::wgmma_wait<0>();
+        ptx::wgmma_hold(s);
+        if (lane == 0) ptx::mbarrier_arrive(&k_empty[ring.stage]);
+        softmax(s, n_end - 1, alpha);  // O is 0: no rescale
+        pack_p(s, pa);
       }
-      ptx::wgmma_commit();
-      ptx::wgmma_wait<0>();
-      ptx::wgmma_hold(o);
-      if (lane == 0) ptx::mbarrier_arrive(&v_empty[ring.stage]);
-      ring.advance();
+      for (int n = n_end - 2; n >= 0; --n) {
+        kernels::RingCursor<C::kStages> prev = ring;  // the tile whose P is in pa
+        ring.advance();
+        ptx::mbarrier_wait(&k_full[ring.stage], ring.phase);
+        ptx::mbarrier_wait(&v_full[prev.stage], prev.phase);
+        pingpong_wait();
+        issue_qk(s, ring.stage);
+        issue_pv(pa, prev.stage);
+        pingpong_pass();
+        ptx::wgmma_wait<1>();  // S_n is done (groups complete in order); PV may still run
+        ptx::wgmma_hold(s);
+        if (lane == 0) ptx::mbarrier_arrive(&k_empty[ring.stage]);
+        softmax(s, n, alpha);
+        ptx::wgmma_wait<0>();
+        ptx::wgmma_hold(o);
+        ptx::wgmma_hold(pa);  // read by the PV group until here
+        if (lane == 0) ptx::mbarrier_arrive(&v_empty[prev.stage]);
+        rescale_o(alpha);
+        pack_p(s, pa);
+      }
+      if (n_end > 0) {
+        ptx::mbarrier_wait(&v_full[ring.stage], ring.phase);
+        issue_pv(pa, ring.stage);
+        ptx::wgmma_wait<0>();
+        ptx::wgmma_hold(o);
+        ptx::wgmma_hold(pa);
+        if (lane == 0) ptx::mbarrier_arrive(&v_empty[ring.stage]);
+      }
+    } else {
+      for (int n = n_end - 1; n >= 0; --n) {
+        float s[C::kBlockN / 2];
+        uint32_t pa[C::kBlockN / 16][4];
+        float alpha[2];
+        ptx::mbarrier_wait(&k_full[ring.stage], ring.phase);
+        pingpong_wait();
+        issue_qk(s, ring.stage);
+        pingpong_pass();
+        ptx::wgmma_wait<0>();
+        ptx::wgmma_hold(s);
+        if (lane == 0) ptx::mbarrier_arrive(&k_empty[ring.stage]);
+        softmax(s, n, alpha);
+        rescale_o(alpha);
+        pack_p(s, pa);
+        ptx::mbarrier_wait(&v_full[ring.stage], ring.phase);
+        issue_pv(pa, ring.stage);
+        ptx::wgmma_wait<0>();
+        ptx::wgmma_hold(o);
+        ptx::wgmma_hold(pa);
+        if (lane == 0) ptx::mbarrier_arrive(&v_empty[ring.stage]);
+        ring.advance();
+      }
     }
 
     // Epilogue: l over the row's 4 lanes, O / l stored (rows < len_q), lse.
@@ -341,7 +415,8 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
       float l = row_sum[hh];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const bool empty = l == 0.f;  // no visible key (a NaN l is not empty: it propagates, as in flash2)
+      const float inv = empty ? 0.f : 1.f / l;
       const int row = row0 + 8 * hh;
       if (row < args.len_q) {
         T* out_row = out + static_cast<int64_t>(row) * args.out_row;
@@ -352,7 +427,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
         }
         if (args.lse && lane % 4 == 0)
           args.lse[b * args.lse_batch + h * args.lse_head + row] =
-              l > 0.f ? (row_max[hh] + kernels::log2_approx(l)) * 0.69314718055994531f : -INFINITY;
+              empty ? -INFINITY : (row_max[hh] + kernels::log2_approx(l)) * 0.69314718055994531f;
       }
     }
   }

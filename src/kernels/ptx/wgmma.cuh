@@ -66,6 +66,16 @@ __device__ __forceinline__ void wgmma_hold(float (&acc)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(acc[i])::"memory");
 }
 
+// The same for a register-A operand (16-bit P fragments) that an issued wgmma reads asynchronously:
+// held after the wait, its registers stay untouched (not reused for other values) until then.
+template <int N>
+__device__ __forceinline__ void wgmma_hold(uint32_t (&a)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[i][r])::"memory");
+}
+
 // The asm of one wgmma shape, one macro per N (its N/2 accumulator registers): SHAPE_TYPES is
 // the rest of the instruction's name ("k16.f32.bf16.bf16", "k32.f32.e4m3.e5m2"), TAIL the operands
 // after the scale immediates (", %R+3, %R+4" for the 16-bit transpose immediates, or nothing), and
