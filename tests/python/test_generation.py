@@ -326,8 +326,12 @@ def test_cuda_graph_decode_equals_eager(dtype, tol, tol_uncached, kw, monkeypatc
     again = greedy(model, prompts, new=12, cuda_graphs=True)
     assert captured_decode_steps(model).get(4) is state, "the captured step was not reused"
     assert all(torch.equal(x, y) for x, y in zip(graphed[0], again[0]))
-    uncached = greedy(model, prompts, new=12, use_cache=False)
-    assert_same_greedy(graphed, uncached, tol_uncached)
+    if dtype == torch.float32 or "moe" not in kw:
+        # bf16 MoE: recomputation rounds the router's inputs differently, and a near-tie between two experts'
+        # scores then routes a token to another expert (measured on the H100: 0.48 on one logit, one pair
+        # rerouted), a discrete change no logit tolerance bounds; the float32 MoE case checks the cache exactly.
+        uncached = greedy(model, prompts, new=12, use_cache=False)
+        assert_same_greedy(graphed, uncached, tol_uncached)
     one = greedy(model, prompts[:1], new=12, cuda_graphs=True)          # bucket 1: captured beside bucket 4
     assert sorted(captured_decode_steps(model)) == [1, 4]
     assert_same_greedy(one, ([graphed[0][0]], [graphed[1][0]]), tol)
