@@ -57,12 +57,13 @@ from .moe import (grouped_gemm_variants, grouped_mm, grouped_mm_swiglu, moe_comb
 from .moe.layer import MoEMetrics, moe_layer
 from . import nn  # the modules (LayerNorm, RMSNorm, Linear, MoE): after the families they run on
 from . import models  # whole models on the modules and ops above (Transformer, generate): after nn
+from . import distributed  # expert / tensor / data parallelism on torch.distributed: after models
 
 __version__ = "0.1.0"
 __all__ = ["library_path", "matmul", "variants", "variant_supports", "built_with_cuda", "__version__",
            "softmax", "log_softmax", "layer_norm", "add_layer_norm", "rms_norm", "add_rms_norm", "gelu",
            "bias_gelu", "silu_and_mul", "fused_variants", "fused_registers_max_width", "resolve_fused_variant",
-           "nn", "models"]
+           "nn", "models", "distributed"]
 __all__ += ["data"]
 __all__ += ["scaled_mm", "scaled_gemm_variants"]
 __all__ += ["flash_attention", "flash_attention_varlen", "scaled_dot_product_attention", "attention_variants",

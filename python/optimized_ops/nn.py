@@ -222,6 +222,12 @@ class MoE(torch.nn.Module):
     variant : str, keyword-only
         The grouped GEMM's rung (``"auto"`` or one of ``optimized_ops.variants("grouped_gemm")``); not
         part of the state_dict.
+    process_group : torch.distributed.ProcessGroup, optional, keyword-only
+        ``None`` (the default): every expert here. A process group of W ranks (E a multiple of W): expert
+        parallelism (:mod:`optimized_ops.distributed.expert_parallel`): this rank holds experts
+        ``[r E/W, (r+1) E/W)`` (``w13`` / ``w2`` of ``E / W`` experts), the router is replicated, tokens travel to
+        their experts' ranks and back by all-to-all; every rank must run each forward. ``last_metrics`` are the
+        whole group's. The attribute ``overlap`` (default True) overlaps the dispatch with the local experts.
 
     Attributes
     ----------
@@ -254,7 +260,7 @@ class MoE(torch.nn.Module):
     def __init__(self, d_model: int, d_ff: int, num_experts: int, top_k: int, *, activation: str = "swiglu",
                  capacity_factor: Optional[float] = None, aux_loss_coef: float = 0.01, z_loss_coef: float = 0.001,
                  scoring: str = "softmax", normalize: Optional[bool] = None, device=None, dtype=None,
-                 variant: str = "auto") -> None:
+                 variant: str = "auto", process_group=None) -> None:
         super().__init__()
         for name, v in (("d_model", d_model), ("d_ff", d_ff)):
             if not (isinstance(v, int) and v >= 1):
@@ -277,8 +283,14 @@ class MoE(torch.nn.Module):
         self.aux_loss_coef, self.z_loss_coef = float(aux_loss_coef), float(z_loss_coef)
         self.variant = _check_variant(variant, ("auto", *grouped_gemm_variants()))
         self.router = torch.nn.Linear(d_model, num_experts, bias=False, **factory)
-        self.w13 = torch.nn.Parameter(torch.empty(num_experts, d_model, 2 * d_ff, **factory))
-        self.w2 = torch.nn.Parameter(torch.empty(num_experts, d_ff, d_model, **factory))
+        local_experts = num_experts
+        self.process_group = process_group
+        if process_group is not None:  # expert parallelism: this rank's experts only
+            from .distributed.expert_parallel import expert_range
+            self.expert_offset, local_experts = expert_range(num_experts, process_group)
+            self.overlap = True
+        self.w13 = torch.nn.Parameter(torch.empty(local_experts, d_model, 2 * d_ff, **factory))
+        self.w2 = torch.nn.Parameter(torch.empty(local_experts, d_ff, d_model, **factory))
         self.last_metrics: Optional[MoEMetrics] = None
         self.reset_parameters()
 
@@ -293,6 +305,14 @@ class MoE(torch.nn.Module):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         """``input`` ``(*, d_model)`` -> a new tensor of its shape; sets :attr:`last_metrics`."""
+        if self.process_group is not None:
+            from .distributed.expert_parallel import moe_layer_ep
+            out, self.last_metrics = moe_layer_ep(
+                input, self.router.weight, self.w13, self.w2, self.top_k, group=self.process_group,
+                capacity_factor=self.capacity_factor, scoring=self.scoring, normalize=self.normalize,
+                aux_loss_coef=self.aux_loss_coef, z_loss_coef=self.z_loss_coef, variant=self.variant,
+                overlap=self.overlap)
+            return out
         out, self.last_metrics = moe_layer(
             input, self.router.weight, self.w13, self.w2, self.top_k, capacity_factor=self.capacity_factor,
             scoring=self.scoring, normalize=self.normalize, aux_loss_coef=self.aux_loss_coef,
@@ -310,4 +330,6 @@ class MoE(torch.nn.Module):
             extra.append(f"normalize={self.normalize}")
         if self.variant != "auto":
             extra.append(f"variant={self.variant!r}")
+        if self.process_group is not None:
+            extra.append(f"expert_parallel=experts [{self.expert_offset}, {self.expert_offset + self.w13.shape[0]})")
         return ", ".join(extra)

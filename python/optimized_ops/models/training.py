@@ -598,6 +598,21 @@ def _config_record(config: TrainConfig, seq_len: int) -> dict:
     return out
 
 
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside ``DistributedDataParallel`` (checkpoints hold its parameter names, without DDP's
+    ``module.`` prefix, so they load into the bare model too)."""
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def _without_ddp_prefix(state: dict, model: torch.nn.Module) -> dict:
+    """A model state_dict with DDP's ``module.`` prefix removed (checkpoints written by DDP runs before the
+    prefix was dropped), unless ``model``'s own names carry it."""
+    own = model.state_dict().keys()
+    if state and all(k.startswith("module.") for k in state) and not all(k.startswith("module.") for k in own):
+        return {k[len("module."):]: v for k, v in state.items()}
+    return state
+
+
 def _save_checkpoint(file: str, state: dict) -> None:
     tmp = file + ".tmp"
     torch.save(state, tmp)
@@ -848,7 +863,7 @@ def train_from_nvme(model: torch.nn.Module, path: str, config: TrainConfig | dic
             t = time.perf_counter()
             flush()
             state = {"format": _CHECKPOINT_FORMAT, "step": step, "total_steps": total_steps,
-                     "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "model": _unwrapped(model).state_dict(), "optimizer": optimizer.state_dict(),
                      "loader": loader.state_dict(), "rng": _rng_state(device),
                      "config": _config_record(config, seq_len),
                      "losses": list(losses), "lrs": list(lrs), "grad_norms": list(norms),
@@ -951,7 +966,7 @@ def _load_checkpoint(file: str, path: str, loader: data.StreamingLoader, model: 
     loader_state = dict(state["loader"])
     loader_state["rank"] = config.rank  # rank 0 wrote it; every rank's position is the same (drop_last)
     try:
-        model.load_state_dict(state["model"])
+        _unwrapped(model).load_state_dict(_without_ddp_prefix(state["model"], _unwrapped(model)))
         optimizer.load_state_dict(state["optimizer"])
         loader.load_state_dict(loader_state)
     except (RuntimeError, ValueError, KeyError) as e:
