@@ -12,6 +12,7 @@
 
 #include "baselines/cublas_gemm.h"
 #include "baselines/openblas_gemm.h"
+#include "gemm/cutlass_peers.h"
 #include "harness/data.h"
 #include "harness/family.h"
 #include "harness/gpu_timer.h"
@@ -154,11 +155,12 @@ class GemmGroup : public BenchGroup {
     if (!cuda) label += " cpu " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");
   }
 
-  // A planned row of variant v ("ok", or skipped with `skip`).
-  void add_row(GemmVariant v, const std::string& skip) {
+  // A planned row of variant v, or of the peer named `peer` (a CUTLASS GEMM) ("ok", or skipped with
+  // `skip`).
+  void add_row(GemmVariant v, const std::string& skip, const std::string& peer = "") {
     Result r;
     r.op = "matmul";
-    r.variant = variant_name(v);
+    r.variant = peer.empty() ? variant_name(v) : peer;
     r.backend = cuda ? "cuda" : "cpu";
     r.dtype = std::string(optimized::dtype_name(dtype_));
     r.shape = {{"m", s_.m}, {"n", s_.n}, {"k", s_.k}, {"batch", s_.batch}};
@@ -173,6 +175,17 @@ class GemmGroup : public BenchGroup {
     if (!skip.empty()) r.status = "skipped", r.reason = skip;
     rows.push_back(r);
     variants_.push_back(v);
+    peers_.push_back(peer);
+  }
+
+  // The problem as the CUTLASS peers take it.
+  CutlassProblem cutlass_problem() const {
+    CutlassProblem p;
+    p.m = s_.m, p.n = s_.n, p.k = s_.k, p.batch = s_.batch;
+    p.trans_a = s_.trans_a, p.trans_b = s_.trans_b;
+    p.in = p.out = dtype_;
+    p.alpha = alpha_, p.beta = beta_;
+    return p;
   }
 
   int64_t set_bytes() const override {
@@ -186,6 +199,7 @@ class GemmGroup : public BenchGroup {
   void release() override { ops_.reset(); }
 
   Candidate row_candidate(size_t i, const RunEnv& env) override {
+    if (!peers_[i].empty()) return peer_candidate(peers_[i], env);
     const GemmVariant v = variants_[i];
     const optimized::ExecutionContext ctx = env.context();
     Candidate c = checked([this, v, ctx](int it) {
@@ -246,6 +260,28 @@ class GemmGroup : public BenchGroup {
   }
 
  private:
+  // A CUTLASS peer, initialized here for every rotating set (outside the timing), then validated and
+  // timed like the rows.
+  Candidate peer_candidate(const std::string& name, const RunEnv& env) {
+    std::vector<CutlassOperands> sets;
+    for (const auto& set : ops_->sets) sets.push_back({set.a.data(), set.b.data(), set.c.data()});
+    std::shared_ptr<CutlassGemm> gemm = make_cutlass_gemm(name, cutlass_problem(), sets, env.stream);
+    void* stream = env.stream;
+    Candidate c = checked([gemm, stream](int it) { gemm->run(it, stream); });
+    c.annotate = [gemm](Result& r) {
+      const CutlassKernelReport k = gemm->report();
+      KernelInfo info;
+      info.name = k.name;
+      info.registers = k.registers;
+      info.static_smem = k.static_smem;
+      info.dynamic_smem = k.dynamic_smem;
+      info.threads = k.threads;
+      info.local_bytes = k.local_bytes;
+      r.kernel = info;
+    };
+    return c;
+  }
+
   // A candidate that runs `run`, with set 0's C reset before and checked against float64 after.
   Candidate checked(std::function<void(int)> run) {
     Candidate c;
@@ -265,6 +301,7 @@ class GemmGroup : public BenchGroup {
   DType dtype_;
   float alpha_, beta_;
   std::vector<GemmVariant> variants_;  // per row
+  std::vector<std::string> peers_;     // per row: the peer's name, or "" for variants_[row]
   std::unique_ptr<Operands> ops_;
 };
 
@@ -307,6 +344,16 @@ Groups gemm_groups(const GemmBenchConfig& cfg, bool gpu) {
           skip = "TMA needs rows of A and B 16-byte aligned (stored widths multiples of " + std::to_string(per16) +
                  " here); auto copies them into aligned rows or runs mma_pipeline";
         g->add_row(v, skip);
+      }
+      // The peers built for this dtype (CUTLASS: bf16), after our rows.
+      for (const std::string& peer : cfg.peers) {
+        const std::vector<std::string> built = cutlass_peer_names(dtype);
+        if (std::find(built.begin(), built.end(), peer) == built.end()) continue;
+        // What the kernel cannot take first (known without a GPU), then the device.
+        std::string skip = cutlass_peer_rejects(peer, g->cutlass_problem());
+        if (skip.empty() && !gpu) skip = "no CUDA GPU found (" + optimized::cuda_unavailable_reason() + ")";
+        if (skip.empty()) skip = cutlass_device_rejects();
+        g->add_row(GemmVariant::kAuto, skip, peer);
       }
       if (cfg.baselines && gpu) g->baseline = BaselinePlan{cublas_mode_name(cublas_mode_for(dtype)), -1, true};
       if (!g->rows.empty()) groups.push_back(std::move(g));
@@ -374,6 +421,12 @@ class GemmFamily : public Family {
                     "gemv, auto), separated by commas")
         ->delimiter(',')
         ->capture_default_str();
+    sub->add_option("--peers", peers_,
+                    "Other libraries' GEMMs timed as rows beside ours and validated the same way: cutlass (every "
+                    "CUTLASS peer: cutlass_ws_128x128, cutlass_ws_128x256, cutlass_pingpong_64x128, "
+                    "cutlass_pingpong_128x128, cutlass_sm80; bf16, layouts NN and NT), names, or none "
+                    "[default: none; `all` runs the CUTLASS ones on its bf16 rows when built]")
+        ->delimiter(',');
     sub->add_option("--layout", layouts_,
                     "NN, NT, TN, TT: A then B row-major (N) or stored column-major (T); every shape runs in each "
                     "[default: NN]")
@@ -421,6 +474,7 @@ class GemmFamily : public Family {
     }
     cfg.dtypes = parse_float_dtypes(dtypes_, "--dtype: matmul takes");
     cfg.variants = parse_gemm_variants(variants_);
+    cfg.peers = parse_cutlass_peers(peers_);
     cfg.threads = resolve_threads(threads_);
     cfg.alpha = alpha_;
     cfg.beta = beta_;
@@ -428,8 +482,12 @@ class GemmFamily : public Family {
     if (cpu_max_size_ > 0) cfg.cpu_naive_max = cfg.cpu_blocked_max = cpu_max_size_;
 
     SubcommandPlan plan;
-    bool has_gpu_rows = false, has_cpu_rows = false;
+    bool has_gpu_rows = !cfg.peers.empty(), has_cpu_rows = false;
     for (GemmVariant v : cfg.variants) (row_on_cuda(v, env.gpu) ? has_gpu_rows : has_cpu_rows) = true;
+    if (!cfg.peers.empty())
+      plan.notes.push_back("CUTLASS " + cutlass_version() +
+                           " peers: validated like our rows, then timed; each initialized once per rotating set "
+                           "outside the timing (a timed call is a launch)");
     if (has_gpu_rows && !env.gpu)
       plan.notes.push_back("no CUDA GPU found (" + optimized::cuda_unavailable_reason() + "): the CUDA rows are skipped");
     const bool any_fp32 = std::find(cfg.dtypes.begin(), cfg.dtypes.end(), DType::kF32) != cfg.dtypes.end();
@@ -462,6 +520,7 @@ class GemmFamily : public Family {
     cpu_cfg.dtypes = {DType::kF32};
     for (GemmVariant v : optimized::all_gemm_variants())
       (optimized::gemm_variant_is_cuda(v) ? gpu_cfg : cpu_cfg).variants.push_back(v);
+    gpu_cfg.peers = cutlass_peer_names(DType::kBF16);  // the CUTLASS peers on the bf16 rows, when built
     cpu_cfg.threads = resolve_threads({});
     if (all_cpu_max_size_ > 0) cpu_cfg.cpu_naive_max = cpu_cfg.cpu_blocked_max = all_cpu_max_size_;
     if (all.run_gpu()) runs.push_back({gemm_groups(gpu_cfg, true), measure, {}});
@@ -470,7 +529,7 @@ class GemmFamily : public Family {
   }
 
  private:
-  std::vector<std::string> sizes_, dtypes_{"fp32"}, variants_{"all"}, layouts_;
+  std::vector<std::string> sizes_, dtypes_{"fp32"}, variants_{"all"}, layouts_, peers_;
   int64_t m_ = 0, n_ = 0, k_ = 0, batch_ = 1;
   std::vector<int> threads_;
   float alpha_ = 1.0f, beta_ = 0.0f;

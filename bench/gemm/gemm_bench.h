@@ -47,6 +47,9 @@ struct GemmBenchConfig {
   std::vector<GemmShape> shapes;
   std::vector<optimized::DType> dtypes;
   std::vector<optimized::GemmVariant> variants;  // kAuto allowed (runs on the GPU when there is one)
+  // Peers timed as rows of the GPU groups after ours (parse_cutlass_peers: "cutlass_ws_128x128", ...),
+  // in the groups whose dtype they are built for; each validated like a row before it is timed.
+  std::vector<std::string> peers;
   std::vector<int> threads;                      // CPU thread counts (each CPU variant runs at each)
   float alpha = 1.0f;
   float beta = 0.0f;

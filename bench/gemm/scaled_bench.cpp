@@ -18,6 +18,7 @@
 #include <stdexcept>
 
 #include "baselines/cublaslt_fp8.h"
+#include "gemm/cutlass_peers.h"
 #include "harness/data.h"
 #include "gemm/gemm_bench.h"
 #include "harness/family.h"
@@ -67,6 +68,7 @@ struct ScaledConfig {
   std::vector<bool> b_row_major;  // layouts: false TN, true NN
   DType out = DType::kBF16;
   std::vector<ScaledGemmVariant> variants;
+  std::vector<std::string> peers;  // CUTLASS peers (parse_cutlass_peers), rows of the CUDA groups after ours
   bool baselines = true;
 };
 
@@ -95,10 +97,11 @@ class ScaledGroup : public BenchGroup {
 
   std::string layout() const { return b_row_major_ ? "NN" : "TN"; }
 
-  void add_row(ScaledGemmVariant v, const std::string& skip) {
+  // A row of variant v, or of the peer named `peer` (a CUTLASS GEMM).
+  void add_row(ScaledGemmVariant v, const std::string& skip, const std::string& peer = "") {
     Result r;
     r.op = "scaled_mm";
-    r.variant = std::string(optimized::scaled_gemm_variant_name(v));
+    r.variant = peer.empty() ? std::string(optimized::scaled_gemm_variant_name(v)) : peer;
     r.backend = cuda ? "cuda" : "cpu";
     // "e4m3xe5m2>bf16": the formats of A and B, then the output's dtype.
     const auto fmt = [](DType d) { return std::string(optimized::dtype_name(d)).substr(4); };
@@ -111,6 +114,27 @@ class ScaledGroup : public BenchGroup {
     if (!skip.empty()) r.status = "skipped", r.reason = skip;
     rows.push_back(r);
     variants_.push_back(v);
+    peers_.push_back(peer);
+  }
+
+  // The problem as the CUTLASS peers take it: per-tensor scales as alpha, read on the device.
+  CutlassProblem cutlass_problem() const {
+    CutlassProblem p;
+    p.m = s_.m, p.n = s_.n, p.k = s_.k;
+    p.trans_b = !b_row_major_;
+    p.in = fa_;
+    p.out = out_;
+    p.alpha_device = static_cast<const float*>(alpha_.data());
+    return p;
+  }
+
+  // Why the CUTLASS peer `peer` cannot run this group ("" when it can).
+  std::string cutlass_rejects(const std::string& peer) const {
+    if (scales_.a != ScaleLayout::kTensor || scales_.b != ScaleLayout::kTensor)
+      return "the CUTLASS peers take per-tensor scales only (alpha = scale_a * scale_b); " + scales_.name +
+             " scales would need CUTLASS's row/column-broadcast (EVT) or blockwise-scaled kernels, not built";
+    if (fa_ != DType::kF8E4M3 || fb_ != DType::kF8E4M3) return "the CUTLASS peers are built for e4m3 x e4m3 only";
+    return cutlass_peer_rejects(peer, cutlass_problem());
   }
 
   int64_t set_bytes() const override {
@@ -137,12 +161,16 @@ class ScaledGroup : public BenchGroup {
     host_sb_ = random_scales(optimized::scale_count(scales_.b, s_.k, s_.n, false), 102);
     sa_ = upload(host_sa_);
     sb_ = upload(host_sb_);
+    // The CUTLASS peers' alpha: the product of the per-tensor scales (fp32, as cuBLASLt forms it).
+    if (scales_.a == ScaleLayout::kTensor && scales_.b == ScaleLayout::kTensor)
+      alpha_ = upload({host_sa_[0] * host_sb_[0]});
     host_out_.resize(static_cast<size_t>(s_.m * s_.n) * optimized::dtype_size(out_));
   }
   void release() override {
     sets_.clear();
     sa_ = Buffer();
     sb_ = Buffer();
+    alpha_ = Buffer();
     lt_b_.clear();
     lt_sa_ = Buffer();
     lt_sb_ = Buffer();
@@ -160,6 +188,7 @@ class ScaledGroup : public BenchGroup {
   }
 
   Candidate row_candidate(size_t i, const RunEnv& env) override {
+    if (!peers_[i].empty()) return peer_candidate(peers_[i], env);
     const ScaledGemmVariant v = variants_[i];
     const optimized::ExecutionContext ctx = env.context();
     Candidate cand = checked([this, v, ctx](int it) {
@@ -239,6 +268,27 @@ class ScaledGroup : public BenchGroup {
   struct Set {
     Buffer a, b, c;
   };
+
+  // A CUTLASS peer initialized for every rotating set (outside the timing), validated like the rows.
+  Candidate peer_candidate(const std::string& name, const RunEnv& env) {
+    std::vector<CutlassOperands> sets;
+    for (const Set& st : sets_) sets.push_back({st.a.data(), st.b.data(), st.c.data()});
+    std::shared_ptr<CutlassGemm> gemm = make_cutlass_gemm(name, cutlass_problem(), sets, env.stream);
+    void* stream = env.stream;
+    Candidate c = checked([gemm, stream](int it) { gemm->run(it, stream); });
+    c.annotate = [gemm](Result& r) {
+      const CutlassKernelReport k = gemm->report();
+      KernelInfo info;
+      info.name = k.name;
+      info.registers = k.registers;
+      info.static_smem = k.static_smem;
+      info.dynamic_smem = k.dynamic_smem;
+      info.threads = k.threads;
+      info.local_bytes = k.local_bytes;
+      r.kernel = info;
+    };
+    return c;
+  }
   const Set& set(int i) const { return sets_[static_cast<size_t>(i) % sets_.size()]; }
 
   // A candidate validated on set 0 (output poisoned first). unit_scales: the baseline of a block
@@ -268,8 +318,9 @@ class ScaledGroup : public BenchGroup {
   bool b_row_major_;
   DType out_;
   std::vector<ScaledGemmVariant> variants_;
+  std::vector<std::string> peers_;  // per row: the peer's name, or "" for variants_[row]
   std::vector<Set> sets_;
-  Buffer sa_, sb_, lt_sa_, lt_sb_;
+  Buffer sa_, sb_, alpha_, lt_sa_, lt_sb_;
   std::vector<Buffer> lt_b_;  // NN groups: K-major copies of each set's B for cuBLASLt
   std::vector<uint8_t> host_a_, host_b_, host_out_;
   std::vector<float> host_sa_, host_sb_;
@@ -289,6 +340,16 @@ Groups scaled_groups(const ScaledConfig& cfg, bool gpu) {
               std::string skip;
               if (on_cuda && !gpu) skip = "no CUDA GPU found (" + optimized::cuda_unavailable_reason() + ")";
               g->add_row(v, skip);
+            }
+            if (on_cuda) {
+              const std::vector<std::string> built = cutlass_peer_names(DType::kF8E4M3);
+              for (const std::string& peer : cfg.peers) {
+                if (std::find(built.begin(), built.end(), peer) == built.end()) continue;  // a bf16-only peer
+                std::string skip = g->cutlass_rejects(peer);  // what the kernel cannot take, then the device
+                if (skip.empty() && !gpu) skip = "no CUDA GPU found (" + optimized::cuda_unavailable_reason() + ")";
+                if (skip.empty()) skip = cutlass_device_rejects();
+                g->add_row(ScaledGemmVariant::kAuto, skip, peer);
+              }
             }
             if (on_cuda && gpu && cfg.baselines) {
               const bool block = sm.a == ScaleLayout::kBlock1x128;
@@ -318,6 +379,11 @@ class ScaledFamily : public Family {
     sub->add_option("--variant", variants_, "auto, cpu, naive, wgmma_fp8, or all; separated by commas")
         ->delimiter(',')
         ->capture_default_str();
+    sub->add_option("--peers", peers_,
+                    "CUTLASS fp8 GEMMs timed as rows beside ours, validated the same way: cutlass (all: "
+                    "cutlass_ws_128x128, cutlass_ws_128x192, cutlass_pingpong_64x128, cutlass_pingpong_64x192, "
+                    "cutlass_sm89; e4m3 x e4m3, per-tensor scales, layout TN, bf16 out), names, or none")
+        ->delimiter(',');
     sub->add_flag("--no-baseline", no_baseline_, "Do not measure cuBLASLt next to each group");
     return sub;
   }
@@ -355,6 +421,7 @@ class ScaledFamily : public Family {
       }
     }
     cfg.baselines = !no_baseline_;
+    cfg.peers = parse_cutlass_peers(peers_);
     SubcommandPlan plan;
     if (!env.gpu) plan.notes.push_back("no CUDA GPU found: the CUDA rows are skipped");
     plan.ceilings.device_copy = env.gpu;
@@ -369,7 +436,7 @@ class ScaledFamily : public Family {
 
  private:
   std::vector<std::string> sizes_, formats_{"e4m3"}, scales_{"tensor"}, layouts_{"TN"},
-      variants_{"wgmma_fp8", "auto"};
+      variants_{"wgmma_fp8", "auto"}, peers_;
   std::string out_ = "bf16";
   bool no_baseline_ = false;
 };

@@ -1,0 +1,69 @@
+// What the CUTLASS peers' runners share: status checks, the workspace, the kernel report.
+// Included by the kernel translation units only (they need the CUTLASS headers).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cutlass/cutlass.h"
+#include "gemm/cutlass/kernels.h"
+
+namespace bench::cutlass_kernels {
+
+inline void check_cutlass(cutlass::Status status, const std::string& what) {
+  if (status != cutlass::Status::kSuccess)
+    throw std::runtime_error(what + ": " + cutlassGetStatusString(status));
+}
+
+inline void check_cudart(cudaError_t err, const std::string& what) {
+  if (err != cudaSuccess) throw std::runtime_error(what + ": " + cudaGetErrorString(err));
+}
+
+// A device workspace of the largest size any set asked for (the sets run one after another on one
+// stream, so they can share it), freed with the runner.
+class Workspace {
+ public:
+  Workspace() = default;
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  ~Workspace() {
+    if (ptr_) cudaFree(ptr_);
+  }
+  void* reserve(size_t bytes) {
+    if (bytes > bytes_) {
+      if (ptr_) check_cudart(cudaFree(ptr_), "cudaFree (CUTLASS workspace)");
+      ptr_ = nullptr;
+      check_cudart(cudaMalloc(&ptr_, bytes), "cudaMalloc (CUTLASS workspace of " + std::to_string(bytes) + " bytes)");
+      bytes_ = bytes;
+    }
+    return ptr_;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// The report of `kernel` (a __global__ function): registers, static smem, local memory per thread.
+template <class KernelFn>
+CutlassKernelReport kernel_report(KernelFn kernel, std::string name, int threads, int dynamic_smem) {
+  CutlassKernelReport r;
+  r.name = std::move(name);
+  r.threads = threads;
+  r.dynamic_smem = dynamic_smem;
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, kernel) == cudaSuccess) {
+    r.registers = attr.numRegs;
+    r.static_smem = static_cast<int>(attr.sharedSizeBytes);
+    r.local_bytes = static_cast<int>(attr.localSizeBytes);
+  } else {
+    (void)cudaGetLastError();
+  }
+  return r;
+}
+
+}  // namespace bench::cutlass_kernels
