@@ -24,6 +24,7 @@ checked byte-exact first (record i starts with the 8-byte index i).
 
     PYTHONPATH=build-py/site python3 bench/loader_bench.py            # writes bench/results/<gpu>/loader.{json,md}
     python3 bench/loader_bench.py --out DIR --gib 8 --budget-s 200   # flat DIR/loader.json, loader.md
+    python3 bench/loader_bench.py --out DIR --gib 4 --cap-s 6 --only disk   # the disk rows only (about 2 min)
 
 Targets (issue 5, on the H100): >= 0.9x the disk's O_DIRECT read with compute running; from page
 cache >= 0.8x pinned H2D; faster than DataLoader(pin_memory=True); issue 19: >= 1.0x kvikio.
@@ -803,6 +804,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-kvikio", action="store_true", help="skip the kvikio rows (reported as skipped)")
     p.add_argument("--keep-data", action="store_true")
     p.add_argument("--smoke", action="store_true", help="run everything on the CPU device, tiny (tests the script)")
+    p.add_argument("--only", choices=("all", "disk"), default="all",
+                   help="disk: the ceilings and the rows from disk only (DataLoader, kvikio, ours), no page-cache rows")
     argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
     global DEV
@@ -948,7 +951,8 @@ def main(argv=None) -> int:
         def disk_sweep(when):
             """The disk's own O_DIRECT sequential read (the loader's engine and nothing else) at a few
             depths and request sizes; the best of the run is the ceiling."""
-            for depth, chunk in ((1, 4 << 20), (8, 4 << 20), (32, 1 << 20)):
+            # (32 x 4 MiB: what the loader picks by default on the H100 host's virtio disk since issue 19)
+            for depth, chunk in ((1, 4 << 20), (8, 4 << 20), (32, 1 << 20), (32, 4 << 20)):
                 label = f"disk_odirect_io_uring_{depth}x{chunk >> 20}MiB_{when}"
                 log(f"disk O_DIRECT sequential read, {depth} x {chunk >> 20} MiB in flight ({when})")
                 m = safe(read_ceiling, path, "io_uring", depth, chunk, min(cap, 2 * GiB), True)
@@ -1015,6 +1019,27 @@ def main(argv=None) -> int:
             gds = cold(run_loader, path, "loader GDS + compute", args.batch, cap, cap_s, compute=compute, gds="on")
             results.append(row("loader pipelined, GPUDirect Storage", "disk", gds, shape, dl_base, dc))
 
+        # Issue 19, item 3, A/B in the same run: the read settings before it (32 x 1 MiB) and the staging
+        # not registered with io_uring (plain reads), against the defaults above.
+        log("loader, O_DIRECT sequential, 32 x 1 MiB (the defaults before issue 19), compute running")
+        old = cold(run_loader, path, "loader seq 32x1MiB + compute", args.batch, cap, cap_s, compute=compute,
+                   shuffle=False, queue_depth=32, chunk_bytes=1 << 20)
+        results.append(row("loader pipelined, sequential, 32 x 1 MiB reads (before issue 19)", "disk", old, shape,
+                           dl_base, dc))
+        log("loader, O_DIRECT shuffled, 32 x 1 MiB, compute running")
+        old = cold(run_loader, path, "loader shuffled 32x1MiB + compute", args.batch, cap, cap_s, compute=compute,
+                   shuffle=True, queue_depth=32, chunk_bytes=1 << 20)
+        results.append(row("loader pipelined, shuffled, 32 x 1 MiB reads (before issue 19)", "disk", old, shape,
+                           dl_base, dc))
+        log("loader, O_DIRECT sequential, fixed buffers off, compute running")
+        os.environ["OPTIMIZED_LOADER_FIXED_BUFFERS"] = "off"
+        try:
+            nofix = cold(run_loader, path, "loader seq no fixed buffers + compute", args.batch, cap, cap_s,
+                         compute=compute, shuffle=False)
+        finally:
+            del os.environ["OPTIMIZED_LOADER_FIXED_BUFFERS"]
+        results.append(row("loader pipelined, sequential, io_uring fixed buffers off", "disk", nofix, shape, dl_base,
+                           dc))
         log("loader, O_DIRECT sequential, compute running (repeat, at the end of the disk runs)")
         rep = cold(run_loader, path, "loader seq + compute (repeat)", args.batch, cap, cap_s, compute=compute,
                    shuffle=False)
@@ -1027,6 +1052,8 @@ def main(argv=None) -> int:
                 r["roofline_fraction"] = r["gbps"] / disk_ceiling
                 r["roofline_bandwidth"] = {"name": dc[0], "value": disk_ceiling, "unit": "GB/s"}
         save(partial=True)
+        if args.only == "disk":
+            raise _SkipCache
 
         # ---- from the page cache
         log("page cache: loading the files")
@@ -1063,12 +1090,17 @@ def main(argv=None) -> int:
             m = safe(run_cached_epochs, path, label, args.batch, cache_cap, min(cap_s, 5.0), compute, kw)
             results.append(row(label, "page cache", m, shape, dl_wbase, hc, kw.get("threads")))
             save(partial=True)
-
+    except _SkipCache:
+        pass
     finally:
         save()
         if not args.keep_data:
             shutil.rmtree(path, ignore_errors=True)
     return 0
+
+
+class _SkipCache(Exception):
+    """--only disk: the page-cache rows are not run."""
 
 
 def run_cached_epochs(path, label, batch, cap_bytes, cap_s, compute, kw) -> dict:

@@ -168,8 +168,13 @@ struct LoaderOptions {
   int prefetch = 4;                // batches in flight ahead of the consumer (>= 1)
   int threads = 0;                 // worker threads (pread, checksums, packing); 0: 3/4 of the hardware
                                    // threads, 2 to 32 (notes() says how many)
-  int queue_depth = 32;            // io_uring reads in flight
-  uint64_t chunk_bytes = 1 << 20;  // largest single read (a multiple of 4 KiB)
+  // io_uring reads in flight and the largest single read (a multiple of 4 KiB). 0 (the default):
+  // automatic, from the block device under the dataset (its largest request and queue size) with O_DIRECT:
+  // reads of 4 MiB (1 MiB on a device whose requests are under 256 KiB), 128 MiB in flight, 32 to 128
+  // reads; through the page cache 32 x 1 MiB (the defaults before). notes() says what was picked, and
+  // whether the staging is registered with io_uring (fixed buffers).
+  int queue_depth = 0;
+  uint64_t chunk_bytes = 0;
   IoBackend io = IoBackend::kAuto;
   DirectIo direct_io = DirectIo::kAuto;
   GdsMode gds = GdsMode::kAuto;

@@ -276,6 +276,13 @@ class StreamingLoader(torch.utils.data.IterableDataset):
         ``"auto"`` (O_DIRECT where the filesystem takes it), ``"on"`` or ``"off"`` (page cache).
     gds : str
         GPUDirect Storage: ``"auto"`` (where the nvidia-fs driver is loaded), ``"on"`` or ``"off"``.
+    queue_depth, chunk_bytes : int
+        io_uring reads in flight and the largest single read (a multiple of 4096). 0 (the default):
+        automatic, from the block device under the dataset: with O_DIRECT, 4 MiB reads (1 MiB where the
+        device's requests are under 256 KiB) and 128 MiB in flight (32 to 128 reads); through the page
+        cache, 32 x 1 MiB. :attr:`notes` says what was picked and whether the staging buffers are
+        registered with io_uring (fixed buffers; ``OPTIMIZED_LOADER_FIXED_BUFFERS=off`` in the
+        environment turns that off).
     verify : bool
         Check each record's CRC32C as it arrives.
     variant : str
@@ -299,7 +306,7 @@ class StreamingLoader(torch.utils.data.IterableDataset):
                  rank: int = 0, world_size: int = 1, drop_last: bool = False, epochs: int | None = None,
                  prefetch: int = 4, threads: int = 0, io: str = "auto", direct_io: str = "auto",
                  gds: str = "auto", verify: bool = True, variant: str = "pipelined",
-                 chunk_bytes: int = 1 << 20, queue_depth: int = 32, return_indices: bool = False,
+                 chunk_bytes: int = 0, queue_depth: int = 0, return_indices: bool = False,
                  staging_bytes: int = 1 << 30):
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:

@@ -28,4 +28,32 @@ PageCacheResidency page_cache_residency(const std::vector<std::string>& files);
 // Physical memory in bytes (sysconf), 0 when unknown.
 uint64_t physical_memory_bytes();
 
+// The block device under a file, from /sys/dev/block/<major>:<minor>/queue (a partition's queue is its
+// disk's). Fields are 0 where unknown (a filesystem without one block device: tmpfs, overlay, NFS).
+struct BlockQueue {
+  std::string device;                 // "vda", "nvme0n1"; empty when unknown
+  uint64_t logical_block_bytes = 0;   // queue/logical_block_size: O_DIRECT's alignment unit
+  uint64_t max_request_bytes = 0;     // queue/max_sectors_kb: larger reads are split into requests of this
+  uint64_t nr_requests = 0;           // queue/nr_requests: requests the block layer queues per queue
+  int rotational = -1;                // queue/rotational
+};
+BlockQueue block_queue_of(const std::string& file);
+
+// The O_DIRECT defaults (LoaderOptions::queue_depth = 0, chunk_bytes = 0) for the device under the
+// dataset, with `why` saying what they came from.
+//   read size: 4 MiB, or 1 MiB for a device whose largest request is under 256 KiB (an NVMe drive with
+//     a small MDTS, where a 4 MiB read is sixteen requests anyway and 1 MiB reads spread better over its
+//     queues). The H100 host's virtio disk read 1.93 GB/s with one 4 MiB read in flight and 0.80-1.81
+//     with 32 x 1 MiB (bench/results/h100/loader.md): fewer, larger requests were never slower.
+//   queue depth: 128 MiB in flight (32 reads of 4 MiB, 128 of 1 MiB), at least 32 (shuffled batches are
+//     record-sized reads, which need the depth more than the bytes), at most 128 and the device's
+//     nr_requests.
+// Buffered reads (no O_DIRECT) keep the old defaults, 32 x 1 MiB.
+struct ReadDefaults {
+  int queue_depth = 32;
+  uint64_t chunk_bytes = uint64_t{1} << 20;
+  std::string why;
+};
+ReadDefaults default_reads(const BlockQueue& q, bool direct);
+
 }  // namespace optimized::loader

@@ -4,7 +4,11 @@
 //   pread     a pool of threads, one blocking pread per request: works everywhere
 //   io_uring  one thread keeps up to queue_depth reads in flight through one ring (liburing): fewer
 //             threads and system calls for the same depth; containers often forbid it, so it is
-//             tried at run time and the pread pool is the fallback
+//             tried at run time and the pread pool is the fallback. The staging buffers may be
+//             registered with the ring (io_uring_register_buffers): reads into them are then
+//             IORING_OP_READ_FIXED, which skips pinning the destination pages on every read; where
+//             registration is refused (RLIMIT_MEMLOCK, memory that is not anonymous, an old kernel)
+//             the reads stay plain and register_buffers says why
 //   cufile    GPUDirect Storage: cuFileRead from the pool's threads into GPU memory (cufile_shim.h)
 #pragma once
 
@@ -12,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loader/fd_cache.h"
@@ -41,7 +46,30 @@ class IoEngine {
   // holds for it (io_uring: the ring) without joining or locking anything. The engine is then
   // leaked, never used or destroyed.
   virtual void abandon_after_fork() {}
+
+  // Registers `buffers` (address, bytes) as the engine's fixed buffers, buffer i at index i; reads whose
+  // destination lies inside one of them then use it. False with `why_not` where this engine has none
+  // (pread, cufile) or the kernel refuses; reads then go on unregistered. Call before the first read.
+  // The environment variable OPTIMIZED_LOADER_FIXED_BUFFERS=off skips registration and =fail makes it
+  // fail as if the kernel had refused (for tests of the fallback).
+  virtual bool register_buffers(const std::vector<std::pair<void*, uint64_t>>& buffers, std::string& why_not) {
+    (void)buffers;
+    why_not = std::string("the ") + name() + " engine has no fixed buffers";
+    return false;
+  }
+  // Replaces registered buffer `index` (a staging slot given a new buffer); no read may be in flight
+  // into the old or the new one. False when the kernel refuses: reads into that buffer go unregistered.
+  virtual bool update_buffer(unsigned index, void* address, uint64_t bytes) {
+    (void)index, (void)address, (void)bytes;
+    return false;
+  }
+  // Reads issued so far as fixed (registered) reads and as plain ones.
+  virtual uint64_t fixed_reads() const { return 0; }
 };
+
+// OPTIMIZED_LOADER_FIXED_BUFFERS: "" or "on" (register where the kernel allows), "off" (never), "fail"
+// (registration fails with a note, to test the fallback). Anything else reads as "on".
+std::string fixed_buffers_env();
 
 // Reads with pread on `pool`'s threads; each read takes its file's descriptor from `files` for
 // the time of the read.

@@ -4,7 +4,19 @@
 // descriptor (FdCache) from submission to completion; when the cache cannot give one without
 // waiting, the request stays queued until a completion releases one. Built only with liburing
 // (OPTIMIZED_WITH_LIBURING); elsewhere make_uring_engine says why not.
+//
+// Fixed buffers: the loader registers its staging slots with the ring (register_buffers). A read
+// whose destination lies inside a registered buffer is submitted as IORING_OP_READ_FIXED: the kernel
+// pinned those pages once, at registration, instead of pinning (get_user_pages) and unpinning the
+// destination of every O_DIRECT read. A fixed read the kernel rejects (EFAULT, EINVAL) is retried
+// once as a plain read, so registration can only cost a retry, never a failed batch.
+#include <sys/resource.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -18,6 +30,12 @@
 #endif
 
 namespace optimized::loader {
+
+std::string fixed_buffers_env() {
+  const char* v = std::getenv("OPTIMIZED_LOADER_FIXED_BUFFERS");
+  const std::string s = v ? v : "";
+  return s == "off" || s == "fail" ? s : "on";
+}
 
 #if OPTIMIZED_WITH_LIBURING
 
@@ -58,6 +76,67 @@ class UringEngine final : public IoEngine {
 
   const char* name() const override { return "io_uring"; }
 
+  bool register_buffers(const std::vector<std::pair<void*, uint64_t>>& buffers, std::string& why_not) override {
+    const std::string env = fixed_buffers_env();
+    if (env == "off") {
+      why_not = "OPTIMIZED_LOADER_FIXED_BUFFERS=off";
+      return false;
+    }
+    if (env == "fail") {
+      why_not = "io_uring_register_buffers failed: forced by OPTIMIZED_LOADER_FIXED_BUFFERS=fail";
+      return false;
+    }
+    if (buffers.empty()) {
+      why_not = "no staging buffers";
+      return false;
+    }
+    std::vector<iovec> iov;
+    for (const auto& [p, n] : buffers) {
+      if (n > kMaxFixedBytes) {
+        why_not = "a staging slot of " + std::to_string(n) + " bytes is larger than the 1 GiB io_uring takes per "
+                  "registered buffer";
+        return false;
+      }
+      iov.push_back({p, static_cast<size_t>(std::max<uint64_t>(n, 1))});
+    }
+    const int rc = io_uring_register_buffers(&ring_, iov.data(), static_cast<unsigned>(iov.size()));
+    if (rc < 0) {
+      why_not = std::string("io_uring_register_buffers failed: ") + std::strerror(-rc);
+      if (rc == -ENOMEM) {
+        rlimit rl{};
+        ::getrlimit(RLIMIT_MEMLOCK, &rl);
+        why_not += " (RLIMIT_MEMLOCK is " +
+                   (rl.rlim_cur == RLIM_INFINITY ? std::string("unlimited") : std::to_string(rl.rlim_cur) + " bytes") +
+                   ")";
+      } else if (rc == -EOPNOTSUPP || rc == -EFAULT) {
+        why_not += " (the staging memory is not anonymous memory the kernel can pin)";
+      }
+      return false;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    regions_.clear();
+    for (size_t i = 0; i < buffers.size(); ++i)
+      regions_.push_back({static_cast<uint8_t*>(buffers[i].first), buffers[i].second, static_cast<int>(i)});
+    return true;
+  }
+
+  bool update_buffer(unsigned index, void* address, uint64_t bytes) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (index >= regions_.size()) return false;
+      regions_[index].index = -1;  // plain reads until the update has succeeded
+    }
+    if (bytes > kMaxFixedBytes) return false;
+    iovec iov{address, static_cast<size_t>(std::max<uint64_t>(bytes, 1))};
+    __u64 tag = 0;
+    if (io_uring_register_buffers_update_tag(&ring_, index, &iov, &tag, 1) != 1) return false;
+    std::lock_guard<std::mutex> lock(mutex_);
+    regions_[index] = {static_cast<uint8_t*>(address), bytes, static_cast<int>(index)};
+    return true;
+  }
+
+  uint64_t fixed_reads() const override { return fixed_reads_.load(std::memory_order_relaxed); }
+
   void abandon_after_fork() override {
     // The ring's memory is shared with the parent's mapping; unmapping and closing it here leaves
     // the parent's ring alone. Our thread does not exist in this process: nothing is joined.
@@ -66,10 +145,26 @@ class UringEngine final : public IoEngine {
   }
 
  private:
+  static constexpr uint64_t kMaxFixedBytes = uint64_t{1} << 30;  // the kernel's limit per registered buffer
+
   struct Pending {
     IoRequest req;
-    uint64_t done;  // bytes already read (short reads continue from here)
+    uint64_t done;        // bytes already read (short reads continue from here)
+    bool plain = false;   // a fixed read was refused: plain reads from now on
+    bool fixed = false;   // in flight as a fixed read
   };
+  struct Region {
+    uint8_t* base;
+    uint64_t bytes;
+    int index;  // -1: not registered (an update failed)
+  };
+
+  // The registered buffer holding [p, p + n), or -1 (under mutex_).
+  int fixed_index(const uint8_t* p, uint64_t n) const {
+    for (const Region& r : regions_)
+      if (r.index >= 0 && p >= r.base && p + n <= r.base + r.bytes) return r.index;
+    return -1;
+  }
 
   void run() {
     std::vector<Pending*> slots(depth_, nullptr);  // in flight, indexed by user_data
@@ -101,9 +196,17 @@ class UringEngine final : public IoEngine {
           free_slots.pop_back();
           slots[slot] = new Pending(queue_.front());
           queue_.pop_front();
-          const Pending& p = *slots[slot];
-          io_uring_prep_read(sqe, fd, p.req.base + p.req.base_offset + p.done,
-                             static_cast<unsigned>(p.req.bytes - p.done), p.req.offset + p.done);
+          Pending& p = *slots[slot];
+          uint8_t* dst = p.req.base + p.req.base_offset + p.done;
+          const uint64_t n = p.req.bytes - p.done;
+          const int fixed = p.plain ? -1 : fixed_index(dst, n);
+          p.fixed = fixed >= 0;
+          if (p.fixed) {
+            io_uring_prep_read_fixed(sqe, fd, dst, static_cast<unsigned>(n), p.req.offset + p.done, fixed);
+            fixed_reads_.fetch_add(1, std::memory_order_relaxed);
+          } else {
+            io_uring_prep_read(sqe, fd, dst, static_cast<unsigned>(n), p.req.offset + p.done);
+          }
           io_uring_sqe_set_data64(sqe, static_cast<uint64_t>(slot));
           ++added;
         }
@@ -144,6 +247,14 @@ class UringEngine final : public IoEngine {
         const int res = cqe->res;
         if (res == -EINTR || res == -EAGAIN) {
           again.push_back(p);
+        } else if (res == -EINVAL && p->done > 0 && (p->req.offset + p->done) % 512 != 0) {
+          // The rest of a short O_DIRECT read starts at an unaligned offset, which O_DIRECT refuses:
+          // the short read ended at the end of the file.
+          done_(p->req, static_cast<int64_t>(p->done));
+          delete p;
+        } else if ((res == -EFAULT || res == -EINVAL) && p->fixed && !p->plain) {
+          p->plain = true;  // the fixed read was refused: once more as a plain read
+          again.push_back(p);
         } else if (res < 0) {
           done_(p->req, res);
           delete p;
@@ -176,6 +287,8 @@ class UringEngine final : public IoEngine {
   std::condition_variable cv_;
   std::deque<Pending> queue_;
   bool stopping_ = false;
+  std::vector<Region> regions_;  // the registered buffers (under mutex_)
+  std::atomic<uint64_t> fixed_reads_{0};
 };
 
 }  // namespace

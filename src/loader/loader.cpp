@@ -331,6 +331,8 @@ namespace {
 struct Slot {
   enum class State { kFree, kBusy, kCopying };
   uint8_t* host = nullptr;              // staging: pinned (CUDA) or 4 KiB-aligned (CPU)
+  bool host_mapped = false;             // CUDA: host is an anonymous mapping registered with cudaHostRegister
+                                        // (so that io_uring can register it too), else cudaHostAlloc's
   loader::Placement* pieces = nullptr;  // gather table (pinned), CUDA only
   uint64_t max_pieces = 0;
   uint8_t* device = nullptr;            // GDS staging (registered with cuFile)
@@ -390,6 +392,9 @@ struct Loader::Impl {
   std::vector<uint8_t*> maps;        // io=mmap: each shard mapped whole (file_bytes)
   bool registered = false;           // io=mmap on CUDA: the mappings are registered (pinned)
   std::string io_reason;             // why io=auto took what it took (choose_io), for the "auto" note
+  std::string reads_reason;          // where queue_depth / chunk_bytes = 0 (auto) came from (resolve_reads)
+  bool fixed_buffers = false;        // the staging slots are io_uring fixed buffers
+  std::string fixed_why_not;         // why not, when the engine is io_uring
   std::vector<void*> cufile_handles;
   loader::CuFile* cufile = nullptr;
   std::unique_ptr<loader::WorkerPool> pool;
@@ -471,8 +476,11 @@ struct Loader::Impl {
   void choose_direct();
   void plan_staging();
   bool map_files();
+  void resolve_reads();
   void choose_engine();
   void allocate_slots();
+  void register_staging();
+  std::string reads_note() const;
   void start_producer();
   void quiesce();
   void shutdown();
@@ -669,6 +677,61 @@ bool Loader::Impl::map_files() {
   return false;
 }
 
+// queue_depth = 0 / chunk_bytes = 0: from the block device under the dataset (auto_config.h says how),
+// once O_DIRECT is decided.
+void Loader::Impl::resolve_reads() {
+  if (opt.queue_depth != 0 && opt.chunk_bytes != 0) return;
+  const loader::ReadDefaults d = loader::default_reads(loader::block_queue_of(info.shards.front().file), direct);
+  if (opt.queue_depth == 0) opt.queue_depth = d.queue_depth;
+  if (opt.chunk_bytes == 0) opt.chunk_bytes = d.chunk_bytes;
+  reads_reason = d.why;
+}
+
+std::string Loader::Impl::reads_note() const {
+  std::string s = "loader reads: " + backend + (direct ? " with O_DIRECT" : " through the page cache") + ", ";
+  if (backend == "io_uring") s += std::to_string(opt.queue_depth) + " reads in flight";
+  else s += std::to_string(pool ? pool->size() : 0) + " threads";
+  s += " of up to " + std::to_string(opt.chunk_bytes >> 10) + " KiB";
+  if (direct) s += ", ranges under " + std::to_string(loader::kCoalesceGapBytes >> 10) + " KiB apart coalesced";
+  if (!reads_reason.empty()) s += " (automatic: " + reads_reason + ")";
+  if (backend == "io_uring")
+    s += fixed_buffers ? "; staging registered as io_uring fixed buffers (read_fixed)"
+                       : "; staging not registered (" + fixed_why_not + ")";
+  return s;
+}
+
+// The staging slots as io_uring fixed buffers (see io_engine.h), slot i at index i. The CPU device
+// hands a slot's buffer out with its batch; deliver() then registers the slot's new buffer in place.
+void Loader::Impl::register_staging() {
+  if (backend != "io_uring" || slots.empty()) return;
+  if (loader::fixed_buffers_env() == "off") {
+    fixed_why_not = "OPTIMIZED_LOADER_FIXED_BUFFERS=off";
+    return;
+  }
+  std::vector<std::pair<void*, uint64_t>> buffers;
+  for (const Slot& s : slots) {
+    if (!s.host) {
+      fixed_why_not = "no host staging";
+      return;
+    }
+    buffers.emplace_back(s.host, slot_capacity);
+  }
+#if OPTIMIZED_WITH_CUDA
+  if (cuda && !std::all_of(slots.begin(), slots.end(), [](const Slot& s) { return s.host_mapped; })) {
+    fixed_why_not = fixed_why_not.empty() ? "the staging is cudaHostAlloc memory" : fixed_why_not;
+    note("fixed_buffers", "io_uring fixed buffers unavailable (" + fixed_why_not + "); plain reads");
+    return;
+  }
+#endif
+  std::string why_not;
+  fixed_buffers = engine->register_buffers(buffers, why_not);
+  if (!fixed_buffers) {
+    fixed_why_not = why_not;
+    if (why_not != "OPTIMIZED_LOADER_FIXED_BUFFERS=off")
+      note("fixed_buffers", "io_uring fixed buffers unavailable (" + why_not + "); plain reads");
+  }
+}
+
 void Loader::Impl::choose_engine() {
   const bool cuda_device = opt.device.is_cuda();
   // GPUDirect Storage: reads straight into GPU memory, where the system has it. cuFile handles need
@@ -758,9 +821,31 @@ void Loader::Impl::allocate_slots() {
       // memory would be staged through the driver's own pinned buffers at a fraction of it.
       s.max_pieces = slot_capacity / loader::kGatherPieceBytes + b + 1;
       void* p = nullptr;
-      check_cuda(cudaHostAlloc(&p, std::max<uint64_t>(slot_capacity, 1), cudaHostAllocDefault),
-                 "loader: cudaHostAlloc of " + std::to_string(slot_capacity) + " staging bytes for " + what);
-      s.host = static_cast<uint8_t*>(p);
+      // With io_uring the staging is anonymous memory pinned by cudaHostRegister, which io_uring can
+      // also register as fixed buffers (it refuses device-file mappings like cudaHostAlloc's). The
+      // copy engine reads both at the same speed. Where either step fails: cudaHostAlloc, plain reads.
+      if (backend == "io_uring" && loader::fixed_buffers_env() != "off") {
+        const uint64_t bytes = align_up(std::max<uint64_t>(slot_capacity, 1), kAlign);
+        void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+        if (m == MAP_FAILED) {
+          fixed_why_not = std::string("mmap of the staging failed: ") + std::strerror(errno);
+        } else {
+          const cudaError_t e = cudaHostRegister(m, bytes, cudaHostRegisterDefault);
+          if (e == cudaSuccess) {
+            s.host = static_cast<uint8_t*>(m);
+            s.host_mapped = true;
+          } else {
+            cudaGetLastError();
+            ::munmap(m, bytes);
+            fixed_why_not = std::string("cudaHostRegister of the staging failed: ") + cudaGetErrorString(e);
+          }
+        }
+      }
+      if (!s.host) {
+        check_cuda(cudaHostAlloc(&p, std::max<uint64_t>(slot_capacity, 1), cudaHostAllocDefault),
+                   "loader: cudaHostAlloc of " + std::to_string(slot_capacity) + " staging bytes for " + what);
+        s.host = static_cast<uint8_t*>(p);
+      }
       check_cuda(cudaHostAlloc(&p, s.max_pieces * sizeof(loader::Placement), cudaHostAllocDefault),
                  "loader: cudaHostAlloc of the gather table");
       s.pieces = static_cast<loader::Placement*>(p);
@@ -790,10 +875,12 @@ std::unique_ptr<Loader::Impl> Loader::Impl::build(const std::string& dir, const 
     bad("worker: expected in [0, " + std::to_string(o.num_workers) + "); given " + std::to_string(o.worker));
   if (o.prefetch < 1) bad("prefetch: expected >= 1; given " + std::to_string(o.prefetch));
   if (o.threads < 0) bad("threads: expected >= 0 (0: automatic); given " + std::to_string(o.threads));
-  if (o.queue_depth < 1 || o.queue_depth > 4096)
-    bad("queue_depth: expected in [1, 4096]; given " + std::to_string(o.queue_depth));
-  if (o.chunk_bytes < kAlign || o.chunk_bytes % kAlign != 0 || o.chunk_bytes > (uint64_t{1} << 30))
-    bad("chunk_bytes: expected a multiple of 4096 in [4096, 2^30]; given " + std::to_string(o.chunk_bytes));
+  if (o.queue_depth < 0 || o.queue_depth > 4096)
+    bad("queue_depth: expected in [1, 4096], or 0 (automatic); given " + std::to_string(o.queue_depth));
+  if (o.chunk_bytes != 0 &&
+      (o.chunk_bytes < kAlign || o.chunk_bytes % kAlign != 0 || o.chunk_bytes > (uint64_t{1} << 30)))
+    bad("chunk_bytes: expected a multiple of 4096 in [4096, 2^30], or 0 (automatic); given " +
+        std::to_string(o.chunk_bytes));
   if (o.staging_bytes < 1) bad("staging_bytes: expected >= 1; given 0");
   if (o.device.is_cuda()) {
     if (!built_with_cuda())
@@ -817,6 +904,7 @@ std::unique_ptr<Loader::Impl> Loader::Impl::build(const std::string& dir, const 
   m.choose_io();
   m.choose_direct();
   m.plan_staging();
+  m.resolve_reads();
   std::vector<std::string> names;
   names.reserve(m.info.shards.size());
   for (const ShardInfo& s : m.info.shards) names.push_back(s.file);
@@ -840,6 +928,8 @@ std::unique_ptr<Loader::Impl> Loader::Impl::build(const std::string& dir, const 
                                              " hardware threads)"
                                        : ""));
   m.allocate_slots();
+  m.register_staging();
+  if (m.backend == "io_uring" || m.backend == "pread") m.note("reads", m.reads_note());
   m.restart_at(o.start);
   return impl;
 }
@@ -946,7 +1036,12 @@ void Loader::Impl::shutdown() {
     cudaStreamSynchronize(cuda->stream);  // every copy out of the slots is done
     for (Slot& s : slots) {
       if (s.copied) cudaEventDestroy(s.copied);
-      if (s.host) cudaFreeHost(s.host);
+      if (s.host && s.host_mapped) {
+        cudaHostUnregister(s.host);
+        ::munmap(s.host, align_up(std::max<uint64_t>(slot_capacity, 1), kAlign));
+      } else if (s.host) {
+        cudaFreeHost(s.host);
+      }
       if (s.pieces) cudaFreeHost(s.pieces);
       if (s.device) {
         cufile->deregister_buffer(s.device);
@@ -1029,7 +1124,8 @@ void Loader::Impl::produce(uint64_t seq) {
       job->position = position_of(seq);
       job->slot = slot;
       order.batch_records(job->position.epoch, job->position.batch, job->ids);
-      loader::plan_batch(info, job->ids, alignment, opt.chunk_bytes, job->plan);
+      loader::plan_batch(info, job->ids, alignment, opt.chunk_bytes, job->plan, direct ? loader::kCoalesceGapBytes : 0,
+                         slot_capacity);
       {
         std::lock_guard<std::mutex> lock(mutex);
         active[seq] = job;
@@ -1325,6 +1421,8 @@ Batch Loader::Impl::deliver(Job* job) {
     uint8_t* fresh = host_pool->get();
     b.memory_ = std::make_shared<HostBatchMemory>(host_pool, s.host, offset);
     s.host = fresh;
+    // (the slot's reads are done and its next ones wait for finish(): nothing is in flight into either)
+    if (fixed_buffers) engine->update_buffer(static_cast<unsigned>(job->slot), fresh, slot_capacity);
     return b;
   }
   uint8_t* out = host_pool->get();

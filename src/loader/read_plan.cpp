@@ -25,7 +25,7 @@ uint64_t aligned_data_bytes(const DatasetInfo& info) {
 }
 
 void plan_batch(const DatasetInfo& info, const std::vector<uint64_t>& ids, uint64_t alignment, uint64_t chunk_bytes,
-                ReadPlan& plan) {
+                ReadPlan& plan, uint64_t max_gap, uint64_t staging_limit) {
   plan.chunks.clear();
   plan.placements.clear();
   plan.record_src.assign(ids.size(), 0);
@@ -85,28 +85,58 @@ void plan_batch(const DatasetInfo& info, const std::vector<uint64_t>& ids, uint6
     }
     plan.staging_bytes = ids.size() * r;
   } else {
-    // Read the widened ranges in file order, merging those that overlap or touch, each page once;
-    // the merged ranges follow one another in staging.
+    // Read the widened ranges in file order, merging those that overlap or touch, each page once.
     std::vector<size_t> by_offset(runs.size());
     for (size_t k = 0; k < runs.size(); ++k) by_offset[k] = k;
     std::sort(by_offset.begin(), by_offset.end(), [&](size_t a, size_t b) {
       return runs[a].shard != runs[b].shard ? runs[a].shard < runs[b].shard : runs[a].read_begin < runs[b].read_begin;
     });
+    struct Range {
+      uint32_t shard;
+      uint64_t begin, end;
+      size_t first, last;  // its runs: by_offset[first, last)
+    };
+    std::vector<Range> ranges;
+    uint64_t exact = 0;  // staging without gaps
     size_t k = 0;
     while (k < by_offset.size()) {
-      const uint32_t shard = runs[by_offset[k]].shard;
-      const uint64_t range_begin = runs[by_offset[k]].read_begin;
-      uint64_t range_end = runs[by_offset[k]].read_end;
-      size_t m = k + 1;
-      while (m < by_offset.size() && runs[by_offset[m]].shard == shard && runs[by_offset[m]].read_begin <= range_end) {
-        range_end = std::max(range_end, runs[by_offset[m]].read_end);
-        ++m;
+      Range g{runs[by_offset[k]].shard, runs[by_offset[k]].read_begin, runs[by_offset[k]].read_end, k, k + 1};
+      while (g.last < by_offset.size() && runs[by_offset[g.last]].shard == g.shard &&
+             runs[by_offset[g.last]].read_begin <= g.end) {
+        g.end = std::max(g.end, runs[by_offset[g.last]].read_end);
+        ++g.last;
       }
+      exact += g.end - g.begin;
+      ranges.push_back(g);
+      k = g.last;
+    }
+    // Coalescing: neighbouring ranges of one shard at most max_gap apart are read as one, the gap
+    // included (one request instead of two, for the price of the gap's bytes), while the staging stays
+    // within staging_limit.
+    if (max_gap > 0 && ranges.size() > 1) {
+      uint64_t budget = staging_limit > exact ? staging_limit - exact : 0;
+      std::vector<Range> merged;
+      merged.push_back(ranges.front());
+      for (size_t q = 1; q < ranges.size(); ++q) {
+        Range& last = merged.back();
+        const Range& g = ranges[q];
+        const uint64_t gap = g.begin - last.end;  // (> 0: touching ranges were merged above)
+        if (g.shard == last.shard && gap <= max_gap && gap <= budget) {
+          budget -= gap;
+          last.end = g.end;
+          last.last = g.last;
+        } else {
+          merged.push_back(g);
+        }
+      }
+      ranges.swap(merged);
+    }
+    // The ranges follow one another in staging.
+    for (const Range& g : ranges) {
       const uint64_t staging = plan.staging_bytes;
-      for (size_t q = k; q < m; ++q) run_src[by_offset[q]] = staging + (runs[by_offset[q]].begin - range_begin);
-      emit_reads(shard, range_begin, range_end, staging);
-      plan.staging_bytes += range_end - range_begin;
-      k = m;
+      for (size_t q = g.first; q < g.last; ++q) run_src[by_offset[q]] = staging + (runs[by_offset[q]].begin - g.begin);
+      emit_reads(g.shard, g.begin, g.end, staging);
+      plan.staging_bytes += g.end - g.begin;
     }
   }
   for (size_t k = 0; k < runs.size(); ++k) {

@@ -275,6 +275,81 @@ def test_close_releases_and_tensors_stay_valid(tmp):
         loader.next()
 
 
+# ---- the disk (O_DIRECT) path: fixed buffers, coalescing, automatic read sizes (issue 19) ------
+
+def _direct_io_works(d: str) -> bool:
+    f = os.path.join(d, ".probe")
+    with open(f, "wb") as fh:
+        fh.write(b"x" * 4096)
+    try:
+        fd = os.open(f, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        return False
+    try:
+        import mmap
+        buf = mmap.mmap(-1, 4096)
+        return os.preadv(fd, [buf], 0) == 4096
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        os.unlink(f)
+
+
+@pytest.mark.parametrize("shape,shuffle", [((13,), True), ((4097,), False), ((4097,), True), ((3, 7, 11), True)])
+def test_fixed_buffers_on_off_refused_same_bytes_and_order(tmp, monkeypatch, shape, shuffle):
+    if not _direct_io_works(tmp):
+        pytest.skip("O_DIRECT unavailable here")
+    src = records(61, shape, seed=3)
+    data.write_shards(tmp + "/ds", src, records_per_shard=9)
+    got = {}
+    for mode in ("on", "off", "fail"):
+        monkeypatch.setenv("OPTIMIZED_LOADER_FIXED_BUFFERS", mode)
+        loader = data.StreamingLoader(tmp + "/ds", batch_size=5, device="cpu", shuffle=shuffle, seed=4, io="io_uring",
+                                      direct_io="on", chunk_bytes=8192, epochs=2, return_indices=True)
+        if loader.io_backend != "io_uring":
+            pytest.skip(f"io_uring unavailable: {loader.notes}")
+        said = "\n".join(loader.notes)
+        assert "loader reads: io_uring with O_DIRECT" in said and "up to 8 KiB" in said, said
+        if mode == "off":
+            assert "staging not registered (OPTIMIZED_LOADER_FIXED_BUFFERS=off)" in said, said
+        elif mode == "fail":
+            assert "fixed buffers unavailable (io_uring_register_buffers failed: forced by" in said, said
+        else:
+            assert ("staging registered as io_uring fixed buffers" in said
+                    or "io_uring_register_buffers failed" in said), said
+        b0, i0 = epoch(loader)
+        b1, i1 = epoch(loader)
+        loader.close()
+        batches, ids = torch.cat([b0, b1]), torch.cat([i0, i1])
+        assert torch.equal(batches.reshape(len(ids), -1), torch.from_numpy(src).reshape(len(src), -1)[ids])
+        got[mode] = ids
+    assert torch.equal(got["on"], got["off"]) and torch.equal(got["on"], got["fail"])
+    assert sorted(got["on"][:61].tolist()) == list(range(61))
+
+
+def test_automatic_queue_depth_and_read_size(tmp):
+    if not _direct_io_works(tmp):
+        pytest.skip("O_DIRECT unavailable here")
+    src = records(30, (5000,))
+    data.write_shards(tmp + "/ds", src, records_per_shard=10)
+    loader = data.StreamingLoader(tmp + "/ds", batch_size=4, device="cpu", io="io_uring", direct_io="on")
+    if loader.io_backend != "io_uring":
+        pytest.skip(f"io_uring unavailable: {loader.notes}")
+    said = "\n".join(loader.notes)
+    assert "reads in flight of up to" in said and "(automatic: " in said, said
+    loader.close()
+    explicit = data.StreamingLoader(tmp + "/ds", batch_size=4, device="cpu", io="io_uring", direct_io="on",
+                                    queue_depth=3, chunk_bytes=4096)
+    said = "\n".join(explicit.notes)
+    assert "3 reads in flight of up to 4 KiB" in said and "(automatic: " not in said, said
+    explicit.close()
+    with pytest.raises(ValueError, match="queue_depth"):
+        data.StreamingLoader(tmp + "/ds", batch_size=4, device="cpu", queue_depth=-1)
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        data.StreamingLoader(tmp + "/ds", batch_size=4, device="cpu", chunk_bytes=5000)
+
+
 # ---- CUDA specifics ---------------------------------------------------------------------------
 
 @requires_cuda
