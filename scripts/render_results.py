@@ -37,6 +37,20 @@ without .json (e.g. fused, python-fused); any other key filters the rows by that
         the hardware counters of each selected row (a run with --metrics, issue 23): achieved occupancy,
         DRAM bytes, memory efficiency (min bytes / DRAM bytes), DRAM % of peak, L2 bytes, tensor-pipe %,
         registers, local (spill) bytes, the top stall reasons (docs/perf-notes/metrics.md)
+  <!-- generated: choosing-table machine=h100 file=python-matmul-triton,matmul-cutlass op=matmul dtype=bf16 -->
+        one op's implementations side by side (issue 22, docs/perf-notes/choosing.md): file= a comma list of runs,
+        filters may be comma lists; per row the kind (CUDA (ours), Triton (ours), CUTLASS, vendor, torch), time,
+        samples, TFLOP/s, GB/s, the ratio to each peer of the same run (peers=baseline, the default: the run's
+        baseline -- cuBLAS, torch eager, SDPA-flash; or variant names: peers=sdpa_flash,sdpa_cudnn) and, for
+        memory-bound ops, the fraction of the run's measured copy bandwidth; a vendor baseline that is not a row
+        (cuBLAS, cuBLASLt) gets its own row, from the run's baseline measurement
+  <!-- generated: choosing-targets machine=h100 -->
+        issue 22's targets for the Triton rungs (python-matmul-triton, python-fused-triton, python-attention-triton):
+        GEMM bf16 4096^3 >= 0.85x cuBLAS, softmax / norms >= 0.85x copy bandwidth, attention fwd >= 0.8x SDPA-flash;
+        per line the Triton ratio, our CUDA rung's, met / missed and the gap
+  <!-- generated: build-cost file=build-cost machine=cpu -->
+        lines of code and compile time per implementation, from scripts/build_cost.py's JSON
+        (schema optimized-ops-build-cost/1, skipped by `docs`'s run listing)
 
 Rows that carry a `metrics` object with status ok (optimized-bench / benchmark_all.py --metrics) also get
 four columns in the ladder and results tables: achieved occupancy, DRAM bytes, memory efficiency and
@@ -725,7 +739,7 @@ def cmd_place(args):
 
 
 BLOCK = re.compile(r"(<!-- generated: (?P<kind>ladder|fused-table|grid|attention-table|attention-ladder|attention-memory|kv-cache|"
-                   r"models-table|metrics-table)"
+                   r"models-table|metrics-table|choosing-table|choosing-targets|build-cost)"
                    r" (?P<spec>[^>]*?) -->\n)(?P<body>.*?)"
                    r"(<!-- end generated -->)", re.S)
 SPEC_KEYS = {"machine", "file", "metric"}  # every other key of a spec filters the rows
@@ -745,9 +759,19 @@ def row_field(r, key):
     return str(r.get(key))
 
 
+OTHER_SCHEMAS = {"optimized-ops-build-cost/1"}  # JSON under bench/results that holds no benchmark run
+
+
+def is_run(path):
+    """Whether path holds a benchmark run (not e.g. scripts/build_cost.py's line and compile counts)."""
+    return json.loads(pathlib.Path(path).read_text()).get("schema") not in OTHER_SCHEMAS
+
+
 def select_rows(root, want):
     rows = []
     for path in sorted((root / want["machine"]).glob(want.get("file", "*") + ".json")):
+        if not is_run(path):
+            continue
         for r in load(path)["results"]:
             if all(row_field(r, k) == v for k, v in want.items() if k not in SPEC_KEYS):
                 rows.append(r)
@@ -830,7 +854,10 @@ BLOCK_KINDS = {"ladder": ladder_block, "fused-table": family_block("fused", fuse
                "attention-memory": attention_block("attention-memory"),
                "kv-cache": family_block("kv_cache", kv_cache_tables),
                "models-table": family_block("models", models_table),
-               "metrics-table": lambda root, spec: metrics_block(root, spec)}
+               "metrics-table": lambda root, spec: metrics_block(root, spec),
+               "choosing-table": lambda root, spec: choosing_block(root, spec),
+               "choosing-targets": lambda root, spec: choosing_targets_block(root, spec),
+               "build-cost": lambda root, spec: build_cost_block(root, spec)}
 
 
 def metrics_block(root, spec):
@@ -843,6 +870,236 @@ def metrics_block(root, spec):
                                           "--metrics on the GPU machine)")
     return (f"Measured: `{spec}` (from `{root.as_posix()}/{want['machine']}/`): Nsight Compute counters{note}\n\n"
             + metrics_table(rows) + "\n")
+
+
+# ---- choosing between implementations (issue 22, docs/perf-notes/choosing.md) ---------------------
+
+VENDOR_BASELINES = {"torch.matmul": "vendor: cuBLAS (torch.matmul)", "cublas_bf16": "vendor: cuBLAS",
+                    "cublas_fp16": "vendor: cuBLAS", "cublaslt_fp8_tensor": "vendor: cuBLASLt (fp8)"}
+KIND_ORDER = ("CUDA (ours)", "Triton (ours)", "Triton (Liger-Kernel)", "CUTLASS", "vendor", "torch")
+
+
+def impl_kind(variant, backend=""):
+    """What an implementation is: ours in CUDA or Triton, CUTLASS, the vendor's library, or torch."""
+    if variant in VENDOR_BASELINES:
+        return VENDOR_BASELINES[variant]
+    if variant.startswith("cutlass"):
+        return "CUTLASS"
+    if variant.startswith("triton"):
+        return "Triton (ours)"
+    if variant == "liger":
+        return "Triton (Liger-Kernel)"
+    named = {"sdpa_cudnn": "vendor: cuDNN (through SDPA)", "sdpa_flash": "torch: SDPA FlashAttention-2",
+             "sdpa_efficient": "torch: SDPA memory-efficient", "sdpa_math": "torch: SDPA math",
+             "torch_eager": "torch eager", "torch_compile": "torch.compile (Inductor)"}
+    if variant in named:
+        return named[variant]
+    return "CPU (ours)" if backend == "cpu" else "CUDA (ours)"
+
+
+def kind_rank(kind):
+    return next((i for i, k in enumerate(KIND_ORDER) if kind.startswith(k)), len(KIND_ORDER))
+
+
+def choosing_line_key(r):
+    return (r["op"], r.get("shape_label", ""), r.get("direction", ""), r.get("causal"))
+
+
+def spec_match(r, want):
+    """The spec's filters, each value a comma list of accepted values."""
+    return all(row_field(r, k) in v.split(",") for k, v in want.items() if k not in SPEC_KEYS | {"peers"})
+
+
+def choosing_rows(root, want):
+    """The selected rows of each run named by file= (a comma list), tagged with their run, and a row for each
+    run's vendor baseline that is not itself a row (cuBLAS, cuBLASLt), from the baseline measured in that run."""
+    rows, runs = [], {}
+    for name in want.get("file", "*").split(","):
+        for path in sorted((root / want["machine"]).glob(name + ".json")):
+            if not is_run(path):
+                continue
+            data = load(path)
+            copy = next((c["value"] for c in data.get("ceilings", []) if c["name"] == "device_copy"), None)
+            picked = [dict(r, _run=path.stem, _copy=copy) for r in data["results"] if spec_match(r, want)]
+            runs[path.stem] = next((r["baseline"]["name"] for r in picked if r.get("baseline")), None)
+            seen = set()
+            for r in picked:
+                b = r.get("baseline")
+                key = choosing_line_key(r)
+                if b and b["name"] in VENDOR_BASELINES and key not in seen:
+                    seen.add(key)
+                    t = b["time_ms"]["median"]
+                    rows.append({"variant": b["name"], "backend": r["backend"], "op": r["op"], "dtype": r["dtype"],
+                                 "shape_label": r.get("shape_label", ""), "direction": r.get("direction"),
+                                 "causal": r.get("causal"), "status": "ok", "time_ms": b["time_ms"],
+                                 "tflops": b.get("tflops"), "family": r.get("family"),
+                                 "gbps": r["min_bytes"] / t / 1e6 if r.get("min_bytes") else None,
+                                 "baseline": b, "_run": path.stem, "_copy": copy})
+            rows += picked
+    return rows, runs
+
+
+def choosing_table(rows, runs, peers):
+    """One op's implementations: kind, run, time, samples, rates, the ratio to each peer of the same run
+    (a peer's median time over the row's) and, memory-bound, the fraction of the run's copy bandwidth."""
+    memory_bound = any(family_of(r) == "fused" for r in rows)
+    has_dir = any(r.get("direction") for r in rows)
+    has_causal = any(r.get("causal") is not None for r in rows)
+    has_op = len({r["op"] for r in rows}) > 1
+    lines = list(dict.fromkeys(choosing_line_key(r) for r in rows))
+    run_order = list(runs)
+    order = {id(r): i for i, r in enumerate(rows)}
+    rows = sorted(rows, key=lambda r: (lines.index(choosing_line_key(r)),
+                                       kind_rank(impl_kind(r["variant"], r.get("backend", ""))),
+                                       run_order.index(r["_run"]), order[id(r)]))
+
+    def peer_time(r, peer):
+        group = [x for x in rows if x["_run"] == r["_run"] and choosing_line_key(x) == choosing_line_key(r)]
+        if peer == "baseline":
+            b = next((x["baseline"] for x in group if x.get("baseline")), None)
+            return b["time_ms"]["median"] if b else None
+        p = next((x for x in group if x["variant"] == peer and x["status"] == "ok"), None)
+        return p["time_ms"]["median"] if p else None
+
+    head = "| implementation | kind | run |" + (" op |" if has_op else "") + " shape |" + \
+        (" dir |" if has_dir else "") + \
+        (" causal |" if has_causal else "") + " median ms [p10-p90] | samples (CV) | " + \
+        ("GB/s |" if memory_bound else "TFLOP/s |") + \
+        "".join(f" {'baseline' if p == 'baseline' else p}'s time / this |" for p in peers) + \
+        (" % of copy |" if memory_bound else "")
+    ncols = head.count("|") - 1
+    lead_cols = 4 + has_op + has_dir + has_causal
+    out = [head, "|---" * lead_cols + "|" + "---:|" * (ncols - lead_cols)]
+    for r in rows:
+        name = r["variant"] + (f" ({r['resolved_variant']})" if r.get("resolved_variant") else "")
+        lead = (f"| {name} | {impl_kind(r['variant'], r.get('backend', ''))} | {r['_run']} | " +
+                (f"{r['op']} | " if has_op else "") + f"{r.get('shape_label', '')} |" +
+                (f" {r.get('direction') or ''} |" if has_dir else "") +
+                (f" {'causal' if r.get('causal') else '-'} |" if has_causal else ""))
+        if r["status"] != "ok":
+            why = r.get("reason", "").split(":")[0]
+            out.append(lead + f" {r['status']}: {why} |" + " |" * (ncols - lead_cols - 1))
+            continue
+        t = r["time_ms"]
+        cells = [f"{fmt(t['median'])} [{fmt(t['p10'])}-{fmt(t['p90'])}]", f"{t['samples']} ({t['cv'] * 100:.1f}%)",
+                 fmt(r.get("gbps") if memory_bound else r.get("tflops"))]
+        for p in peers:
+            pt = peer_time(r, p)
+            cells.append(f"{pt / t['median']:.2f}x" if pt else "-")
+        if memory_bound:
+            cells.append(pct(r["gbps"] * 1e9 / (r["_copy"] * 1e9)) if r.get("gbps") and r.get("_copy") else "-")
+        out.append(lead + " " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def choosing_block(root, spec):
+    want = dict(kv.split("=", 1) for kv in spec.split())
+    peers = want.get("peers", "baseline").split(",")
+    rows, runs = choosing_rows(root, want)
+    if not rows:
+        return f"(no results for {spec} under {root})\n"
+    base = "; ".join(f"{run}: {name or '-'}" for run, name in runs.items())
+    return (f"Measured: `{spec}` (from `{root.as_posix()}/{want['machine']}/`; each ratio within one run; "
+            f"the baseline of each run: {base})\n\n" + choosing_table(rows, runs, peers) + "\n")
+
+
+def _ratio(x):
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def choosing_targets_block(root, spec):
+    """Issue 22's targets for the Triton rungs, each line with our CUDA rung beside it (same run)."""
+    want = dict(kv.split("=", 1) for kv in spec.split())
+    files = {"matmul": want.get("matmul", "python-matmul-triton"), "fused": want.get("fused", "python-fused-triton"),
+             "attention": want.get("attention", "python-attention-triton")}
+    out = ["| target | line | Triton | ours (CUDA) | met | Triton speed-up still needed | "
+           "ours (CUDA) vs Triton (Triton's time / ours) |", "|---|---|---:|---:|---|---:|---:|"]
+    measured = []
+
+    def line(target, label, tri, ours, goal, value_of, in_scope=True):
+        tv, ov = value_of(tri), value_of(ours) if ours else None
+        met = "-" if not in_scope or tv is None else ("met" if tv >= goal else "**missed**")
+        need = "-" if not in_scope or tv is None or tv >= goal else f"{goal / tv:.2f}x"
+        vs = (f"{tri['time_ms']['median'] / ours['time_ms']['median']:.2f}x"
+              if ours and ours["status"] == "ok" and tri["status"] == "ok" else "-")
+        out.append(f"| {target if in_scope else '(not a target shape)'} | {label} | {value_fmt(tv)} | "
+                   f"{value_fmt(ov)} | {met} | {need} | {vs} |")
+
+    def rows_of(name):
+        path = root / want["machine"] / f"{name}.json"
+        if not path.is_file():
+            return []
+        data = load(path)
+        measured.append(f"`{name}` ({data['created']}, `--min-samples {data['options'].get('min_samples')} "
+                        f"--max-time-s {data['options'].get('max_time_s')}`)")
+        return data["results"]
+
+    value_fmt = _ratio
+    mm = rows_of(files["matmul"])
+    for r in mm:
+        if r["variant"].startswith("triton") and r["dtype"] == "bf16":
+            ours = next((o for o in mm if o["variant"] == "auto" and o["shape_label"] == r["shape_label"]), None)
+            line("GEMM bf16 >= 0.85x cuBLAS (torch.matmul)", f"{r['variant']} {r['shape_label']}", r, ours, 0.85,
+                 lambda x: x.get("vs_baseline") if x and x["status"] == "ok" else None,
+                 in_scope=r["shape_label"] == "4096x4096x4096")
+    value_fmt = pct
+    fu = rows_of(files["fused"])
+    for r in fu:
+        if r["variant"] == "triton" and r["op"] in ("softmax", "layer_norm", "rms_norm"):
+            ours = next((o for o in fu if o["variant"] == "auto" and fused_line_key(o)[:2] == fused_line_key(r)[:2]
+                         and o["shape_label"] == r["shape_label"]), None)
+            line("softmax / norms >= 85% of copy bandwidth", f"{r['op']} {r['direction']} {r['shape_label']}", r, ours,
+                 0.85, lambda x: x.get("roofline_fraction") if x and x["status"] == "ok" else None)
+    value_fmt = _ratio
+    at = rows_of(files["attention"])
+    for r in at:
+        if r["variant"] == "triton" and r.get("direction") == "fwd":
+            ours = next((o for o in at if o["variant"] == "hopper" and attention_line_key(o) == attention_line_key(r)),
+                        None)
+            line("attention fwd >= 0.8x SDPA-flash (FA2)",
+                 f"{r['shape_label']}{' causal' if r.get('causal') else ''}", r, ours, 0.8,
+                 lambda x: x.get("vs_baseline") if x and x["status"] == "ok" else None)
+    if not measured:
+        return f"(no results for {spec} under {root})\n"
+    return ("Measured (H100, Python runner; ours (CUDA) = `auto` for GEMM and the fused ops, `hopper` for attention): "
+            + ", ".join(measured) + "\n\n" + "\n".join(out) + "\n")
+
+
+def build_cost_block(root, spec):
+    """Lines of code and compile times (scripts/build_cost.py)."""
+    want = dict(kv.split("=", 1) for kv in spec.split())
+    path = root / want["machine"] / (want.get("file", "build-cost") + ".json")
+    if not path.is_file():
+        return f"(no {path.as_posix()}: run scripts/build_cost.py)\n"
+    data = json.loads(path.read_text())
+
+    def cell(entry, part):
+        p = entry["parts"].get(part)
+        return "-" if not p else f"{p['code_lines']} ({p['lines']}) in {len(p['files'])}"
+
+    out = [f"From `{path.as_posix()}` (`{data['command']}`, {data['created']}, commit {data['commit']}). Cells: code "
+           "lines (all lines) in N files; code = neither blank nor only a comment (Python docstrings count as "
+           "comments). CUDA and CUTLASS columns are the translation unit's real include closure (the build's "
+           "dependency log).", "",
+           "| op | implementation | kind | its own files | shared device primitives (src/kernels) | library "
+           "infrastructure (core, params, config) | library it instantiates | own files |",
+           "|---|---|---|---:|---:|---:|---:|---|"]
+    for e in data["loc"]:
+        own = e["parts"].get("own", {}).get("files", [])
+        out.append(f"| {e['op']} | {e['implementation']} | {e['kind']} | {cell(e, 'own')} | {cell(e, 'shared')} | "
+                   f"{cell(e, 'infra')} | {cell(e, 'library')} | "
+                   f"{', '.join('`' + pathlib.PurePosixPath(f).name + '`' for f in own)} |")
+    for c in data.get("closed_source", []):
+        out.append(f"| {c['op']} | {c['implementation']} | vendor | 0 (closed source) | - | - | - | - |")
+    if data.get("compile"):
+        out += ["", f"Compile time of one translation unit, as the build compiles it (ccache off), on "
+                    f"{data['machine']['cpu']} ({data['machine']['cpu_threads']} threads):", "",
+                "| source | build | flags | seconds |", "|---|---|---|---:|"]
+        for c in data["compile"]:
+            out.append(f"| `{c['source']}` | {c['build_dir']} | `{c['flags']}` | {fmt(c['seconds'])} |")
+    for n in data.get("notes", []):
+        out += ["", f"- {n}"]
+    return "\n".join(out) + "\n"
 
 
 def refresh_generated_blocks(root, notes_dir):
@@ -864,6 +1121,8 @@ def cmd_docs(args):
              "faster), measured in the same run; 'roofline' is the time the measured ceilings allow over ours.", ""]
     out_dir = pathlib.Path(args.out).resolve().parent
     for path in sorted(root.glob("*/*.json")):
+        if not is_run(path):
+            continue
         parts += [f"<!-- {path.as_posix()} -->", run_markdown(load(path)), ""]
         for png in sorted(path.parent.glob(path.stem + "*.png")):  # plots written beside the JSON
             rel = pathlib.Path(os.path.relpath(png.resolve(), out_dir)).as_posix()
