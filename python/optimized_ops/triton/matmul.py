@@ -7,8 +7,9 @@ Versions:
    the loads over ``num_stages`` buffers (cp.async / TMA on Hopper) and issues the tensor-core MMAs
    (mma.sync, wgmma on Hopper): what the CUDA ladder builds by hand from ``smem_tiled`` up to
    ``mma_pipeline``. Tiles are visited in groups of ``GROUP_M`` tile rows (grouped rasterization), so
-   programs running together share A and B tiles in L2. Tails of M, N and K are masked (zeros
-   loaded), so any shape runs. The strides are arguments: transposed operands (the backward's
+   programs running together share A and B tiles in L2. The M and N tails re-read valid rows
+   (indices modulo M and N; the store is masked), and K is masked only when it is not a multiple
+   of BLOCK_K (EVEN_K), so the K loop of most shapes runs without a test. The strides are arguments: transposed operands (the backward's
    ``b^T``, ``a^T``) are read in place.
 Autotuned (``triton.autotune``, keyed on M, N, K and the dtype) over a small space of tile shapes,
 pipeline depths and warp counts; fp32 inputs use ``input_precision="ieee"`` (true fp32 products:
@@ -40,7 +41,8 @@ def _configs():
 def _matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
                    stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, stride_cb, stride_cm, stride_cn,
                    DTYPE_KEY: tl.constexpr, IEEE: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                   EVEN_K: tl.constexpr):
     pid = tl.program_id(0)
     batch = tl.program_id(1).to(tl.int64)
     # grouped rasterization: GROUP_M tile rows at a time, column by column within the group
@@ -54,13 +56,21 @@ def _matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
 
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    # The loads read rows rm % M and columns rn % N: the tail tiles re-read valid rows instead of masking
+    # (no M / N test in the K loop); the store masks them off.
+    am = rm % M
+    bn = rn % N
     rk = tl.arange(0, BLOCK_K)  # (BLOCK_K,)
-    a_tile = a_ptr + batch * stride_ab + rm[:, None] * stride_am + rk[None, :] * stride_ak  # (BLOCK_M, BLOCK_K)
-    b_tile = b_ptr + batch * stride_bb + rk[:, None] * stride_bk + rn[None, :] * stride_bn  # (BLOCK_K, BLOCK_N)
+    a_tile = a_ptr + batch * stride_ab + am[:, None] * stride_am + rk[None, :] * stride_ak  # (BLOCK_M, BLOCK_K)
+    b_tile = b_ptr + batch * stride_bb + rk[:, None] * stride_bk + bn[None, :] * stride_bn  # (BLOCK_K, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # (BLOCK_M, BLOCK_N)
     for k0 in range(0, K, BLOCK_K):
-        a = tl.load(a_tile, mask=(rm[:, None] < M) & (rk[None, :] + k0 < K), other=0.0)
-        b = tl.load(b_tile, mask=(rk[:, None] + k0 < K) & (rn[None, :] < N), other=0.0)
+        if EVEN_K:  # K a multiple of BLOCK_K: no mask at all
+            a = tl.load(a_tile)
+            b = tl.load(b_tile)
+        else:
+            a = tl.load(a_tile, mask=rk[None, :] + k0 < K, other=0.0)
+            b = tl.load(b_tile, mask=rk[:, None] + k0 < K, other=0.0)
         if IEEE:
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
@@ -77,7 +87,8 @@ _tuned = None
 def _launcher():
     global _tuned
     if _tuned is None:
-        _tuned = triton.autotune(configs=_configs(), key=["M", "N", "K", "DTYPE_KEY"])(_matmul_kernel)
+        even_k = triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})(_matmul_kernel)
+        _tuned = triton.autotune(configs=_configs(), key=["M", "N", "K", "DTYPE_KEY"])(even_k)
     return _tuned
 
 
@@ -96,7 +107,8 @@ def matmul_3d(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     key, ieee = str(a.dtype), a.dtype == torch.float32
     if interpreter():
         grid = (triton.cdiv(m, 32) * triton.cdiv(n, 32), batch)
-        _matmul_kernel[grid](*args, DTYPE_KEY=key, IEEE=ieee, BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=4)
+        _matmul_kernel[grid](*args, DTYPE_KEY=key, IEEE=ieee, BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=4,
+                             EVEN_K=k % 32 == 0)
     else:
         def grid(meta):
             return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]), batch)
