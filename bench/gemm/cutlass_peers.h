@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/report.h"
 #include "optimized/core.h"
 
 namespace bench {
@@ -48,11 +49,9 @@ struct CutlassOperands {
   void* c = nullptr;
 };
 
-// What the report's kernel columns show.
-struct CutlassKernelReport {
-  std::string name;
-  int registers = 0, static_smem = 0, dynamic_smem = 0, threads = 0, local_bytes = 0;
-};
+// What the report's kernel columns show: the harness's KernelInfo (name, registers, shared memory,
+// threads, local bytes), put into a row's Result::kernel as it is.
+using CutlassKernelReport = KernelInfo;
 
 // One CUTLASS kernel initialized for one problem over every rotating set: the host-side work
 // (arguments, TMA descriptors, can_implement) is done once when it is made, as a framework caches

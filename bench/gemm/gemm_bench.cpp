@@ -268,17 +268,7 @@ class GemmGroup : public BenchGroup {
     std::shared_ptr<CutlassGemm> gemm = make_cutlass_gemm(name, cutlass_problem(), sets, env.stream);
     void* stream = env.stream;
     Candidate c = checked([gemm, stream](int it) { gemm->run(it, stream); });
-    c.annotate = [gemm](Result& r) {
-      const CutlassKernelReport k = gemm->report();
-      KernelInfo info;
-      info.name = k.name;
-      info.registers = k.registers;
-      info.static_smem = k.static_smem;
-      info.dynamic_smem = k.dynamic_smem;
-      info.threads = k.threads;
-      info.local_bytes = k.local_bytes;
-      r.kernel = info;
-    };
+    c.annotate = [gemm](Result& r) { r.kernel = gemm->report(); };
     return c;
   }
 

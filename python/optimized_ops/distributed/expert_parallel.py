@@ -48,7 +48,7 @@ from typing import Optional
 import torch
 
 from ..moe import grouped_mm, grouped_mm_swiglu, moe_combine, moe_gather, moe_permute, moe_route
-from ..moe.layer import MoEMetrics, moe_capacity, router_logits
+from ..moe.layer import MoEMetrics, check_dtypes_top_k_scoring, moe_capacity, router_logits
 from ._comm import all_gather_rows, all_to_all, group_rank, group_size, reduce_from_parallel_region, wait
 
 __all__ = ["moe_layer_ep", "ExpertParallelMoE", "expert_range"]
@@ -130,12 +130,7 @@ def moe_layer_ep(x: torch.Tensor, router_weight: torch.Tensor, w13: torch.Tensor
     f = w13.shape[2] // 2
     if tuple(w2.shape) != (ne, f, d):
         raise ValueError(f"w2: expected (E / W, d_ff, d_model) = {[ne, f, d]}; given shape {list(w2.shape)}")
-    if not (w13.dtype == w2.dtype == x.dtype):
-        raise ValueError(f"x, w13, w2: expected one dtype; given {x.dtype}, {w13.dtype}, {w2.dtype}")
-    if not (isinstance(top_k, int) and 1 <= top_k <= e):
-        raise ValueError(f"top_k: expected an int 1 <= k <= E = {e}; given {top_k!r}")
-    if scoring not in ("softmax", "sigmoid"):
-        raise ValueError(f"scoring: expected one of softmax, sigmoid; given {scoring!r}")
+    check_dtypes_top_k_scoring(x, w13, w2, top_k, e, scoring)
     k = top_k
     shape = x.shape
     x2 = x.reshape(-1, d)

@@ -123,12 +123,7 @@ def _check(x, router_weight, w13, w2, top_k, scoring):
     d_ff = w13.shape[2] // 2
     if w2.dim() != 3 or tuple(w2.shape) != (e, d_ff, d):
         raise ValueError(f"w2: expected (E, d_ff, d_model) = {[e, d_ff, d]}; given shape {list(w2.shape)}")
-    if not (w13.dtype == w2.dtype == x.dtype):
-        raise ValueError(f"x, w13, w2: expected one dtype; given {x.dtype}, {w13.dtype}, {w2.dtype}")
-    if not (isinstance(top_k, int) and 1 <= top_k <= e):
-        raise ValueError(f"top_k: expected an int 1 <= k <= E = {e}; given {top_k!r}")
-    if scoring not in ("softmax", "sigmoid"):
-        raise ValueError(f"scoring: expected one of softmax, sigmoid; given {scoring!r}")
+    check_dtypes_top_k_scoring(x, w13, w2, top_k, e, scoring)
 
 
 def _moe_forward(x, router_weight, top_k, experts, *, capacity_factor, scoring, normalize, aux_loss_coef,
@@ -182,6 +177,18 @@ def _moe_forward(x, router_weight, top_k, experts, *, capacity_factor, scoring, 
         z_loss=z_loss,
         loss=aux_loss_coef * aux_loss + z_loss_coef * z_loss)
     return out.reshape(shape), metrics
+
+
+def check_dtypes_top_k_scoring(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k, num_experts: int,
+                               scoring) -> None:
+    """The checks :func:`moe_layer` and its expert-parallel form share: one dtype for ``x``, ``w13`` and ``w2``,
+    ``1 <= top_k <= num_experts``, a known scoring. Raises ``ValueError`` naming the argument."""
+    if not (w13.dtype == w2.dtype == x.dtype):
+        raise ValueError(f"x, w13, w2: expected one dtype; given {x.dtype}, {w13.dtype}, {w2.dtype}")
+    if not (isinstance(top_k, int) and 1 <= top_k <= num_experts):
+        raise ValueError(f"top_k: expected an int 1 <= k <= E = {num_experts}; given {top_k!r}")
+    if scoring not in ("softmax", "sigmoid"):
+        raise ValueError(f"scoring: expected one of softmax, sigmoid; given {scoring!r}")
 
 
 def moe_layer(x: torch.Tensor, router_weight: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int, *,
