@@ -77,6 +77,10 @@ def parse_args(argv):
     p.add_argument("--min-time-s", type=float, default=0.5)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--timeout-s", type=float, default=300.0)
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="ddp: after the timing, 3 more steps under torch.profiler on every rank: DIR/ddp-rank<r>.json "
+                        "(a Chrome trace) and DIR/ddp-rank<r>.txt (time per kernel / operator, the NCCL kernels "
+                        "and the gaps between kernels where the GPU waited)")
     p.add_argument("--out", default=str(runner.ROOT / "bench" / "results"))
     args = p.parse_args(argv)
     if args.quick:
@@ -364,6 +368,36 @@ def tp_rows(b: Bench, dname, log):
 
 # ---- data parallelism ----------------------------------------------------------------------------------------------
 
+def profile_steps(fn, out_dir, stem, dev, steps=3):
+    """``steps`` calls of ``fn`` under torch.profiler (CPU, and CUDA on a GPU): a Chrome trace and a table of the
+    time per kernel (operator on the CPU) under ``out_dir``; on CUDA also the step's GPU busy time against its wall
+    time (the rest: the GPU waited on the host or on another rank)."""
+    from torch.profiler import ProfilerActivity, profile
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    t0 = time.perf_counter()
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            fn()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+    wall_ms = (time.perf_counter() - t0) * 1e3 / steps
+    prof.export_chrome_trace(str(out / f"{stem}.json"))
+    key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    lines = [f"{steps} steps, {wall_ms:.2f} ms per step (wall, profiler on)"]
+    if dev.type == "cuda":
+        events = [e for e in prof.events() if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+        busy = sum(e.time_range.elapsed_us() for e in events) / 1e3 / steps
+        nccl = sum(e.time_range.elapsed_us() for e in events if "nccl" in e.name.lower()) / 1e3 / steps
+        lines.append(f"GPU kernels {busy:.2f} ms per step (NCCL {nccl:.2f} ms; overlapping kernels count twice); "
+                     f"the GPU idle for at most {max(wall_ms - busy, 0):.2f} ms")
+    lines.append(prof.key_averages().table(sort_by=key, row_limit=40))
+    (out / f"{stem}.txt").write_text("\n".join(lines) + "\n")
+
+
 def ddp_rows(b: Bench, dname, log):
     from optimized_ops.distributed import wrap_ddp
     from optimized_ops.models import OptimizedTransformer
@@ -421,6 +455,8 @@ def ddp_rows(b: Bench, dname, log):
     ow = torch.optim.AdamW(mw.parameters(), lr=1e-4, fused=fused)
     r = row("train_step", "ddp", "fwd+bwd+step", f"{w} GPUs DDP", dname, shape, label, w, flops, 0, comm, formulas)
     finish(r, b.measure(step_fn(mw, ow, tokens[rank * bs:(rank + 1) * bs]), everyone=True), tg)
+    if a.profile:
+        profile_steps(step_fn(mw, ow, tokens[rank * bs:(rank + 1) * bs]), a.profile, f"ddp-rank{rank}", dev)
     flat = torch.cat([p.detach().reshape(-1).float() for p in mw.parameters()])
     summary = torch.stack([flat.sum(), flat.square().sum()]).double()
     ref = summary.clone()
