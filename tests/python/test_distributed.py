@@ -12,6 +12,9 @@ modules (column / row linear, SwiGLU MLP, GQA attention, a sequence-parallel blo
 data parallelism (DDP gradients of a Transformer in float64 against the full batch; train_data_parallel stopped and
 resumed against an uninterrupted run, a checkpoint refusing another world size).
 
+The benchmark (bench/benchmark_distributed.py) runs once on 2 CPU ranks under torch.distributed.run (--quick, with
+--profile): its rows and each rank's profile are written.
+
 The subprocesses find the package and the library as this process did (the imported package's root on PYTHONPATH,
 OPTIMIZED_OPS_LIBRARY = optimized_ops.library_path()), rendezvous through a file (no port to pick), and run with
 NVLink multicast forced off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1).
@@ -175,3 +178,30 @@ def test_checkpoints_hold_the_bare_model_names():
     wrapper.module = torch.nn.Linear(2, 3)  # a model whose own names start with "module."
     own = wrapper.state_dict()
     assert list(_without_ddp_prefix(own, wrapper)) == list(own)
+
+
+def test_benchmark_runs_two_ranks_and_profiles(tmp_path):
+    """bench/benchmark_distributed.py under torch.distributed.run on the CPU (gloo, 2 ranks, --quick): every case
+    writes its rows (the ratio to one process), and --profile writes each rank's trace and table."""
+    out, prof = tmp_path / "out", tmp_path / "prof"
+    env = _env(0, 2, tmp_path / "unused")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "DIST_INIT_FILE"):
+        env.pop(k)
+    import socket
+    with socket.socket() as sock:  # a free port for the rendezvous (port 0 is not shared between the ranks)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(port),
+           str(HERE.parents[1] / "bench" / "benchmark_distributed.py"), "--quick", "--device", "cpu",
+           "--profile", str(prof), "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=JOB_TIMEOUT_S, cwd=str(HERE.parents[1]))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [report] = list(out.glob("*/python-distributed.json"))
+    rows = json.loads(report.read_text())["results"]
+    assert rows and all(r["status"] in ("ok", "skipped") for r in rows), [(r.get("variant"), r["status"]) for r in rows]
+    assert any(r.get("vs_baseline") for r in rows), "no row measured against one process"
+    for r in range(2):
+        assert (prof / f"ddp-rank{r}.json").stat().st_size > 0
+        text = (prof / f"ddp-rank{r}.txt").read_text()
+        assert "ms per step" in text and "Self CPU" in text, text[:500]
