@@ -18,7 +18,8 @@ Measurement (the statistics of the C++ harness, bench/harness/harness.h, ported)
     checked against float64 with the family's tolerance rule (bench/tolerance.py, the mirror of
     src/testing/tolerance.h); a row that fails is reported "failed" and not timed;
   * warm-up until warmup_s or max_warmup runs; then samples, each timed with CUDA events around
-    the op on the current stream (CPU: perf_counter around the call), with a cold cache before
+    the op on the current stream (CPU: perf_counter around the call; --launch-cover-us N: a GPU spin
+    of about N us before the start event, for host launch paths longer than the flush), with a cold cache before
     every sample (GPU: a write of 2x the L2 size enqueued before the start event; CPU: a write of
     2x the last-level cache) and rotating input sets (enough to cover 2x the cache, at most 8);
   * stopping rule: at least min_samples and min_time_s, then stop when the relative standard
@@ -93,11 +94,13 @@ class Options:
         self.warmup_s = args.warmup_s
         self.max_warmup = args.max_warmup
         self.flush_cache = not args.no_flush
+        self.launch_cover_us = float(getattr(args, "launch_cover_us", 0.0) or 0.0)
 
     def as_json(self):
         return {"min_samples": self.min_samples, "max_samples": self.max_samples,
                 "min_time_s": self.min_time_s, "max_time_s": self.max_time_s,
                 "target_rse": self.target_rse, "warmup_s": self.warmup_s, "flush_cache": self.flush_cache,
+                "launch_cover_us": self.launch_cover_us,
                 "roofline": "max(flops / peak, min_bytes / bandwidth) / time; peak: the torch.matmul "
                             "(cuBLAS on GPU) rate of the dtype among the ceilings, bandwidth: device_copy "
                             "(GPU) or host_copy (CPU), all measured in this run"}
@@ -167,6 +170,15 @@ class Timer:
             self.cache_bytes = host_llc_bytes()
             self.flush_buf = torch.empty(2 * self.cache_bytes, dtype=torch.uint8)
         self.flush_value = 0
+        # --launch-cover-us: a GPU spin of about that long after the flush, before the start event, so that a
+        # host whose launch path (Python wrapper, dispatcher, launcher) takes longer than the flush still has
+        # every kernel of the sample enqueued before the GPU reaches the start event (the timed region is then
+        # the kernels' alone). The clock rate turns microseconds into the spin's cycles.
+        cover_us = float(getattr(opt, "launch_cover_us", 0.0) or 0.0)
+        self.cover_cycles = 0
+        if device == "cuda" and cover_us > 0:
+            mhz = getattr(torch.cuda.get_device_properties(0), "clock_rate", 0) / 1e3 or 1980.0
+            self.cover_cycles = int(cover_us * mhz)
         # --metrics-child (ncu_metrics.py): every measurement ends with one profiled call.
         self.metrics_child = False
         self.measures = 0     # measurements so far (their ids)
@@ -225,6 +237,8 @@ class Timer:
             before(it)
             if opt.flush_cache:
                 self.flush()
+            if self.cover_cycles:  # --launch-cover-us: the GPU spins while the host enqueues the sample
+                torch.cuda._sleep(self.cover_cycles)
             start.record(stream)
             run_once(it)
             it += 1
@@ -448,6 +462,9 @@ def parse_args(argv):
     p.add_argument("--warmup-s", type=float, default=0.05)
     p.add_argument("--max-warmup", type=int, default=10)
     p.add_argument("--no-flush", action="store_true", help="keep caches warm between samples")
+    p.add_argument("--launch-cover-us", type=float, default=0.0,
+                   help="CUDA: a GPU spin of about this long before each sample's start event, covering a host launch "
+                        "path longer than the cache flush (0: none, the default; rows measured with it say so)")
     p.add_argument("--metrics", action="store_true",
                    help="after the timed run, profile one call of every measurement under Nsight Compute (ncu on "
                         "PATH or $OPTIMIZED_NCU) and add the counters to the rows (`metrics`; bench/ncu_metrics.py)")
