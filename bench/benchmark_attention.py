@@ -31,6 +31,8 @@ What is compared, per (dtype, shape, causal):
   varlen         optimized_ops.flash_attention_varlen on the same number of tokens packed as B sequences of unequal
                  lengths (drawn with a fixed seed between N/2 and 3N/2, summing to B*N), for every fixed shape with
                  B >= 2; compared by TFLOP/s with the same rung at fixed length N ("vs fixed"; target >= 0.9)
+  GQA rows (--gqa g): the same shape with H / g kv heads (forward only), compared per query head with the
+                 MHA row by TFLOP/s ("vs_mha"; issue 18's target >= 1.0 at g = 8)
 Directions:
   fwd            the forward under torch.no_grad() (inference: no autograd state saved);
   bwd            torch.autograd.grad(out, (q, k, v), dout) on the graph of a forward run just before each sample,
@@ -110,9 +112,14 @@ QUICK = {
 class Shape:
     """One problem: B sequences of S tokens (or packed unequal `lengths`), H heads of D."""
 
-    def __init__(self, batch, seqlen, heads, head_dim, lengths=None):
+    def __init__(self, batch, seqlen, heads, head_dim, lengths=None, heads_kv=None):
         self.batch, self.seqlen, self.heads, self.head_dim = batch, seqlen, heads, head_dim
         self.lengths = lengths  # varlen: the B sequence lengths (sum = B * S)
+        self.heads_kv = heads_kv or heads  # GQA: H / H_kv query heads per kv head (--gqa)
+
+    @property
+    def group(self):
+        return self.heads // self.heads_kv
 
     @property
     def varlen(self):
@@ -120,6 +127,8 @@ class Shape:
 
     def label(self):
         core = f"{self.batch}x{self.seqlen}x{self.heads}x{self.head_dim}"
+        if self.group > 1:
+            core += f" gqa{self.group}:1"
         return f"varlen:{core}" if self.varlen else core
 
     def tokens(self):
@@ -138,11 +147,15 @@ class Shape:
     def min_bytes(self, direction, elem):
         """fwd: read q, k, v, write out and the fp32 lse; bwd: read q, k, v, out, dout, lse, write dq, dk, dv."""
         t = self.tokens() * self.heads * self.head_dim * elem
+        kv = self.tokens() * self.heads_kv * self.head_dim * elem  # k or v (GQA: fewer heads)
         lse = self.tokens() * self.heads * 4
-        return {"fwd": 4 * t + lse, "bwd": 8 * t + lse, "fwd+bwd": 12 * t + 2 * lse}[direction]
+        return {"fwd": 2 * t + 2 * kv + lse, "bwd": 5 * t + 4 * kv + lse,
+                "fwd+bwd": 7 * t + 6 * kv + 2 * lse}[direction]
 
     def as_json(self):
         d = {"batch": self.batch, "seqlen": self.seqlen, "heads": self.heads, "head_dim": self.head_dim}
+        if self.group > 1:
+            d["heads_kv"] = self.heads_kv
         if self.varlen:
             d["lengths"] = list(self.lengths)
         return d
@@ -238,8 +251,9 @@ def make_impls(variants, peers, causal, varlen, deterministic):
         backend = sdpa_backend(p)
 
         def fwd(q, k, v_, meta):
+            gqa = {"enable_gqa": True} if q.shape[2] != k.shape[2] else {}
             o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v_.transpose(1, 2),
-                                               is_causal=causal)
+                                               is_causal=causal, **gqa)
             return o.transpose(1, 2)
 
         if backend is None:
@@ -260,16 +274,15 @@ class InputSet:
     cu_seqlens for varlen."""
 
     def __init__(self, shape, dtype, device, gen):
-        if shape.varlen:
-            dims = (shape.tokens(), shape.heads, shape.head_dim)
-        else:
-            dims = (shape.batch, shape.seqlen, shape.heads, shape.head_dim)
+        lead = (shape.tokens(),) if shape.varlen else (shape.batch, shape.seqlen)
 
-        def normal():
-            return torch.randn(*dims, generator=gen, device=device, dtype=torch.float32).to(dtype)
+        def normal(heads):
+            return torch.randn(*lead, heads, shape.head_dim, generator=gen, device=device,
+                               dtype=torch.float32).to(dtype)
 
-        self.q, self.k, self.v = (normal().requires_grad_() for _ in range(3))
-        self.dout = normal()
+        self.q = normal(shape.heads).requires_grad_()
+        self.k, self.v = (normal(shape.heads_kv).requires_grad_() for _ in range(2))
+        self.dout = normal(shape.heads)
         self.meta = {}
         if shape.varlen:
             cu = [0]
@@ -355,7 +368,8 @@ class Reference:
         scale = 1.0 / math.sqrt(shape.head_dim)
         self.ref64, self.same = {}, {}
         for b, h in self.pairs:
-            q, k, v = (head_slice(t.detach(), shape, s0.meta, b, h) for t in s0.leaves())
+            q = head_slice(s0.q.detach(), shape, s0.meta, b, h)
+            k, v = (head_slice(t.detach(), shape, s0.meta, b, h // shape.group) for t in (s0.k, s0.v))
             do = head_slice(s0.dout, shape, s0.meta, b, h)
             self.ref64[(b, h)] = head_reference(q.double(), k.double(), v.double(), do.double(), causal, scale,
                                                 backward)
@@ -396,6 +410,7 @@ class Reference:
         return res
 
     def gather(self, tensors, s0):
+        # out and dq per query head; dk and dv (GQA: not gathered, the backward rows are skipped) per kv head
         return {(b, h): [head_slice(t.detach(), self.shape, s0.meta, b, h) for t in tensors] for b, h in self.pairs}
 
 
@@ -503,6 +518,10 @@ def attention_rows(args, device, timer, ceilings, log, notes):
                 groups = []
                 if args.varlen != "only":
                     groups.append(base_shape)
+                    for g in args.gqa:  # GQA rows (forward): H / g kv heads, compared per query head below
+                        if g > 1 and base_shape.heads % g == 0:
+                            groups.append(Shape(base_shape.batch, base_shape.seqlen, base_shape.heads,
+                                                base_shape.head_dim, heads_kv=base_shape.heads // g))
                 if args.varlen != "off" and base_shape.batch >= 2:
                     groups.append(Shape(base_shape.batch, base_shape.seqlen, base_shape.heads, base_shape.head_dim,
                                         varlen_lengths(base_shape.batch, base_shape.seqlen)))
@@ -510,8 +529,15 @@ def attention_rows(args, device, timer, ceilings, log, notes):
                 for shape in groups:
                     rows = attention_group(args, device, timer, log, notes, dname, dtype, elem, shape, causal,
                                            variants, peers, directions, peaks.get(dname), bw)
-                    if not shape.varlen:
+                    if not shape.varlen and shape.group == 1:
                         fixed_rows = {(r["variant"], r["direction"]): r for r in rows}
+                    elif not shape.varlen:  # GQA: time per query head against the same shape's MHA row
+                        for r in rows:
+                            f = fixed_rows.get((r["variant"], r["direction"]))
+                            if r["status"] == "ok" and f and f["status"] == "ok" and f["tflops"]:
+                                r["mha"] = {"shape_label": f["shape_label"], "tflops": f["tflops"],
+                                            "time_ms": f["time_ms"]}
+                                r["vs_mha"] = r["tflops"] / f["tflops"]
                     else:
                         for r in rows:
                             f = fixed_rows.get((r["variant"], r["direction"]))
@@ -529,7 +555,7 @@ def attention_group(args, device, timer, log, notes, dname, dtype, elem, shape, 
     impls = make_impls(variants, peers, causal, shape.varlen, args.deterministic)
     want_bwd = any(d != "fwd" for d in directions)
     # -- operands: enough sets to cover 2x the cache (at most a quarter of the free memory)
-    set_bytes = 4 * shape.tokens() * shape.heads * shape.head_dim * elem
+    set_bytes = 2 * shape.tokens() * (shape.heads + shape.heads_kv) * shape.head_dim * elem
     budget = (torch.cuda.mem_get_info()[0] // 4) if device == "cuda" else (1 << 30)
     nsets = runner.rotating_set_count(set_bytes, timer.cache_bytes, budget)
     gen = torch.Generator(device=device).manual_seed(4242)
@@ -547,6 +573,11 @@ def attention_group(args, device, timer, log, notes, dname, dtype, elem, shape, 
         if impl.variant in HEAD_DIMS_ONLY and shape.head_dim not in HEAD_DIMS_ONLY[impl.variant]:
             skip[(impl.name, None)] = (f"{impl.variant} runs head dims "
                                        f"{', '.join(map(str, HEAD_DIMS_ONLY[impl.variant]))}; given {shape.head_dim}")
+        if shape.group > 1:
+            for direction in directions:
+                if direction != "fwd":
+                    skip[(impl.name, direction)] = ("GQA rows are forward only here (the per-head references check "
+                                                    "dk / dv of a kv head against one query head's share)")
         if impl.variant in FORWARD_ONLY:
             for direction in directions:
                 if direction != "fwd":
@@ -903,6 +934,7 @@ def prepare(args, device):
         if p not in PEERS:
             raise SystemExit(f"--peers: expected some of {', '.join(PEERS)} or none; given '{p}'")
     args.seqlens = _int_list(args.seqlens_text)
+    args.gqa = _int_list(getattr(args, "gqa_text", None)) or []
     args.head_dims = _int_list(args.head_dims_text)
 
 
@@ -914,6 +946,9 @@ def add_arguments(p):
     p.add_argument("--tokens", type=int, default=None, help="attention: B * N (default 16384)")
     p.add_argument("--hidden", type=int, default=None, help="attention: H * D (default 2048)")
     p.add_argument("--causal", default="both", choices=["both", "on", "off"], help="attention: causal rows")
+    p.add_argument("--gqa", dest="gqa_text", default=None,
+                   help="attention: comma list of query heads per kv head (e.g. 8): forward rows beside each fixed "
+                        "shape with H / g kv heads, the same flops, vs_mha = their TFLOP/s over the MHA row's")
     p.add_argument("--varlen", default="auto", choices=["auto", "off", "only"],
                    help="attention: varlen rows beside each fixed shape with B >= 2 (auto), none, or only them")
     try:  # shared with the fused family: added by whichever family registers first
