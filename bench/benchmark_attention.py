@@ -83,10 +83,10 @@ PEERS = ["flash", "cudnn", "efficient", "math"]
 PEER_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH"}
 HALF_ONLY = {"flash2": ("fp16", "bf16"), "hopper": ("fp16", "bf16")}  # attention.h: tensor-core fp16/bf16
-# Rungs that run a subset (include/optimized/attention.h): hopper is the sm_90a forward, fixed length, head dims 64
-# and 128 (its backward, varlen and the other head dims are refused by the library; skipped rows here say why).
+# Rungs that run a subset (include/optimized/attention.h): hopper is the sm_90a forward (fixed length and varlen), head dims 64
+# and 128 (its backward and the other head dims are refused by the library; skipped rows here say why).
 FORWARD_ONLY = {"hopper": "hopper is a forward-only rung (its backward is not written yet; flash2 runs it)"}
-FIXED_LENGTH_ONLY = {"hopper": "hopper runs fixed-length batches only (varlen is not written yet)"}
+FIXED_LENGTH_ONLY = {}  # every rung runs varlen batches (hopper since its varlen forward)
 HEAD_DIMS_ONLY = {"hopper": (64, 128)}
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
 CHECK_PAIRS = 3

@@ -316,7 +316,6 @@ void check_hopper(const AttentionParams& p, const std::string& what, bool aligne
   if (p.backward)
     unsupported(what + ": hopper is a forward-only rung (its backward is not written yet); run the backward on "
                 "flash2 (variant 'flash2'), which takes the lse this forward writes");
-  if (p.varlen()) unsupported(what + ": hopper runs fixed-length batches only (varlen is not written yet)" + use);
   if (p.head_dim != 64 && p.head_dim != 128)
     unsupported("head_dim: hopper runs head dims 64 and 128; given " + std::to_string(p.head_dim) + use);
   if (p.window_left >= 0 || p.window_right > 0)

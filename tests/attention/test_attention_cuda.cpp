@@ -368,24 +368,57 @@ TEST_P(HopperAttention, BigSequences) {
   expect_attention_ok(base(1, 257, 4097, 1, 1, 128));
 }
 
-// On the device, too: the refusals (thrown by the C++ API before any device work) name the feature and flash2.
-TEST_P(HopperAttention, RefusesTheBackwardAndVarlen) {
-  const auto refusal = [](const AttnOperands& o) {
-    try {
-      const AttnRun r = run_attention(o);
-      return r.ok ? std::string("(ran)") : r.error;
-    } catch (const std::exception& e) {
-      return std::string(e.what());
+// Varlen: packed sequences of mixed lengths (empty, length 1, across the 128-row tiles, S_q != S_k both
+// ways), both head dims, GQA, each unmasked, causal bottom-right and top-left.
+TEST_P(HopperAttention, Varlen) {
+  for (int64_t d : {64, 128}) {
+    for (const VarlenLens& lens : varlen_batches()) {
+      AttnCase c = base(1, 1, 1, 4, 2, d);
+      c.lens_q = lens.q;
+      c.lens_k = lens.k;
+      expect_all_masks(c);
     }
-  };
-  const std::string rb =
-      refusal(AttnOperands(make_case(true, GetParam(), AttentionVariant::kHopper, Device::cuda(0), 1, 33, 33, 2, 1, 64)));
-  EXPECT_TRUE(contains(rb, "forward-only") && contains(rb, "flash2")) << rb;
-  AttnCase v = base(1, 1, 1, 2, 1, 64);
-  v.lens_q = {5, 130};
-  v.lens_k = {7, 100};
-  const std::string rv = refusal(AttnOperands(v));
-  EXPECT_TRUE(contains(rv, "varlen")) << rv;
+    AttnCase c = base(1, 1, 1, 4, 1, d);
+    c.lens_q = {130, 0, 1, 257, 64, 300};
+    c.lens_k = {200, 5, 1, 100, 64, 129};
+    expect_all_masks(c);
+  }
+}
+
+// Varlen: sequence 0's last key tile (keys 128..255 of the packed k / v) runs into sequence 1's rows,
+// which TMA loads too. Sequence 1's key 0 (packed row 130: a NaN and an Inf in v, an Inf in k) and
+// its last query row (a NaN in q; packed row 109, inside sequence 0's query tile) must stay out of
+// sequence 0; every row of sequence 1 sees its key 0, its last row every key, so there both rules of
+// CudaAttention.NanAndInf agree.
+TEST_P(HopperAttention, VarlenNeighboursSpecialValues) {
+  for (int64_t d : {64, 128}) {
+    AttnCase c = base(1, 1, 1, 2, 1, d);
+    c.lens_q = {50, 60};
+    c.lens_k = {130, 70};
+    for (int m = 0; m < 3; ++m) {
+      c.causal = m > 0;
+      c.top_left = m == 2;
+      AttnOperands o(c);
+      o.set_data(kV, 130, 0, 3, std::nan(""));
+      o.set_data(kV, 130, 0, 9, INFINITY);
+      o.set_data(kK, 130, 0, 1, INFINITY);
+      o.set_data(kQ, 109, 1, 0, std::nan(""));
+      expect_operands_ok(o);
+    }
+  }
+}
+
+// On the device, too: the refusal (thrown by the C++ API before any device work) names the feature and flash2.
+TEST_P(HopperAttention, RefusesTheBackward) {
+  std::string why = "(ran)";
+  try {
+    const AttnRun r =
+        run_attention(AttnOperands(make_case(true, GetParam(), AttentionVariant::kHopper, Device::cuda(0), 1, 33, 33, 2, 1, 64)));
+    if (!r.ok) why = r.error;
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  EXPECT_TRUE(contains(why, "forward-only") && contains(why, "flash2")) << why;
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, HopperAttention, ::testing::Values(DType::kF16, DType::kBF16),

@@ -444,12 +444,6 @@ TEST_F(AttentionErrors, HopperRefusesWhatItDoesNotRunYet) {
   const TensorView lse = raw(lse_in_.data(), DType::kF32, dev, {1, 1, 3}, {3, 3, 1});
   refuses([&] { attention_backward(q(), q(), q(), q(), h4(k16_, 3, 64), lse, grad(0), grad(1), grad(2), {}, hop); },
           Status::kUnsupported, "hopper", "flash2");
-  // Varlen.
-  const TensorView vq = raw(q16_.data(), DType::kF16, dev, {5, 1, 64}, {64, 64, 1});
-  const TensorView vout = raw(out16_.data(), DType::kF16, dev, {5, 1, 64}, {64, 64, 1});
-  const TensorView cq = raw(cu_q_.data(), DType::kI32, dev, {3}, {1});
-  refuses([&] { attention_varlen_forward(vq, vq, vq, cq, cq, 3, 3, vout, kAbsent, {}, hop); }, Status::kUnsupported,
-          "hopper", "varlen");
 }
 
 TEST(AttentionVariants, NamesAndParsing) {

@@ -18,7 +18,7 @@ variant        device  what runs
 ``"flash2"``   CUDA    mma.sync tensor cores, cp.async double buffering (FlashAttention-2)
 ``"hopper"``   CUDA    sm_90a (H100 / H200 only): wgmma + TMA, a producer warp and two
                        consumer warpgroups; forward only (the backward raises, naming
-                       flash2), fixed length, D 64 or 128, causal or not, GQA / MQA;
+                       flash2), fixed length or varlen, D 64 or 128, causal or not, GQA / MQA;
                        float16 / bfloat16, 16-byte aligned rows; not picked by auto yet
 ``"triton"``   CUDA    FlashAttention-2 written in Triton (optimized_ops/triton/attention.py):
                        causal or not, softmax_scale, GQA / MQA, forward and backward

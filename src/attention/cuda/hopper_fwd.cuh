@@ -99,6 +99,7 @@ struct FwdConfig {
   // into step with the tensor cores idle. false: the warpgroups run freely (for an A/B).
   static constexpr bool kPingPong = true;
   static constexpr int kPingPongBarrier = 1;  // ids 1, 2 (0 is __syncthreads)
+  static constexpr int kZeroBarrier = 3;      // the consumers, after zeroing a varlen tail (below)
   // Intra-warpgroup overlap: the softmax of key tile n runs while the tensor cores do the PV
   // product of tile n + 1 (the previous one in visiting order); false: S, softmax, PV in turn.
   static constexpr bool kIntraOverlap = true;
@@ -119,12 +120,31 @@ struct FwdArgs {
   int64_t out_batch, out_row, out_head;  // elements
   float* lse;                            // null: not written
   int64_t lse_batch, lse_head;
-  int len_q, len_k;
+  int len_q, len_k;    // fixed length: S_q, S_k; varlen: the longest (the grid's)
   int group;           // query heads per kv head
   int causal;          // window_right == 0, window_left unbounded
-  int offset;          // causal diagonal: query i sees keys j <= i + offset
+  int top_left;        // causal diagonal aligned top-left (offset 0) or bottom-right (S_k - S_q)
   float scale_log2;    // scale * log2(e)
+  const int32_t* cu_seqlens_q;  // varlen (B + 1 device ints); null: fixed length
+  const int32_t* cu_seqlens_k;
 };
+
+// One sequence of the call: where its rows start in the packed tensors (0 for fixed length, whose
+// sequences are the tensor maps' batch coordinate instead), its lengths and its causal diagonal
+// (query i sees keys j <= i + offset).
+struct FwdSeq {
+  int start_q, start_k, len_q, len_k, offset, batch_coord;
+};
+__device__ __forceinline__ FwdSeq sequence(const FwdArgs& a, int b) {
+  FwdSeq q{0, 0, a.len_q, a.len_k, 0, b};
+  if (a.cu_seqlens_q) {
+    q.start_q = a.cu_seqlens_q[b], q.len_q = a.cu_seqlens_q[b + 1] - q.start_q;
+    q.start_k = a.cu_seqlens_k[b], q.len_k = a.cu_seqlens_k[b + 1] - q.start_k;
+    q.batch_coord = 0;  // one packed (D, total, H, 1) map
+  }
+  q.offset = a.top_left ? 0 : q.len_k - q.len_q;
+  return q;
+}
 
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
@@ -139,10 +159,10 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 
 // The key tiles the block of query rows [m0, m0 + kBlockM) visits: [0, n_end).
 template <typename C>
-__device__ __forceinline__ int key_tiles(const FwdArgs& a, int m0) {
-  int n_end = (a.len_k + C::kBlockN - 1) / C::kBlockN;
+__device__ __forceinline__ int key_tiles(const FwdArgs& a, const FwdSeq& sq, int m0) {
+  int n_end = (sq.len_k + C::kBlockN - 1) / C::kBlockN;
   if (a.causal) {
-    const int last_key = m0 + C::kBlockM - 1 + a.offset;  // the block's last row's diagonal
+    const int last_key = m0 + C::kBlockM - 1 + sq.offset;  // the block's last row's diagonal
     const int n_diag = last_key < 0 ? 0 : last_key / C::kBlockN + 1;
     n_end = n_end < n_diag ? n_end : n_diag;
   }
@@ -176,7 +196,9 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
   const int m_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int h_kv = h / args.group;
   const int m0 = m_block * C::kBlockM;
-  const int n_end = key_tiles<C>(args, m0);
+  const FwdSeq sq = sequence(args, b);
+  if (m0 >= sq.len_q) return;  // varlen: this sequence is shorter than the grid's longest (the whole block)
+  const int n_end = key_tiles<C>(args, sq, m0);
 
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(q_full, 1);
@@ -200,7 +222,8 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
       ptx::mbarrier_arrive_expect_tx(q_full, C::kTileBytes);
 #pragma unroll
       for (int x = 0; x < C::kBoxes; ++x)
-        ptx::tma_load_4d(q_tile + x * C::kBoxBytes, &map_q, q_full, x * C::kBoxCols, m0, h, b);
+        ptx::tma_load_4d(q_tile + x * C::kBoxBytes, &map_q, q_full, x * C::kBoxCols, sq.start_q + m0, h,
+                           sq.batch_coord);
       kernels::RingCursor<C::kStages> ring;
       for (int n = n_end - 1; n >= 0; --n) {
         // A fresh empty barrier satisfies the opposite parity: the first kStages waits pass.
@@ -209,13 +232,13 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
 #pragma unroll
         for (int x = 0; x < C::kBoxes; ++x)
           ptx::tma_load_4d(k_tile(ring.stage) + x * C::kBoxBytes, &map_k, &k_full[ring.stage], x * C::kBoxCols,
-                           n * C::kBlockN, h_kv, b);
+                           sq.start_k + n * C::kBlockN, h_kv, sq.batch_coord);
         ptx::mbarrier_wait(&v_empty[ring.stage], ring.phase ^ 1);
         ptx::mbarrier_arrive_expect_tx(&v_full[ring.stage], C::kTileBytes);
 #pragma unroll
         for (int x = 0; x < C::kBoxes; ++x)
           ptx::tma_load_4d(v_tile(ring.stage) + x * C::kBoxBytes, &map_v, &v_full[ring.stage], x * C::kBoxCols,
-                           n * C::kBlockN, h_kv, b);
+                           sq.start_k + n * C::kBlockN, h_kv, sq.batch_coord);
         ring.advance();
       }
     }
@@ -236,6 +259,24 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
 
     ptx::mbarrier_wait(q_full, 0);
     const unsigned char* q_rows = q_tile + 64 * c * 128;  // 64 rows x 128 bytes into each box
+    // Varlen: the last key tile of a sequence (the first visited) may run into the next sequence's
+    // rows, which TMA loads like any others. Their scores are masked (selected to -inf), but P = 0
+    // times a NaN or Inf of their V would still reach O: the consumers zero those V rows (each a
+    // whole 128-byte row of every box: the swizzle permutes 16-byte chunks within a row) before any
+    // PV reads them, then order the writes before the tensor cores' reads (proxy fence) and wait for
+    // each other. Fixed-length batches need none of it: past S_k the map's bounds zero-fill.
+    if (args.cu_seqlens_q && n_end > 0 && sq.len_k - (n_end - 1) * C::kBlockN < C::kBlockN) {
+      const int valid = sq.len_k - (n_end - 1) * C::kBlockN;  // rows of the tile in the sequence
+      const int rows = C::kBlockN - valid, chunks = rows * 8;  // 16-byte chunks per box
+      ptx::mbarrier_wait(&v_full[0], 0);                       // the first tile is the ring's stage 0
+      unsigned char* vt = v_tile(0);
+      for (int i = threadIdx.x - 128; i < chunks * C::kBoxes; i += 128 * C::kConsumers) {
+        const int box = i / chunks, r = (i % chunks) / 8, chunk = i % 8;
+        *reinterpret_cast<uint4*>(vt + box * C::kBoxBytes + (valid + r) * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
+      }
+      ptx::fence_proxy_async_shared();
+      ptx::named_barrier_sync(C::kZeroBarrier, 128 * C::kConsumers);
+    }
     // Ping-pong: warpgroup c waits on barrier 1 + c before issuing its S and then lets the other
     // one go (arrive on 1 + (1 - c)); each barrier counts the 128 waiters and the other's 128
     // arrivals. Warpgroup 1 arrives once up front, so warpgroup 0 goes first. Both run the same
@@ -276,7 +317,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
     // rescaled and grown; alpha[hh] = 2^(m_old - m_new), the factor O still needs.
     auto softmax = [&](float (&s)[C::kBlockN / 2], int n, float (&alpha)[2]) {
       const int n0 = n * C::kBlockN;
-      const bool masked = n0 + C::kBlockN > args.len_k || (args.causal && n0 + C::kBlockN - 1 > m0 + args.offset);
+      const bool masked = n0 + C::kBlockN > sq.len_k || (args.causal && n0 + C::kBlockN - 1 > m0 + sq.offset);
 #pragma unroll
       for (int i = 0; i < C::kBlockN / 2; ++i) s[i] *= args.scale_log2;
       if (masked) {
@@ -288,7 +329,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
             for (int e = 0; e < 2; ++e) {
               const int col = n0 + 8 * j + col_in + e;
               const int row = row0 + 8 * hh;
-              if (col >= args.len_k || (args.causal && col > row + args.offset)) s[4 * j + 2 * hh + e] = -INFINITY;
+              if (col >= sq.len_k || (args.causal && col > row + sq.offset)) s[4 * j + 2 * hh + e] = -INFINITY;
             }
       }
 #pragma unroll
@@ -409,7 +450,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
     }
 
     // Epilogue: l over the row's 4 lanes, O / l stored (rows < len_q), lse.
-    T* out = static_cast<T*>(args.out) + b * args.out_batch + h * args.out_head;
+    T* out = static_cast<T*>(args.out) + b * args.out_batch + sq.start_q * args.out_row + h * args.out_head;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       float l = row_sum[hh];
@@ -418,7 +459,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
       const bool empty = l == 0.f;  // no visible key (a NaN l is not empty: it propagates, as in flash2)
       const float inv = empty ? 0.f : 1.f / l;
       const int row = row0 + 8 * hh;
-      if (row < args.len_q) {
+      if (row < sq.len_q) {
         T* out_row = out + static_cast<int64_t>(row) * args.out_row;
 #pragma unroll
         for (int j = 0; j < kHeadDim / 8; ++j) {
@@ -426,7 +467,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
           *reinterpret_cast<uint32_t*>(out_row + 8 * j + col_in) = v;
         }
         if (args.lse && lane % 4 == 0)
-          args.lse[b * args.lse_batch + h * args.lse_head + row] =
+          args.lse[b * args.lse_batch + h * args.lse_head + sq.start_q + row] =
               empty ? -INFINITY : (row_max[hh] + kernels::log2_approx(l)) * 0.69314718055994531f;
       }
     }
@@ -453,22 +494,28 @@ cudaError_t launch_forward(const CUtensorMap& map_q, const CUtensorMap& map_k, c
 template <typename T, int kHeadDim>
 cudaError_t run_forward(const AttentionParams& p, cudaStream_t stream) {
   using C = FwdConfig<kHeadDim>;
-  if (p.backward || p.varlen() || p.head_dim != kHeadDim || p.softcap > 0 || p.alibi || p.mask ||
-      p.window_left >= 0 || p.window_right > 0)
+  if (p.backward || p.head_dim != kHeadDim || p.softcap > 0 || p.alibi || p.mask || p.window_left >= 0 ||
+      p.window_right > 0)
     return cudaErrorInvalidValue;
+  // Fixed length: (D, S, H, B) maps, the sequence is the batch coordinate. Varlen: one packed
+  // (D, total, H, 1) map, the sequence's rows found from cu_seqlens on the device.
+  const bool varlen = p.varlen();
   auto map_of = [&](CUtensorMap* map, const void* data, const AttentionStrides& st, int64_t rows, int64_t heads) {
-    const TmaTensor4 t{data, {p.head_dim, rows, heads, p.batch}, {st.row, st.head, st.batch}, 2};
+    const TmaTensor4 t = varlen ? TmaTensor4{data, {p.head_dim, rows, heads, 1}, {st.row, st.head, 0}, 2}
+                                : TmaTensor4{data, {p.head_dim, rows, heads, p.batch}, {st.row, st.head, st.batch}, 2};
     if (!tma_rejects(t, "").empty()) return cudaErrorInvalidValue;
     return make_tma_map_sw128(map, t, C::kBoxCols, C::kBlockN);
   };
   CUtensorMap map_q, map_k, map_v;
-  cudaError_t err = map_of(&map_q, p.q, p.q_s, p.seqlen_q, p.heads_q);
+  if (p.batch <= 0 || p.seqlen_q <= 0 || p.heads_q <= 0 || (varlen && p.total_q == 0)) return cudaSuccess;  // no row
+  cudaError_t err = map_of(&map_q, p.q, p.q_s, varlen ? p.total_q : p.seqlen_q, p.heads_q);
   if (err != cudaSuccess) return err;
-  if (p.seqlen_k == 0) {
+  if (p.seqlen_k == 0 || (varlen && p.total_k == 0)) {
     map_k = map_v = map_q;  // no key tile is ever loaded (out 0, lse -inf); k and v may be null
   } else {
-    err = map_of(&map_k, p.k, p.k_s, p.seqlen_k, p.heads_kv);
-    if (err == cudaSuccess) err = map_of(&map_v, p.v, p.v_s, p.seqlen_k, p.heads_kv);
+    const int64_t rows_k = varlen ? p.total_k : p.seqlen_k;
+    err = map_of(&map_k, p.k, p.k_s, rows_k, p.heads_kv);
+    if (err == cudaSuccess) err = map_of(&map_v, p.v, p.v_s, rows_k, p.heads_kv);
     if (err != cudaSuccess) return err;
   }
   FwdArgs a{};
@@ -479,7 +526,8 @@ cudaError_t run_forward(const AttentionParams& p, cudaStream_t stream) {
   a.len_q = static_cast<int>(p.seqlen_q), a.len_k = static_cast<int>(p.seqlen_k);
   a.group = static_cast<int>(p.group());
   a.causal = p.window_right == 0 ? 1 : 0;
-  a.offset = p.top_left ? 0 : static_cast<int>(p.seqlen_k - p.seqlen_q);
+  a.top_left = p.top_left ? 1 : 0;
+  a.cu_seqlens_q = p.cu_seqlens_q, a.cu_seqlens_k = p.cu_seqlens_k;
   a.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
   return launch_forward<T, kHeadDim>(map_q, map_k, map_v, a, static_cast<int>(p.batch), static_cast<int>(p.heads_q),
                                      stream);
