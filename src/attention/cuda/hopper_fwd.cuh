@@ -6,16 +6,21 @@
 //      converted in registers and O += P V with wgmma taking A from registers; causal masks only
 //      on the tiles that cross the diagonal or the sequence's end; rows normalized and stored
 //      from registers, lse written.
-//   v2 (this one): ping-pong between the two consumer warpgroups (kPingPong: named barriers make
-//      them take turns issuing S, so that one's softmax overlaps the other's GEMMs). No overlap
-//      between a warpgroup's softmax and its own GEMMs yet.
-//   next: the intra-warpgroup two-stage overlap (S of tile n+1 issued before the softmax of tile
-//      n), a persistent scheduler with causal tiles longest first, the output staged in shared
-//      memory and written by TMA.
+//   v2: ping-pong between the two consumer warpgroups (kPingPong: named barriers make them take
+//      turns issuing S, so that one's softmax overlaps the other's GEMMs).
+//   v3: the intra-warpgroup overlap (kIntraOverlap): S of tile n and P V of tile n + 1 issued
+//      together, the softmax of S_n computed while the PV group runs. Measured on the H100: d128
+//      N = 16k 526 -> 592 TFLOP/s (docs/perf-notes/attention.md).
+//   v4 (this one; not yet run on a GPU): varlen (packed tensor maps, the sequence found on the
+//      device from cu_seqlens) and a persistent schedule (kPersistent: one block per SM walks the
+//      (m block, head, sequence) tiles longest first, and loads the next tile's Q while its
+//      consumers finish the current one).
+//   next: the output staged in shared memory and written by TMA.
 //
 // The block (kThreads = 384: three warpgroups; __launch_bounds__(384, 1), one block per SM):
-//   warpgroup 0, the producer: setmaxnreg.dec to 24 registers; one thread loads Q once and then,
-//     for each key tile, K into the K ring and V into the V ring (each full/empty barrier pairs).
+//   warpgroup 0, the producer: setmaxnreg.dec to 24 registers; one thread loads, per tile, Q (once
+//     the consumers have released the previous tile's: q_empty) and then, for each key tile, K into
+//     the K ring and V into the V ring (each full/empty barrier pairs; the rings run on across tiles).
 //   warpgroups 1 and 2, the consumers: setmaxnreg.inc to 240; warpgroup c owns query rows
 //     [64 c, 64 c + 64) of the block's 128-row Q tile.
 // Why 2 x 64 rows and not 128 rows per warpgroup: wgmma's M is 64 per warpgroup, so 128 rows per
@@ -91,7 +96,7 @@ struct FwdConfig {
   static constexpr int kKOffset = kTileBytes;
   static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
   static constexpr int kBarOffset = kVOffset + kStages * kTileBytes;
-  static constexpr int kBarriers = 1 + 4 * kStages;       // q_full, k_full, k_empty, v_full, v_empty
+  static constexpr int kBarriers = 2 + 4 * kStages;       // q_full, q_empty, k_full, k_empty, v_full, v_empty
   static constexpr int kSmemBytes = kBarOffset + kBarriers * 8 + 1024;  // + slack to align to 1024
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   // Ping-pong: the consumer warpgroups take turns issuing S = Q Kᵀ (named barriers kPingPongBarrier
@@ -103,6 +108,9 @@ struct FwdConfig {
   // Intra-warpgroup overlap: the softmax of key tile n runs while the tensor cores do the PV
   // product of tile n + 1 (the previous one in visiting order); false: S, softmax, PV in turn.
   static constexpr bool kIntraOverlap = true;
+  // Persistent: one block per SM walks the tiles longest first (tile_of) and loads the next tile's
+  // Q while its consumers finish the last one (q_empty); false: one block per tile (for an A/B).
+  static constexpr bool kPersistent = true;
   // Releases of a stage: lane 0 of every consumer warp.
   static constexpr int kReleases = kConsumers * 4;
 
@@ -127,7 +135,20 @@ struct FwdArgs {
   float scale_log2;    // scale * log2(e)
   const int32_t* cu_seqlens_q;  // varlen (B + 1 device ints); null: fixed length
   const int32_t* cu_seqlens_k;
+  int m_blocks, heads, batch;   // the work tiles: (m block, head, sequence)
 };
+
+// The persistent schedule: tile t of m_blocks x heads x batch, longest first (the m blocks from the
+// last, which under a causal mask visit the most key tiles; all heads and sequences of one m block
+// before the next), each block taking tiles blockIdx.x, + gridDim.x, ... (static: the producer and
+// the consumers walk the same list without talking).
+struct FwdTile {
+  int m_block, h, b;
+};
+__device__ __forceinline__ FwdTile tile_of(const FwdArgs& a, int t) {
+  const int hb = a.heads * a.batch;
+  return {a.m_blocks - 1 - t / hb, (t % hb) % a.heads, (t % hb) / a.heads};
+}
 
 // One sequence of the call: where its rows start in the packed tensors (0 for fixed length, whose
 // sequences are the tensor maps' batch coordinate instead), its lengths and its causal diagonal
@@ -170,7 +191,8 @@ __device__ __forceinline__ int key_tiles(const FwdArgs& a, const FwdSeq& sq, int
 }
 
 // ---- kernel ----------------------------------------------------------------------------------
-// Grid (ceil(S_q / 128), H_q, B); block kThreads; dynamic shared memory kSmemBytes.
+// Grid: min(tiles, SMs) persistent blocks (kPersistent) or one block per tile; block kThreads;
+// dynamic shared memory kSmemBytes.
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
@@ -187,21 +209,18 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
   auto v_tile = [&](int s) { return smem + C::kVOffset + s * C::kTileBytes; };
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + C::kBarOffset);
   uint64_t* q_full = bars;
-  uint64_t* k_full = bars + 1;
+  uint64_t* q_empty = bars + 1;  // every S = Q K^T of a tile is done: the next tile's Q may land
+  uint64_t* k_full = bars + 2;
   uint64_t* k_empty = k_full + C::kStages;
   uint64_t* v_full = k_empty + C::kStages;
   uint64_t* v_empty = v_full + C::kStages;
 
   const int warpgroup = threadIdx.x / 128;
-  const int m_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int h_kv = h / args.group;
-  const int m0 = m_block * C::kBlockM;
-  const FwdSeq sq = sequence(args, b);
-  if (m0 >= sq.len_q) return;  // varlen: this sequence is shorter than the grid's longest (the whole block)
-  const int n_end = key_tiles<C>(args, sq, m0);
+  const int tiles = args.m_blocks * args.heads * args.batch;
 
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(q_full, 1);
+    ptx::mbarrier_init(q_empty, C::kReleases);
     for (int s = 0; s < C::kStages; ++s) {
       ptx::mbarrier_init(&k_full[s], 1);
       ptx::mbarrier_init(&k_empty[s], C::kReleases);
@@ -219,27 +238,37 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
       ptx::tma_prefetch_descriptor(&map_q);
       ptx::tma_prefetch_descriptor(&map_k);
       ptx::tma_prefetch_descriptor(&map_v);
-      ptx::mbarrier_arrive_expect_tx(q_full, C::kTileBytes);
-#pragma unroll
-      for (int x = 0; x < C::kBoxes; ++x)
-        ptx::tma_load_4d(q_tile + x * C::kBoxBytes, &map_q, q_full, x * C::kBoxCols, sq.start_q + m0, h,
-                           sq.batch_coord);
       kernels::RingCursor<C::kStages> ring;
-      for (int n = n_end - 1; n >= 0; --n) {
-        // A fresh empty barrier satisfies the opposite parity: the first kStages waits pass.
-        ptx::mbarrier_wait(&k_empty[ring.stage], ring.phase ^ 1);
-        ptx::mbarrier_arrive_expect_tx(&k_full[ring.stage], C::kTileBytes);
+      uint32_t q_phase = 0;
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const FwdTile w = tile_of(args, t);
+        const FwdSeq sq = sequence(args, w.b);
+        const int m0 = w.m_block * C::kBlockM;
+        if (m0 >= sq.len_q) continue;  // varlen: past this sequence's end (the consumers skip it too)
+        const int n_end = key_tiles<C>(args, sq, m0), h_kv = w.h / args.group;
+        // A fresh empty barrier satisfies the opposite parity: the first waits pass.
+        ptx::mbarrier_wait(q_empty, q_phase ^ 1);
+        ptx::mbarrier_arrive_expect_tx(q_full, C::kTileBytes);
 #pragma unroll
         for (int x = 0; x < C::kBoxes; ++x)
-          ptx::tma_load_4d(k_tile(ring.stage) + x * C::kBoxBytes, &map_k, &k_full[ring.stage], x * C::kBoxCols,
-                           sq.start_k + n * C::kBlockN, h_kv, sq.batch_coord);
-        ptx::mbarrier_wait(&v_empty[ring.stage], ring.phase ^ 1);
-        ptx::mbarrier_arrive_expect_tx(&v_full[ring.stage], C::kTileBytes);
+          ptx::tma_load_4d(q_tile + x * C::kBoxBytes, &map_q, q_full, x * C::kBoxCols, sq.start_q + m0, w.h,
+                           sq.batch_coord);
+        q_phase ^= 1;
+        for (int n = n_end - 1; n >= 0; --n) {
+          ptx::mbarrier_wait(&k_empty[ring.stage], ring.phase ^ 1);
+          ptx::mbarrier_arrive_expect_tx(&k_full[ring.stage], C::kTileBytes);
 #pragma unroll
-        for (int x = 0; x < C::kBoxes; ++x)
-          ptx::tma_load_4d(v_tile(ring.stage) + x * C::kBoxBytes, &map_v, &v_full[ring.stage], x * C::kBoxCols,
-                           sq.start_k + n * C::kBlockN, h_kv, sq.batch_coord);
-        ring.advance();
+          for (int x = 0; x < C::kBoxes; ++x)
+            ptx::tma_load_4d(k_tile(ring.stage) + x * C::kBoxBytes, &map_k, &k_full[ring.stage], x * C::kBoxCols,
+                             sq.start_k + n * C::kBlockN, h_kv, sq.batch_coord);
+          ptx::mbarrier_wait(&v_empty[ring.stage], ring.phase ^ 1);
+          ptx::mbarrier_arrive_expect_tx(&v_full[ring.stage], C::kTileBytes);
+#pragma unroll
+          for (int x = 0; x < C::kBoxes; ++x)
+            ptx::tma_load_4d(v_tile(ring.stage) + x * C::kBoxBytes, &map_v, &v_full[ring.stage], x * C::kBoxCols,
+                             sq.start_k + n * C::kBlockN, h_kv, sq.batch_coord);
+          ring.advance();
+        }
       }
     }
   } else {
@@ -248,35 +277,14 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
     const int c = warpgroup - 1;                   // rows [64c, 64c + 64) of the Q tile
     const int tid = threadIdx.x % 128;
     const int warp = tid / 32, lane = tid % 32;
-    const int row0 = m0 + 64 * c + 16 * warp + lane / 4;  // this thread's rows: row0, row0 + 8
     const int col_in = 2 * (lane % 4);                    // + 8j + e: its columns of a tile
-
-    float o[kHeadDim / 2];  // O: 64 x D per warpgroup, accumulator layout
-#pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
-    float row_max[2] = {-INFINITY, -INFINITY};  // log2 domain
-    float row_sum[2] = {0.f, 0.f};              // this thread's partial sums
-
-    ptx::mbarrier_wait(q_full, 0);
     const unsigned char* q_rows = q_tile + 64 * c * 128;  // 64 rows x 128 bytes into each box
-    // Varlen: the last key tile of a sequence (the first visited) may run into the next sequence's
-    // rows, which TMA loads like any others. Their scores are masked (selected to -inf), but P = 0
-    // times a NaN or Inf of their V would still reach O: the consumers zero those V rows (each a
-    // whole 128-byte row of every box: the swizzle permutes 16-byte chunks within a row) before any
-    // PV reads them, then order the writes before the tensor cores' reads (proxy fence) and wait for
-    // each other. Fixed-length batches need none of it: past S_k the map's bounds zero-fill.
-    if (args.cu_seqlens_q && n_end > 0 && sq.len_k - (n_end - 1) * C::kBlockN < C::kBlockN) {
-      const int valid = sq.len_k - (n_end - 1) * C::kBlockN;  // rows of the tile in the sequence
-      const int rows = C::kBlockN - valid, chunks = rows * 8;  // 16-byte chunks per box
-      ptx::mbarrier_wait(&v_full[0], 0);                       // the first tile is the ring's stage 0
-      unsigned char* vt = v_tile(0);
-      for (int i = threadIdx.x - 128; i < chunks * C::kBoxes; i += 128 * C::kConsumers) {
-        const int box = i / chunks, r = (i % chunks) / 8, chunk = i % 8;
-        *reinterpret_cast<uint4*>(vt + box * C::kBoxBytes + (valid + r) * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
-      }
-      ptx::fence_proxy_async_shared();
-      ptx::named_barrier_sync(C::kZeroBarrier, 128 * C::kConsumers);
-    }
+
+    // The tile being computed (set at the top of each; the lambdas below read them).
+    FwdSeq sq{};
+    int m0 = 0, row0 = 0, n_end = 0;  // row0: this thread's rows are row0, row0 + 8 (of the sequence)
+    float o[kHeadDim / 2];            // O: 64 x D per warpgroup, accumulator layout
+    float row_max[2], row_sum[2];     // log2 domain; this thread's partial sums
     // Ping-pong: warpgroup c waits on barrier 1 + c before issuing its S and then lets the other
     // one go (arrive on 1 + (1 - c)); each barrier counts the 128 waiters and the other's 128
     // arrivals. Warpgroup 1 arrives once up front, so warpgroup 0 goes first. Both run the same
@@ -378,97 +386,135 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
     };
 
     kernels::RingCursor<C::kStages> ring;
-    if constexpr (C::kIntraOverlap) {
-      // Two tiles in flight per warpgroup: while the tensor cores run S_n = Q K_nᵀ and O += P_{n+1}
-      // V_{n+1}, this warpgroup's threads wait only for S_n and compute its softmax; O is rescaled
-      // once the PV group is done. The first tile's S comes alone; the last PV alone.
-      float s[C::kBlockN / 2];
-      uint32_t pa[C::kBlockN / 16][4];
-      float alpha[2];
-      if (n_end > 0) {
-        ptx::mbarrier_wait(&k_full[ring.stage], ring.phase);
-        pingpong_wait();
-        issue_qk(s, ring.stage);
-        pingpong_pass();
-        ptx::wgmma_wait<0>();
-        ptx::wgmma_hold(s);
-        if (lane == 0) ptx::mbarrier_arrive(&k_empty[ring.stage]);
-        softmax(s, n_end - 1, alpha);  // O is 0: no rescale
-        pack_p(s, pa);
+    uint32_t q_phase = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      const FwdTile w = tile_of(args, t);
+      sq = sequence(args, w.b);
+      m0 = w.m_block * C::kBlockM;
+      if (m0 >= sq.len_q) continue;  // varlen: past this sequence's end (the producer skips it too)
+      n_end = key_tiles<C>(args, sq, m0);
+      row0 = m0 + 64 * c + 16 * warp + lane / 4;
+      const int h = w.h, b = w.b;
+#pragma unroll
+      for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
+      row_max[0] = row_max[1] = -INFINITY;
+      row_sum[0] = row_sum[1] = 0.f;
+      ptx::mbarrier_wait(q_full, q_phase);
+      q_phase ^= 1;
+
+      // Varlen: the last key tile of a sequence (the first visited) may run into the next sequence's
+      // rows, which TMA loads like any others. Their scores are masked (selected to -inf), but P = 0
+      // times a NaN or Inf of their V would still reach O: the consumers zero those V rows (each a
+      // whole 128-byte row of every box: the swizzle permutes 16-byte chunks within a row) before any
+      // PV reads them, then order the writes before the tensor cores' reads (proxy fence) and wait for
+      // each other. Fixed-length batches need none of it: past S_k the map's bounds zero-fill.
+      if (args.cu_seqlens_q && n_end > 0 && sq.len_k - (n_end - 1) * C::kBlockN < C::kBlockN) {
+        const int valid = sq.len_k - (n_end - 1) * C::kBlockN;  // rows of the tile in the sequence
+        const int rows = C::kBlockN - valid, chunks = rows * 8;  // 16-byte chunks per box
+        ptx::mbarrier_wait(&v_full[ring.stage], ring.phase);     // the first tile visited: the ring's next
+        unsigned char* vt = v_tile(ring.stage);
+        for (int i = threadIdx.x - 128; i < chunks * C::kBoxes; i += 128 * C::kConsumers) {
+          const int box = i / chunks, r = (i % chunks) / 8, chunk = i % 8;
+          *reinterpret_cast<uint4*>(vt + box * C::kBoxBytes + (valid + r) * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
+        }
+        ptx::fence_proxy_async_shared();
+        ptx::named_barrier_sync(C::kZeroBarrier, 128 * C::kConsumers);
       }
-      for (int n = n_end - 2; n >= 0; --n) {
-        kernels::RingCursor<C::kStages> prev = ring;  // the tile whose P is in pa
-        ring.advance();
-        ptx::mbarrier_wait(&k_full[ring.stage], ring.phase);
-        ptx::mbarrier_wait(&v_full[prev.stage], prev.phase);
-        pingpong_wait();
-        issue_qk(s, ring.stage);
-        issue_pv(pa, prev.stage);
-        pingpong_pass();
-        ptx::wgmma_wait<1>();  // S_n is done (groups complete in order); PV may still run
-        ptx::wgmma_hold(s);
-        if (lane == 0) ptx::mbarrier_arrive(&k_empty[ring.stage]);
-        softmax(s, n, alpha);
-        ptx::wgmma_wait<0>();
-        ptx::wgmma_hold(o);
-        ptx::wgmma_hold(pa);  // read by the PV group until here
-        if (lane == 0) ptx::mbarrier_arrive(&v_empty[prev.stage]);
-        rescale_o(alpha);
-        pack_p(s, pa);
-      }
-      if (n_end > 0) {
-        ptx::mbarrier_wait(&v_full[ring.stage], ring.phase);
-        issue_pv(pa, ring.stage);
-        ptx::wgmma_wait<0>();
-        ptx::wgmma_hold(o);
-        ptx::wgmma_hold(pa);
-        if (lane == 0) ptx::mbarrier_arrive(&v_empty[ring.stage]);
-      }
-    } else {
-      for (int n = n_end - 1; n >= 0; --n) {
+      if constexpr (C::kIntraOverlap) {
+        // Two tiles in flight per warpgroup: while the tensor cores run S_n = Q K_nᵀ and O += P_{n+1}
+        // V_{n+1}, this warpgroup's threads wait only for S_n and compute its softmax; O is rescaled
+        // once the PV group is done. The first tile's S comes alone; the last PV alone.
         float s[C::kBlockN / 2];
         uint32_t pa[C::kBlockN / 16][4];
         float alpha[2];
-        ptx::mbarrier_wait(&k_full[ring.stage], ring.phase);
-        pingpong_wait();
-        issue_qk(s, ring.stage);
-        pingpong_pass();
-        ptx::wgmma_wait<0>();
-        ptx::wgmma_hold(s);
-        if (lane == 0) ptx::mbarrier_arrive(&k_empty[ring.stage]);
-        softmax(s, n, alpha);
-        rescale_o(alpha);
-        pack_p(s, pa);
-        ptx::mbarrier_wait(&v_full[ring.stage], ring.phase);
-        issue_pv(pa, ring.stage);
-        ptx::wgmma_wait<0>();
-        ptx::wgmma_hold(o);
-        ptx::wgmma_hold(pa);
-        if (lane == 0) ptx::mbarrier_arrive(&v_empty[ring.stage]);
-        ring.advance();
-      }
-    }
-
-    // Epilogue: l over the row's 4 lanes, O / l stored (rows < len_q), lse.
-    T* out = static_cast<T*>(args.out) + b * args.out_batch + sq.start_q * args.out_row + h * args.out_head;
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float l = row_sum[hh];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const bool empty = l == 0.f;  // no visible key (a NaN l is not empty: it propagates, as in flash2)
-      const float inv = empty ? 0.f : 1.f / l;
-      const int row = row0 + 8 * hh;
-      if (row < sq.len_q) {
-        T* out_row = out + static_cast<int64_t>(row) * args.out_row;
-#pragma unroll
-        for (int j = 0; j < kHeadDim / 8; ++j) {
-          const uint32_t v = pack2<T>(o[4 * j + 2 * hh] * inv, o[4 * j + 2 * hh + 1] * inv);
-          *reinterpret_cast<uint32_t*>(out_row + 8 * j + col_in) = v;
+        if (n_end > 0) {
+          ptx::mbarrier_wait(&k_full[ring.stage], ring.phase);
+          pingpong_wait();
+          issue_qk(s, ring.stage);
+          pingpong_pass();
+          ptx::wgmma_wait<0>();
+          ptx::wgmma_hold(s);
+          if (lane == 0) ptx::mbarrier_arrive(&k_empty[ring.stage]);
+          softmax(s, n_end - 1, alpha);  // O is 0: no rescale
+          pack_p(s, pa);
         }
-        if (args.lse && lane % 4 == 0)
-          args.lse[b * args.lse_batch + h * args.lse_head + sq.start_q + row] =
-              empty ? -INFINITY : (row_max[hh] + kernels::log2_approx(l)) * 0.69314718055994531f;
+        for (int n = n_end - 2; n >= 0; --n) {
+          kernels::RingCursor<C::kStages> prev = ring;  // the tile whose P is in pa
+          ring.advance();
+          ptx::mbarrier_wait(&k_full[ring.stage], ring.phase);
+          ptx::mbarrier_wait(&v_full[prev.stage], prev.phase);
+          pingpong_wait();
+          issue_qk(s, ring.stage);
+          issue_pv(pa, prev.stage);
+          pingpong_pass();
+          ptx::wgmma_wait<1>();  // S_n is done (groups complete in order); PV may still run
+          ptx::wgmma_hold(s);
+          if (lane == 0) ptx::mbarrier_arrive(&k_empty[ring.stage]);
+          softmax(s, n, alpha);
+          ptx::wgmma_wait<0>();
+          ptx::wgmma_hold(o);
+          ptx::wgmma_hold(pa);  // read by the PV group until here
+          if (lane == 0) ptx::mbarrier_arrive(&v_empty[prev.stage]);
+          rescale_o(alpha);
+          pack_p(s, pa);
+        }
+        if (lane == 0) ptx::mbarrier_arrive(q_empty);  // every S of the tile is done: Q may be replaced
+        if (n_end > 0) {
+          ptx::mbarrier_wait(&v_full[ring.stage], ring.phase);
+          issue_pv(pa, ring.stage);
+          ptx::wgmma_wait<0>();
+          ptx::wgmma_hold(o);
+          ptx::wgmma_hold(pa);
+          if (lane == 0) ptx::mbarrier_arrive(&v_empty[ring.stage]);
+          ring.advance();
+        }
+      } else {
+        for (int n = n_end - 1; n >= 0; --n) {
+          float s[C::kBlockN / 2];
+          uint32_t pa[C::kBlockN / 16][4];
+          float alpha[2];
+          ptx::mbarrier_wait(&k_full[ring.stage], ring.phase);
+          pingpong_wait();
+          issue_qk(s, ring.stage);
+          pingpong_pass();
+          ptx::wgmma_wait<0>();
+          ptx::wgmma_hold(s);
+          if (lane == 0) ptx::mbarrier_arrive(&k_empty[ring.stage]);
+          softmax(s, n, alpha);
+          rescale_o(alpha);
+          pack_p(s, pa);
+          ptx::mbarrier_wait(&v_full[ring.stage], ring.phase);
+          issue_pv(pa, ring.stage);
+          ptx::wgmma_wait<0>();
+          ptx::wgmma_hold(o);
+          ptx::wgmma_hold(pa);
+          if (lane == 0) ptx::mbarrier_arrive(&v_empty[ring.stage]);
+          ring.advance();
+        }
+        if (lane == 0) ptx::mbarrier_arrive(q_empty);
+      }
+
+      // Epilogue: l over the row's 4 lanes, O / l stored (rows < len_q), lse.
+      T* out = static_cast<T*>(args.out) + b * args.out_batch + sq.start_q * args.out_row + h * args.out_head;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float l = row_sum[hh];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const bool empty = l == 0.f;  // no visible key (a NaN l is not empty: it propagates, as in flash2)
+        const float inv = empty ? 0.f : 1.f / l;
+        const int row = row0 + 8 * hh;
+        if (row < sq.len_q) {
+          T* out_row = out + static_cast<int64_t>(row) * args.out_row;
+#pragma unroll
+          for (int j = 0; j < kHeadDim / 8; ++j) {
+            const uint32_t v = pack2<T>(o[4 * j + 2 * hh] * inv, o[4 * j + 2 * hh + 1] * inv);
+            *reinterpret_cast<uint32_t*>(out_row + 8 * j + col_in) = v;
+          }
+          if (args.lse && lane % 4 == 0)
+            args.lse[b * args.lse_batch + h * args.lse_head + sq.start_q + row] =
+                empty ? -INFINITY : (row_max[hh] + kernels::log2_approx(l)) * 0.69314718055994531f;
+        }
       }
     }
   }
@@ -478,13 +524,21 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
 // but causal, no softcap / ALiBi / mask), the maps made by the launcher (hopper.cu).
 template <typename T, int kHeadDim>
 cudaError_t launch_forward(const CUtensorMap& map_q, const CUtensorMap& map_k, const CUtensorMap& map_v,
-                           const FwdArgs& args, int batch, int heads_q, cudaStream_t stream) {
+                           const FwdArgs& args, cudaStream_t stream) {
   using C = FwdConfig<kHeadDim>;
   auto kernel = forward_kernel<T, kHeadDim>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   if (err != cudaSuccess) return err;
-  const dim3 grid((args.len_q + C::kBlockM - 1) / C::kBlockM, heads_q, batch);
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(map_q, map_k, map_v, args);
+  const int64_t tiles = static_cast<int64_t>(args.m_blocks) * args.heads * args.batch;
+  int64_t blocks = tiles;  // one tile each when not persistent
+  if constexpr (C::kPersistent) {
+    int device = 0, sms = 0;
+    err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return err;
+    blocks = tiles < sms ? tiles : sms;  // one block per SM (the shared memory takes it whole)
+  }
+  kernel<<<static_cast<unsigned>(blocks), C::kThreads, C::kSmemBytes, stream>>>(map_q, map_k, map_v, args);
   return cudaGetLastError();
 }
 
@@ -529,8 +583,10 @@ cudaError_t run_forward(const AttentionParams& p, cudaStream_t stream) {
   a.top_left = p.top_left ? 1 : 0;
   a.cu_seqlens_q = p.cu_seqlens_q, a.cu_seqlens_k = p.cu_seqlens_k;
   a.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
-  return launch_forward<T, kHeadDim>(map_q, map_k, map_v, a, static_cast<int>(p.batch), static_cast<int>(p.heads_q),
-                                     stream);
+  a.m_blocks = static_cast<int>((p.seqlen_q + C::kBlockM - 1) / C::kBlockM);
+  a.heads = static_cast<int>(p.heads_q), a.batch = static_cast<int>(p.batch);
+  if (static_cast<int64_t>(a.m_blocks) * a.heads * a.batch > INT32_MAX) return cudaErrorInvalidValue;
+  return launch_forward<T, kHeadDim>(map_q, map_k, map_v, a, stream);
 }
 
 }  // namespace optimized::cuda::hopper
