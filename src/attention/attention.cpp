@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "attention/attention_config.h"
 #include "attention/attention_params.h"
 #include "attention/attention_variants.h"
 #include "core/arg_checks.h"
@@ -331,6 +332,19 @@ void check_hopper(const AttentionParams& p, const std::string& what, bool aligne
             "does not (use flash or auto)");
 }
 
+// Whether auto runs the hopper forward for p on `device` (attention_config.h: the measured rule).
+bool auto_hopper_forward([[maybe_unused]] const AttentionParams& p, [[maybe_unused]] const Device& device,
+                         [[maybe_unused]] bool aligned) {
+#if OPTIMIZED_WITH_CUDA && OPTIMIZED_WITH_SM90A
+  if (!device.is_cuda()) return false;
+  const DeviceFacts* facts = nullptr;
+  if (device_facts(device.index, &facts) != cudaSuccess) return false;
+  return auto_runs_hopper_forward(p, facts->compute_capability, true, aligned);
+#else
+  return false;
+#endif
+}
+
 AttentionVariant resolve(AttentionVariant variant, DType dtype, int64_t head_dim, Device device, bool aligned) {
   if (variant != AttentionVariant::kAuto) return variant;
   if (!device.is_cuda()) return AttentionVariant::kCpu;
@@ -404,7 +418,10 @@ void run(AttentionParams& p, Operands& ops, const AttentionOptions& o, Attention
   ops.check_overlaps();
   const std::string what = std::string("attention") + (d.varlen ? " varlen" : "") + (p.backward ? " backward" : " forward");
   const bool aligned = ops.rows_aligned();
+  const bool asked_auto = variant == AttentionVariant::kAuto;
   variant = resolve(variant, p.dtype, p.head_dim, device, aligned);
+  if (asked_auto && variant == AttentionVariant::kFlash2 && auto_hopper_forward(p, device, aligned))
+    variant = AttentionVariant::kHopper;
   const AttentionVariantInfo& row = attention_variant_info(variant);
   if (std::string why = variant_rejects_device(row, device); !why.empty()) invalid(why);
   if (std::string why = attention_variant_rejects_dtype(variant, p.dtype); !why.empty()) unsupported("q: " + why);

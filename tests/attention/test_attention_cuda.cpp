@@ -408,6 +408,19 @@ TEST_P(HopperAttention, VarlenNeighboursSpecialValues) {
   }
 }
 
+// auto runs the hopper forward where the measured rule says (attention_config.h): N >= 1024, S_q = S_k,
+// both head dims, causal or not, GQA; the results through that path against the reference.
+TEST_P(HopperAttention, AutoRunsIt) {
+  for (int64_t d : {64, 128}) {
+    AttnCase c = base(1, 1024, 1024, 4, 2, d);
+    c.variant = AttentionVariant::kAuto;
+    expect_all_masks(c);
+    c = base(2, 1031, 1031, 2, 1, d);
+    c.variant = AttentionVariant::kAuto;
+    expect_all_masks(c);
+  }
+}
+
 // On the device, too: the refusal (thrown by the C++ API before any device work) names the feature and flash2.
 TEST_P(HopperAttention, RefusesTheBackward) {
   std::string why = "(ran)";

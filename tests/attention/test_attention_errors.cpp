@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/attention_config.h"
 #include "common/test_util.h"
 #include "optimized/attention.h"
 #include "optimized/buffer.h"
@@ -444,6 +445,38 @@ TEST_F(AttentionErrors, HopperRefusesWhatItDoesNotRunYet) {
   const TensorView lse = raw(lse_in_.data(), DType::kF32, dev, {1, 1, 3}, {3, 3, 1});
   refuses([&] { attention_backward(q(), q(), q(), q(), h4(k16_, 3, 64), lse, grad(0), grad(1), grad(2), {}, hop); },
           Status::kUnsupported, "hopper", "flash2");
+}
+
+// auto's rule for the hopper forward (attention_config.h, from the measured table): eligible forwards
+// only, on compute capability 9.0 of an sm_90a build, from 1024 tokens, S_q = S_k.
+TEST(AttentionAutoConfig, HopperForwardRule) {
+  AttentionParams p;
+  p.dtype = DType::kBF16;
+  p.head_dim = 128;
+  p.seqlen_q = p.seqlen_k = 1024;
+  p.window_left = -1, p.window_right = -1;
+  EXPECT_TRUE(auto_runs_hopper_forward(p, 90, true, true));
+  p.window_right = 0;  // causal
+  EXPECT_TRUE(auto_runs_hopper_forward(p, 90, true, true));
+  EXPECT_FALSE(auto_runs_hopper_forward(p, 80, true, true));   // an A100
+  EXPECT_FALSE(auto_runs_hopper_forward(p, 100, true, true));  // sm_90a code runs on 9.0 only
+  EXPECT_FALSE(auto_runs_hopper_forward(p, 90, false, true));  // a build without the sm_90a sources
+  EXPECT_FALSE(auto_runs_hopper_forward(p, 90, true, false));  // rows TMA cannot take
+  auto with = [&](auto edit) {
+    AttentionParams q = p;
+    edit(q);
+    return auto_runs_hopper_forward(q, 90, true, true);
+  };
+  EXPECT_TRUE(with([](AttentionParams& q) { q.head_dim = 64, q.dtype = DType::kF16; }));
+  EXPECT_FALSE(with([](AttentionParams& q) { q.head_dim = 96; }));
+  EXPECT_FALSE(with([](AttentionParams& q) { q.dtype = DType::kF32; }));
+  EXPECT_FALSE(with([](AttentionParams& q) { q.backward = true; }));
+  EXPECT_FALSE(with([](AttentionParams& q) { q.seqlen_q = q.seqlen_k = 1023; }));  // below the measured range
+  EXPECT_FALSE(with([](AttentionParams& q) { q.seqlen_q = 1024, q.seqlen_k = 4096; }));
+  EXPECT_FALSE(with([](AttentionParams& q) { q.window_left = 128; }));
+  EXPECT_FALSE(with([](AttentionParams& q) { q.softcap = 30; }));
+  static const int32_t cu[2] = {0, 1024};
+  EXPECT_FALSE(with([](AttentionParams& q) { q.cu_seqlens_q = q.cu_seqlens_k = cu; }));
 }
 
 TEST(AttentionVariants, NamesAndParsing) {

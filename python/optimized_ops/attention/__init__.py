@@ -19,7 +19,9 @@ variant        device  what runs
 ``"hopper"``   CUDA    sm_90a (H100 / H200 only): wgmma + TMA, a producer warp and two
                        consumer warpgroups; forward only (the backward raises, naming
                        flash2), fixed length or varlen, D 64 or 128, causal or not, GQA / MQA;
-                       float16 / bfloat16, 16-byte aligned rows; not picked by auto yet
+                       float16 / bfloat16, 16-byte aligned rows; auto runs it for the
+                       forward on an H100 / H200 from 1024 tokens with S_q = S_k, fixed
+                       length (the measured rule: src/attention/attention_config.h)
 ``"triton"``   CUDA    FlashAttention-2 written in Triton (optimized_ops/triton/attention.py):
                        causal or not, softmax_scale, GQA / MQA, forward and backward
                        (``flash_attention`` only; CPU tensors under ``TRITON_INTERPRET=1``; not
