@@ -453,7 +453,7 @@ OPTIMIZED_C_EXPORT optimized_status optimized_dataset_verify(const char* dir);
 
 /* ---- attention (include/optimized/attention.h) -------------------------------------------
  * out = softmax(S) V with S = score(Q K^T), forward and backward; the ladder "cpu", "naive",
- * "flash", "flash2", "hopper" (optimized_variant_name("attention", i); hopper: the sm_90a forward alone), "auto"
+ * "flash", "flash2", "hopper" (optimized_variant_name("attention", i); hopper: sm_90a, head dims 64 and 128), "auto"
  * (or NULL): cpu on the CPU, on
  * CUDA flash2 where it runs the call (fp16 / bf16), else flash.
  *

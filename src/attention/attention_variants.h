@@ -43,7 +43,8 @@ inline constexpr std::array<AttentionVariantInfo, 5> kAttentionVariants = {{
      attention_table::kNoCpu, OPTIMIZED_CUDA_FN(cuda::attention_flash2),
      OPTIMIZED_CUDA_FN(cuda::attention_flash2_workspace), nullptr},
     {AttentionVariant::kHopper, "hopper", Backend::kCuda, attention_table::kHalf, 90, "tensor cores",
-     attention_table::kNoCpu, OPTIMIZED_SM90A_FN(cuda::attention_hopper), nullptr, nullptr, kArchSpecific},
+     attention_table::kNoCpu, OPTIMIZED_SM90A_FN(cuda::attention_hopper),
+     OPTIMIZED_SM90A_FN(cuda::attention_hopper_workspace), nullptr, kArchSpecific},
 }};
 
 const AttentionVariantInfo& attention_variant_info(AttentionVariant variant);

@@ -19,13 +19,15 @@ namespace optimized::cuda {
 cudaError_t attention_naive(const AttentionParams& p, const Workspace& workspace, cudaStream_t stream);
 cudaError_t attention_flash(const AttentionParams& p, const Workspace& workspace, cudaStream_t stream);
 cudaError_t attention_flash2(const AttentionParams& p, const Workspace& workspace, cudaStream_t stream);
-// sm_90a builds only (OPTIMIZED_WITH_SM90A): the forward on wgmma / TMA; no workspace. Params the
-// API's hopper checks passed (attention.cpp: fixed length, head dim 64 / 128, causal or no mask,
-// TMA-describable rows); anything else, and the backward, is cudaErrorInvalidValue.
+// sm_90a builds only (OPTIMIZED_WITH_SM90A): forward and backward on wgmma / TMA (the backward's
+// workspace: attention_hopper_workspace). Params the API's hopper checks passed (attention.cpp:
+// head dim 64 / 128, causal or no mask, TMA-describable rows; the backward fixed length); anything
+// else is cudaErrorInvalidValue.
 cudaError_t attention_hopper(const AttentionParams& p, const Workspace& workspace, cudaStream_t stream);
 
 cudaError_t attention_naive_workspace(const AttentionParams& p, size_t* bytes);
 cudaError_t attention_flash_workspace(const AttentionParams& p, size_t* bytes);
 cudaError_t attention_flash2_workspace(const AttentionParams& p, size_t* bytes);
+cudaError_t attention_hopper_workspace(const AttentionParams& p, size_t* bytes);  // sm_90a builds only
 
 }  // namespace optimized::cuda

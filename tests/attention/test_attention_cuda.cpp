@@ -421,17 +421,57 @@ TEST_P(HopperAttention, AutoRunsIt) {
   }
 }
 
-// On the device, too: the refusal (thrown by the C++ API before any device work) names the feature and flash2.
-TEST_P(HopperAttention, RefusesTheBackward) {
+// The backward (hopper_bwd.cuh): dq, dk, dv against the float64 reference, sizes around the 128-key and
+// 64-query tiles, both head dims, all masks, GQA / MQA, S_q != S_k both ways, both modes (fast: dq by
+// reductions; deterministic: flash2's dq kernel, the same bits twice).
+TEST_P(HopperAttention, Backward) {
+  const std::vector<std::pair<int64_t, int64_t>> sizes = {{1, 1},     {7, 7},     {63, 65},  {64, 64},
+                                                          {113, 113}, {129, 127}, {1, 200}, {200, 1},
+                                                          {255, 257}, {300, 1000}};
+  for (int64_t d : {64, 128})
+    for (auto [sq, sk] : sizes) {
+      AttnCase c = make_case(true, GetParam(), AttentionVariant::kHopper, Device::cuda(0), 2, sq, sk, 4, 2, d);
+      expect_all_masks(c);
+    }
+}
+
+TEST_P(HopperAttention, BackwardGqaStridedAndDeterministic) {
+  for (auto [hq, hkv] : std::vector<std::pair<int64_t, int64_t>>{{8, 1}, {6, 3}, {2, 2}}) {
+    AttnCase c = make_case(true, GetParam(), AttentionVariant::kHopper, Device::cuda(0), 1, 190, 190, hq, hkv, 128);
+    c.causal = true;
+    expect_attention_ok(c);
+  }
+  AttnCase c = make_case(true, GetParam(), AttentionVariant::kHopper, Device::cuda(0), 2, 150, 150, 4, 2, 64);
+  c.layout = DataLayout::kBHSD;
+  expect_attention_ok(c);
+  for (bool det : {false, true}) {
+    AttnCase e = make_case(true, GetParam(), AttentionVariant::kHopper, Device::cuda(0), 2, 200, 150, 8, 2, 64);
+    e.deterministic = det;
+    e.causal = true;
+    const AttnOperands o(e);
+    AttnRun first;
+    const AttnCheck r = expect_operands_ok(o, &first);
+    if (!det || !r.passed) continue;
+    const AttnRun second = run_attention(o);
+    ASSERT_TRUE(second.ok) << second.error;
+    EXPECT_TRUE(same_output_bits(o, first, second)) << e.describe();
+  }
+}
+
+// On the device, too: the varlen backward's refusal (thrown by the C++ API before any device work)
+// names flash2.
+TEST_P(HopperAttention, RefusesTheVarlenBackward) {
+  AttnCase v = make_case(true, GetParam(), AttentionVariant::kHopper, Device::cuda(0), 1, 1, 1, 2, 1, 64);
+  v.lens_q = {5, 130};
+  v.lens_k = {7, 100};
   std::string why = "(ran)";
   try {
-    const AttnRun r =
-        run_attention(AttnOperands(make_case(true, GetParam(), AttentionVariant::kHopper, Device::cuda(0), 1, 33, 33, 2, 1, 64)));
+    const AttnRun r = run_attention(AttnOperands(v));
     if (!r.ok) why = r.error;
   } catch (const std::exception& e) {
     why = e.what();
   }
-  EXPECT_TRUE(contains(why, "forward-only") && contains(why, "flash2")) << why;
+  EXPECT_TRUE(contains(why, "varlen") && contains(why, "flash2")) << why;
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, HopperAttention, ::testing::Values(DType::kF16, DType::kBF16),

@@ -397,7 +397,7 @@ TEST_F(AttentionErrors, VariantOnTheWrongDevice) {
                  Status::kInvalidArgument, "variant");
 }
 
-// hopper (forward only, fixed length, head dims 64 / 128, causal or no mask, TMA rows) refuses the
+// hopper (head dims 64 / 128, causal or no mask, TMA rows; the backward fixed length) refuses the
 // rest before any device work, naming the feature and the rung that runs it.
 TEST_F(AttentionErrors, HopperRefusesWhatItDoesNotRunYet) {
   const Device dev = Device::cuda(0);
@@ -439,12 +439,16 @@ TEST_F(AttentionErrors, HopperRefusesWhatItDoesNotRunYet) {
   // An out view one element off a 16-byte boundary: TMA-less rows are the caller's to fix.
   refuses([&] { attention_forward(q(), q(), q(), out(64, 1), kAbsent, {}, hop); }, Status::kInvalidArgument,
           "hopper", "16-byte");
-  // The backward: forward-only, and flash2 named.
+  // The varlen backward: not written yet, flash2 named (the fixed-length backward runs).
   auto* dq = static_cast<unsigned char*>(out16_.data());
-  auto grad = [&](int64_t k) { return raw(dq + 2 * 1024 * k, DType::kF16, dev, {1, 3, 1, 64}, {192, 64, 64, 1}); };
-  const TensorView lse = raw(lse_in_.data(), DType::kF32, dev, {1, 1, 3}, {3, 3, 1});
-  refuses([&] { attention_backward(q(), q(), q(), q(), h4(k16_, 3, 64), lse, grad(0), grad(1), grad(2), {}, hop); },
-          Status::kUnsupported, "hopper", "flash2");
+  auto packed = [&](unsigned char* base) { return raw(base, DType::kF16, dev, {5, 1, 64}, {64, 64, 1}); };
+  auto* q_base = static_cast<unsigned char*>(const_cast<void*>(static_cast<const void*>(q16_.data())));
+  const TensorView cq = raw(cu_q_.data(), DType::kI32, dev, {3}, {1});
+  const TensorView vlse = raw(lse_in_.data(), DType::kF32, dev, {1, 5}, {5, 1});
+  refuses([&] {
+    attention_varlen_backward(packed(q_base), packed(q_base), packed(q_base), packed(q_base), cq, cq, 3, 3,
+                              packed(q_base), vlse, packed(dq), packed(dq + 2 * 1024), packed(dq + 4 * 1024), {}, hop);
+  }, Status::kUnsupported, "hopper", "flash2");
 }
 
 // auto's rule for the hopper forward (attention_config.h, from the measured table): eligible forwards

@@ -27,4 +27,18 @@ cudaError_t run_backward(const AttentionParams& p, const Workspace& workspace, c
 // and head dim, defined in flash2_bwd_d64.cu.
 size_t backward_workspace_bytes(const AttentionParams& p);
 
+// The pieces of run_backward the hopper rung's backward reuses (hopper_bwd.cuh), instantiated in
+// the flash2_bwd_d<D>.cu units (so that their kernels are built for every architecture of the
+// build, not only sm_90a) for head dims 64 and 128. Both carve `workspace` as run_backward does.
+//   backward_prologue: D = rowsum(dout * out) into the workspace (and the fp32 dq accumulator
+//     zeroed unless p.deterministic); *dvec, *dq_acc (null when deterministic) and *rows (the
+//     [rows] dimension: B * S_q) say where they are.
+//   backward_dq: dq from the accumulator (dq = scale * acc), or, deterministic, flash2's own dq
+//     kernel (recomputing S, dP and dS per query tile; it needs the prologue's D).
+template <typename T, int kHeadDim>
+cudaError_t backward_prologue(const AttentionParams& p, const Workspace& workspace, float** dvec, float** dq_acc,
+                              int64_t* rows, cudaStream_t stream);
+template <typename T, int kHeadDim>
+cudaError_t backward_dq(const AttentionParams& p, const Workspace& workspace, cudaStream_t stream);
+
 }  // namespace optimized::cuda::flash2

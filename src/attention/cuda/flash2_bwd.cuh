@@ -788,4 +788,38 @@ cudaError_t run_backward(const AttentionParams& p, const Workspace& workspace, c
                  : bwd::run_backward_impl<T, kHeadDim, false>(p, args, stream);
 }
 
+template <typename T, int kHeadDim>
+cudaError_t backward_prologue(const AttentionParams& p, const Workspace& workspace, float** dvec, float** dq_acc,
+                              int64_t* rows, cudaStream_t stream) {
+  WorkspaceArena arena(workspace);
+  bwd::BwdArgs args;
+  bwd::carve_workspace(arena, p, &args.dvec, &args.dq_acc);
+  if (!arena.ok()) return cudaErrorInvalidValue;
+  args.rows = bwd::query_rows(p);
+  *dvec = args.dvec, *dq_acc = args.dq_acc, *rows = args.rows;
+  constexpr int kRowsPerPrep = bwd::kPrepThreads / bwd::threads_per_row<kHeadDim>();
+  return bwd::launch_batched(bwd::preprocess_kernel<T, kHeadDim>, kernels::ceil_div(p.seqlen_q, kRowsPerPrep),
+                             p.heads_q, bwd::kPrepThreads, 0, p, args, stream);
+}
+
+template <typename T, int kHeadDim>
+cudaError_t backward_dq(const AttentionParams& p, const Workspace& workspace, cudaStream_t stream) {
+  WorkspaceArena arena(workspace);
+  bwd::BwdArgs args;
+  bwd::carve_workspace(arena, p, &args.dvec, &args.dq_acc);
+  if (!arena.ok()) return cudaErrorInvalidValue;
+  args.rows = bwd::query_rows(p);
+  using S = bwd::Shape<kHeadDim>;
+  if (p.deterministic) {
+    const bool general = p.softcap > 0.0 || p.alibi != nullptr || p.mask != nullptr;
+    return general ? bwd::launch_batched(bwd::dq_kernel<T, kHeadDim, true>, kernels::ceil_div(p.seqlen_q, bwd::kBlockM),
+                                         p.heads_q, S::kDqThreads, S::kDqSmemBytes, p, args, stream)
+                   : bwd::launch_batched(bwd::dq_kernel<T, kHeadDim, false>, kernels::ceil_div(p.seqlen_q, bwd::kBlockM),
+                                         p.heads_q, S::kDqThreads, S::kDqSmemBytes, p, args, stream);
+  }
+  constexpr int kRowsPerPrep = bwd::kPrepThreads / bwd::threads_per_row<kHeadDim>();
+  return bwd::launch_batched(bwd::convert_dq_kernel<T, kHeadDim>, kernels::ceil_div(p.seqlen_q, kRowsPerPrep),
+                             p.heads_q, bwd::kPrepThreads, 0, p, args, stream);
+}
+
 }  // namespace optimized::cuda::flash2

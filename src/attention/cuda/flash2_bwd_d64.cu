@@ -18,9 +18,15 @@ size_t backward_workspace_bytes(const AttentionParams& p) {
 
 #ifdef OPTIMIZED_BUILT_F16
 template cudaError_t run_backward<__half, 64>(const AttentionParams&, const Workspace&, cudaStream_t);
+template cudaError_t backward_prologue<__half, 64>(const AttentionParams&, const Workspace&, float**, float**,
+                                                       int64_t*, cudaStream_t);
+template cudaError_t backward_dq<__half, 64>(const AttentionParams&, const Workspace&, cudaStream_t);
 #endif
 #ifdef OPTIMIZED_BUILT_BF16
 template cudaError_t run_backward<__nv_bfloat16, 64>(const AttentionParams&, const Workspace&, cudaStream_t);
+template cudaError_t backward_prologue<__nv_bfloat16, 64>(const AttentionParams&, const Workspace&, float**, float**,
+                                                       int64_t*, cudaStream_t);
+template cudaError_t backward_dq<__nv_bfloat16, 64>(const AttentionParams&, const Workspace&, cudaStream_t);
 #endif
 
 }  // namespace optimized::cuda::flash2

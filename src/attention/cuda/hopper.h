@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "attention/attention_params.h"
+#include "optimized/core.h"
 
 namespace optimized::cuda::hopper {
 
@@ -14,5 +15,12 @@ namespace optimized::cuda::hopper {
 // 16-byte boundaries (TMA). cudaErrorInvalidValue otherwise.
 template <typename T, int kHeadDim>
 cudaError_t run_forward(const AttentionParams& p, cudaStream_t stream);
+
+// Backward: dq, dk, dv (hopper_bwd.cuh). Scratch: flash2's backward workspace (the same layout and
+// size: flash2::backward_workspace_bytes). Fixed length, head_dim == kHeadDim, causal or not, no
+// other window, softcap, ALiBi or mask; q, k, v, dout rows on 16-byte boundaries (TMA).
+// cudaErrorInvalidValue otherwise.
+template <typename T, int kHeadDim>
+cudaError_t run_backward(const AttentionParams& p, const Workspace& workspace, cudaStream_t stream);
 
 }  // namespace optimized::cuda::hopper

@@ -1,0 +1,462 @@
+// The hopper rung's backward (sm_90a): dK and dV per key tile on wgmma and TMA, warp-specialized;
+// dQ by fp32 vector reductions into flash2's accumulator (fast mode) or by flash2's per-query-tile
+// kernel (deterministic mode). v1: not yet run on a GPU (see docs/perf-notes/attention.md).
+//
+// The algebra (flash2_bwd.cuh, FlashAttention-2 Algorithm 2): with the forward's lse,
+//   P = exp(s - lse)   dV = Pᵀ dO   dP = dO Vᵀ   dS = P ∘ (dP - D), D_i = rowsum(dO_i ∘ O_i)
+//   dK = scale Σ dSᵀ Q   dQ = scale Σ dS K
+// Kernels, in stream order: flash2's preprocess (D into the workspace, the dq accumulator zeroed),
+// this file's dkdv_kernel, then flash2's convert (dq = scale * accumulator) -- or, deterministic,
+// dkdv_kernel without dQ and flash2's dq_kernel. The workspace is flash2's (the same layout).
+//
+// dkdv_kernel: one block per (key tile of 128 keys, kv head, batch); 3 warpgroups:
+//   warpgroup 0, the producer (setmaxnreg 24): one thread loads the block's K and V tiles once
+//     (TMA boxes of 64 columns x 128 rows), then, for each query head of the group and each
+//     64-row query tile that sees a key of the tile, Q and dO into a 2-stage ring (boxes of 64 x 64).
+//   warpgroups 1 and 2, the consumers (setmaxnreg 240): warpgroup c owns keys [64c, 64c + 64) of
+//     the tile and their dK, dV accumulators (64 x D each, in registers). Per query tile:
+//       Sᵀ = K_c Qᵀ and dPᵀ = V_c dOᵀ   (wgmma m64n64, both operands K-major from shared memory:
+//                                        transposed, so that Pᵀ and dSᵀ come out in the layout of
+//                                        a register A operand with the warpgroup's keys as rows)
+//       Pᵀ = exp2(Sᵀ scale log2e - lse log2e), dSᵀ = Pᵀ ∘ (dPᵀ - D)    (masks only on edge tiles)
+//       dV_c += Pᵀ dO,  dK_c += dSᵀ Q    (wgmma with A from registers, B = dO / Q MN-major)
+//       dQ (fast mode): dSᵀ_c to shared memory (64 keys x 64 queries, 128-byte swizzle), then
+//       dQ_c = dS_c K_c (A = dS MN-major from that tile, B = K_c MN-major) in 64-column chunks,
+//       each added into the fp32 accumulator by red.global.add.v2.f32: each warpgroup adds the
+//       contribution of its own 64 keys (no exchange between the warpgroups).
+//   The epilogue stores dK * scale and dV (keys < S_k) from registers.
+// GQA: the block walks every query head of its kv head's group, so dK and dV are the group's sums
+// in registers (deterministic in both modes, as flash2's).
+//
+// Shared memory (1024-byte aligned, 128-byte swizzle): K (128 x D) | V (128 x D) | Q ring 2 x
+// (64 x D) | dO ring 2 x (64 x D) | dSᵀ 2 x (64 x 64) | barriers. D = 128: 32 + 32 + 32 + 32 + 16 =
+// 144 KiB; D = 64: 80 KiB.
+//
+// Fixed length only (varlen is refused by the API, naming flash2), no softcap / ALiBi / mask,
+// causal (either alignment) or unmasked; head dims 64 and 128; fp16 / bf16.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "attention/attention_params.h"
+#include "attention/cuda/flash2.h"
+#include "core/tensor_map.h"
+#include "kernels/gemm/wgmma_mainloop.cuh"
+#include "kernels/ptx/atomics.cuh"
+#include "kernels/ptx/mbarrier.cuh"
+#include "kernels/ptx/smem.cuh"
+#include "kernels/ptx/tma.cuh"
+#include "kernels/ptx/wgmma.cuh"
+#include "kernels/tile/mma_frag.cuh"
+
+namespace optimized::cuda::hopper {
+
+template <int kHeadDim_>
+struct BwdConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = 128;  // keys per block: kConsumers x 64
+  static constexpr int kBlockM = 64;   // query rows per step
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kStages = 2;
+  static constexpr int kBoxCols = 64;                   // 16-bit elements per 128-byte swizzle row
+  static constexpr int kBoxes = kHeadDim / kBoxCols;    // boxes per tile (along D)
+  static constexpr int kKvBoxBytes = kBlockN * 128;     // 128 rows x 128 bytes
+  static constexpr int kKvTileBytes = kBoxes * kKvBoxBytes;
+  static constexpr int kQBoxBytes = kBlockM * 128;      // 64 rows x 128 bytes
+  static constexpr int kQTileBytes = kBoxes * kQBoxBytes;
+  static constexpr int kDsBytes = 64 * 128;             // one warpgroup's dSᵀ: 64 keys x 64 queries
+  static constexpr int kKOffset = 0;
+  static constexpr int kVOffset = kKvTileBytes;
+  static constexpr int kQOffset = 2 * kKvTileBytes;
+  static constexpr int kDoOffset = kQOffset + kStages * kQTileBytes;
+  static constexpr int kDsOffset = kDoOffset + kStages * kQTileBytes;
+  static constexpr int kBarOffset = kDsOffset + kConsumers * kDsBytes;
+  static constexpr int kBarriers = 1 + 2 * kStages;     // kv_full, qdo_full[s], qdo_empty[s]
+  static constexpr int kSmemBytes = kBarOffset + kBarriers * 8 + 1024;
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  static constexpr int kReleases = kConsumers * 4;      // lane 0 of every consumer warp
+  static constexpr int kDsBarrier = 1;                  // ids 1, 2: each consumer warpgroup's own
+
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "hopper backward: head dims 64 and 128");
+  static_assert(kBlockN == 64 * kConsumers, "one m64 wgmma row block of keys per consumer warpgroup");
+  static_assert(kSmemBytes <= 227 * 1024, "over the 227 KiB of shared memory a block may have");
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536, "register file");
+};
+
+// What dkdv_kernel reads besides the four tensor maps.
+struct BwdKernelArgs {
+  void* dk;
+  void* dv;
+  int64_t dk_batch, dk_row, dk_head, dv_batch, dv_row, dv_head;  // elements
+  const float* lse;                                               // natural log; -inf: no visible key
+  int64_t lse_batch, lse_head;
+  const float* dvec;   // D: [H_q][rows], rows = b * S_q + i
+  float* dq_acc;       // [rows][H_q][head_dim] fp32; null: deterministic mode (no dQ here)
+  int64_t rows;
+  int len_q, len_k, heads_q, group;
+  int causal, offset;  // causal: query i sees keys j <= i + offset
+  float scale_log2;    // scale * log2(e)
+  float scale;
+};
+
+template <typename T>
+__device__ __forceinline__ uint32_t bwd_pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __half>) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+// The query tiles [m_begin, m_end) that see some key of the tile at n0 (causal: query i sees key j
+// iff j <= i + offset, so the tile's first key n0 is seen from query n0 - offset on).
+template <typename C>
+__device__ __forceinline__ void query_tiles(const BwdKernelArgs& a, int n0, int& m_begin, int& m_end) {
+  m_end = (a.len_q + C::kBlockM - 1) / C::kBlockM;
+  m_begin = 0;
+  if (a.causal) {
+    const int first = n0 - a.offset;
+    m_begin = first > 0 ? first / C::kBlockM : 0;
+  }
+  if (n0 >= a.len_k) m_begin = m_end;  // (never launched: the grid covers S_k)
+}
+
+// ---- dK, dV (and dQ by reductions) per key tile ------------------------------------------------
+// Grid (ceil(S_k / 128), H_kv, B); block kThreads; dynamic shared memory kSmemBytes.
+template <typename T, int kHeadDim, bool kAccumDq>
+__global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
+    dkdv_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+                const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
+                const __grid_constant__ BwdKernelArgs args) {
+  using C = BwdConfig<kHeadDim>;
+  using Tag = std::conditional_t<std::is_same_v<T, __half>, kernels::ptx::F16Tag, kernels::ptx::Bf16Tag>;
+  namespace ptx = kernels::ptx;
+
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* k_tile = smem + C::kKOffset;
+  unsigned char* v_tile = smem + C::kVOffset;
+  auto q_tile = [&](int s) { return smem + C::kQOffset + s * C::kQTileBytes; };
+  auto do_tile = [&](int s) { return smem + C::kDoOffset + s * C::kQTileBytes; };
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + C::kBarOffset);
+  uint64_t* kv_full = bars;
+  uint64_t* qdo_full = bars + 1;
+  uint64_t* qdo_empty = qdo_full + C::kStages;
+
+  const int warpgroup = threadIdx.x / 128;
+  const int n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
+  const int n0 = n_block * C::kBlockN;
+  int m_begin, m_end;
+  query_tiles<C>(args, n0, m_begin, m_end);
+
+  if (threadIdx.x == 0) {
+    ptx::mbarrier_init(kv_full, 1);
+    for (int s = 0; s < C::kStages; ++s) {
+      ptx::mbarrier_init(&qdo_full[s], 1);
+      ptx::mbarrier_init(&qdo_empty[s], C::kReleases);
+    }
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    // ---- producer ----
+    ptx::setmaxnreg_dec<C::kProducerRegs>();
+    if (threadIdx.x == 0) {
+      ptx::tma_prefetch_descriptor(&map_q);
+      ptx::tma_prefetch_descriptor(&map_k);
+      ptx::tma_prefetch_descriptor(&map_v);
+      ptx::tma_prefetch_descriptor(&map_do);
+      ptx::mbarrier_arrive_expect_tx(kv_full, 2 * C::kKvTileBytes);
+#pragma unroll
+      for (int x = 0; x < C::kBoxes; ++x) {
+        ptx::tma_load_4d(k_tile + x * C::kKvBoxBytes, &map_k, kv_full, x * C::kBoxCols, n0, h_kv, b);
+        ptx::tma_load_4d(v_tile + x * C::kKvBoxBytes, &map_v, kv_full, x * C::kBoxCols, n0, h_kv, b);
+      }
+      kernels::RingCursor<C::kStages> ring;
+      for (int g = 0; g < args.group; ++g) {
+        const int h = h_kv * args.group + g;
+        for (int m = m_begin; m < m_end; ++m) {
+          // A fresh empty barrier satisfies the opposite parity: the first kStages waits pass.
+          ptx::mbarrier_wait(&qdo_empty[ring.stage], ring.phase ^ 1);
+          ptx::mbarrier_arrive_expect_tx(&qdo_full[ring.stage], 2 * C::kQTileBytes);
+#pragma unroll
+          for (int x = 0; x < C::kBoxes; ++x) {
+            ptx::tma_load_4d(q_tile(ring.stage) + x * C::kQBoxBytes, &map_q, &qdo_full[ring.stage],
+                             x * C::kBoxCols, m * C::kBlockM, h, b);
+            ptx::tma_load_4d(do_tile(ring.stage) + x * C::kQBoxBytes, &map_do, &qdo_full[ring.stage],
+                             x * C::kBoxCols, m * C::kBlockM, h, b);
+          }
+          ring.advance();
+        }
+      }
+    }
+  } else {
+    // ---- consumers ----
+    ptx::setmaxnreg_inc<C::kConsumerRegs>();
+    const int c = warpgroup - 1;  // keys [64c, 64c + 64) of the tile
+    const int tid = threadIdx.x % 128;
+    const int warp = tid / 32, lane = tid % 32;
+    const int key0 = n0 + 64 * c + 16 * warp + lane / 4;  // this thread's keys: key0, key0 + 8
+    const int col_in = 2 * (lane % 4);                    // + 8j + e: its query columns of a tile
+    unsigned char* ds_tile = smem + C::kDsOffset + c * C::kDsBytes;
+    constexpr float kLog2e = 1.4426950408889634f;
+
+    float dv[kHeadDim / 2], dk[kHeadDim / 2];  // 64 keys x D per warpgroup, accumulator layout
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = dk[i] = 0.f;
+
+    ptx::mbarrier_wait(kv_full, 0);
+    kernels::RingCursor<C::kStages> ring;
+    for (int g = 0; g < args.group; ++g) {
+      const int h = h_kv * args.group + g;
+      const float* lse_h = args.lse + b * args.lse_batch + h * args.lse_head;
+      const float* d_h = args.dvec + static_cast<int64_t>(h) * args.rows + static_cast<int64_t>(b) * args.len_q;
+      for (int m = m_begin; m < m_end; ++m) {
+        const int m0 = m * C::kBlockM;
+        ptx::mbarrier_wait(&qdo_full[ring.stage], ring.phase);
+        const unsigned char* qt = q_tile(ring.stage);
+        const unsigned char* dot = do_tile(ring.stage);
+
+        // Sᵀ = K_c Qᵀ and dPᵀ = V_c dOᵀ (64 keys x 64 queries each), two groups.
+        float st[32], dpt[32];
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+          const int box = kk / 4, in_row = (kk % 4) * 32;
+          const uint64_t da = ptx::make_smem_desc_k_major_sw128(k_tile + box * C::kKvBoxBytes + 64 * c * 128 + in_row);
+          const uint64_t db = ptx::make_smem_desc_k_major_sw128(qt + box * C::kQBoxBytes + in_row);
+          ptx::wgmma_m64n64k16<0, 0>(st, da, db, kk > 0 ? 1 : 0, Tag{});
+        }
+        ptx::wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+          const int box = kk / 4, in_row = (kk % 4) * 32;
+          const uint64_t da = ptx::make_smem_desc_k_major_sw128(v_tile + box * C::kKvBoxBytes + 64 * c * 128 + in_row);
+          const uint64_t db = ptx::make_smem_desc_k_major_sw128(dot + box * C::kQBoxBytes + in_row);
+          ptx::wgmma_m64n64k16<0, 0>(dpt, da, db, kk > 0 ? 1 : 0, Tag{});
+        }
+        ptx::wgmma_commit();
+
+        // While they run: lse (log2 domain; +inf past S_q and for rows that saw no key, so P = 0)
+        // and D of this thread's 16 query columns.
+        float lse2[16], dd[16];
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int q = m0 + 8 * j + col_in + e;
+            float l = INFINITY, dval = 0.f;
+            if (q < args.len_q) {
+              const float raw = lse_h[q];
+              l = raw == -INFINITY ? INFINITY : raw * kLog2e;
+              dval = d_h[q];
+            }
+            lse2[2 * j + e] = l;
+            dd[2 * j + e] = dval;
+          }
+
+        ptx::wgmma_wait<0>();
+        ptx::wgmma_hold(st);
+        ptx::wgmma_hold(dpt);
+
+        // Pᵀ and dSᵀ; masks only where the tile crosses S_k, S_q or the causal diagonal.
+        const bool masked = n0 + C::kBlockN > args.len_k || m0 + C::kBlockM > args.len_q ||
+                            (args.causal && n0 + C::kBlockN - 1 > m0 + args.offset);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int i = 4 * j + 2 * hh + e;
+              float pv = kernels::exp2_approx(st[i] * args.scale_log2 - lse2[2 * j + e]);
+              if (masked) {
+                const int key = key0 + 8 * hh, q = m0 + 8 * j + col_in + e;
+                if (key >= args.len_k || q >= args.len_q || (args.causal && key > q + args.offset)) pv = 0.f;
+              }
+              st[i] = pv;
+              dpt[i] = pv * (dpt[i] - dd[2 * j + e]);
+            }
+
+        // Pᵀ and dSᵀ as register A operands (4 k-steps of 16 queries).
+        uint32_t pa[4][4], sa[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            pa[kk][r] = bwd_pack2<T>(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
+            sa[kk][r] = bwd_pack2<T>(dpt[8 * kk + 2 * r], dpt[8 * kk + 2 * r + 1]);
+          }
+
+        // dV_c += Pᵀ dO and dK_c += dSᵀ Q (B = dO / Q: 64 queries x D, MN-major).
+        ptx::wgmma_hold(dv);
+        ptx::wgmma_hold(dk);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const uint64_t db = ptx::make_smem_desc_mn_major_sw128(dot + kk * 16 * 128, C::kQBoxBytes);
+          if constexpr (kHeadDim == 128)
+            ptx::wgmma_m64n128k16_rs<1>(dv, pa[kk], db, 1, Tag{});
+          else
+            ptx::wgmma_m64n64k16_rs<1>(dv, pa[kk], db, 1, Tag{});
+        }
+        ptx::wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const uint64_t db = ptx::make_smem_desc_mn_major_sw128(qt + kk * 16 * 128, C::kQBoxBytes);
+          if constexpr (kHeadDim == 128)
+            ptx::wgmma_m64n128k16_rs<1>(dk, sa[kk], db, 1, Tag{});
+          else
+            ptx::wgmma_m64n64k16_rs<1>(dk, sa[kk], db, 1, Tag{});
+        }
+        ptx::wgmma_commit();
+
+        if constexpr (kAccumDq) {
+          // dSᵀ_c into this warpgroup's tile: row = key (64), 64 queries in a 128-byte row, the
+          // 16-byte chunks swizzled by the row (what TMA's 128-byte swizzle writes), as wgmma reads
+          // an MN-major A. The previous query tile's dQ GEMMs read it: the warpgroup waits for all
+          // of its warps first.
+          ptx::named_barrier_sync(C::kDsBarrier + c, 128);
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+              const int row = 16 * warp + lane / 4 + 8 * hh, col = 8 * j + col_in;
+              const uint32_t v = bwd_pack2<T>(dpt[4 * j + 2 * hh], dpt[4 * j + 2 * hh + 1]);
+              *reinterpret_cast<uint32_t*>(ds_tile + row * 128 + ((j ^ (row % 8)) * 16) + (col % 8) * 2) = v;
+            }
+          ptx::fence_proxy_async_shared();
+          ptx::named_barrier_sync(C::kDsBarrier + c, 128);
+
+          // dQ_c = dS_c K_c (64 queries x D) in 64-column chunks, each added into the accumulator.
+          const int64_t q_row0 = static_cast<int64_t>(b) * args.len_q + m0;
+#pragma unroll
+          for (int cg = 0; cg < C::kBoxes; ++cg) {
+            float dq[32];
+            ptx::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+              const uint64_t da = ptx::make_smem_desc_mn_major_sw128(ds_tile + kk * 16 * 128, C::kDsBytes);
+              const uint64_t db = ptx::make_smem_desc_mn_major_sw128(
+                  k_tile + cg * C::kKvBoxBytes + (64 * c + 16 * kk) * 128, C::kKvBoxBytes);
+              ptx::wgmma_m64n64k16<1, 1>(dq, da, db, kk > 0 ? 1 : 0, Tag{});
+            }
+            ptx::wgmma_commit();
+            ptx::wgmma_wait<0>();
+            ptx::wgmma_hold(dq);
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+              const int q = m0 + 16 * warp + lane / 4 + 8 * hh;
+              if (q >= args.len_q) continue;
+              float* dst = args.dq_acc + ((q_row0 + 16 * warp + lane / 4 + 8 * hh) * args.heads_q + h) * kHeadDim +
+                           cg * 64 + col_in;
+#pragma unroll
+              for (int j = 0; j < 8; ++j) ptx::red_add_v2_f32(dst + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+            }
+          }
+        }
+        ptx::wgmma_wait<0>();
+        ptx::wgmma_hold(dv);
+        ptx::wgmma_hold(dk);
+        ptx::wgmma_hold(pa);
+        ptx::wgmma_hold(sa);
+        if (lane == 0) ptx::mbarrier_arrive(&qdo_empty[ring.stage]);  // Q and dO are read
+        ring.advance();
+      }
+    }
+
+    // Epilogue: dK * scale and dV for keys < S_k, from registers.
+    T* dk_out = static_cast<T*>(args.dk) + b * args.dk_batch + h_kv * args.dk_head;
+    T* dv_out = static_cast<T*>(args.dv) + b * args.dv_batch + h_kv * args.dv_head;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int key = key0 + 8 * hh;
+      if (key >= args.len_k) continue;
+      T* dk_row = dk_out + static_cast<int64_t>(key) * args.dk_row;
+      T* dv_row = dv_out + static_cast<int64_t>(key) * args.dv_row;
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; ++j) {
+        *reinterpret_cast<uint32_t*>(dk_row + 8 * j + col_in) =
+            bwd_pack2<T>(dk[4 * j + 2 * hh] * args.scale, dk[4 * j + 2 * hh + 1] * args.scale);
+        *reinterpret_cast<uint32_t*>(dv_row + 8 * j + col_in) = bwd_pack2<T>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]);
+      }
+    }
+  }
+}
+
+// The host side for one (dtype, head dim): flash2's prologue (D, the zeroed dq accumulator: its
+// workspace, the same layout and size), dkdv_kernel (with dQ in fast mode), then flash2's dq step
+// (the convert, or its deterministic dq kernel). flash2's kernels run from its own units, built
+// for every architecture of the build (flash2.h).
+template <typename T, int kHeadDim>
+cudaError_t run_backward(const AttentionParams& p, const Workspace& workspace, cudaStream_t stream) {
+  using C = BwdConfig<kHeadDim>;
+  if (!p.backward || p.varlen() || p.head_dim != kHeadDim || p.softcap > 0 || p.alibi || p.mask ||
+      p.window_left >= 0 || p.window_right > 0)
+    return cudaErrorInvalidValue;
+  if (p.batch <= 0 || p.heads_q <= 0 || (p.seqlen_q <= 0 && p.seqlen_k <= 0)) return cudaSuccess;
+  float* dvec = nullptr;
+  float* dq_acc = nullptr;
+  int64_t rows = 0;
+  cudaError_t err = flash2::backward_prologue<T, kHeadDim>(p, workspace, &dvec, &dq_acc, &rows, stream);
+  if (err != cudaSuccess) return err;
+
+  if (p.seqlen_k > 0) {
+    auto map_of = [&](CUtensorMap* map, const void* data, const AttentionStrides& st, int64_t rows_, int64_t heads,
+                      int box_rows) {
+      const TmaTensor4 t{data, {p.head_dim, rows_, heads, p.batch}, {st.row, st.head, st.batch}, 2};
+      if (!tma_rejects(t, "").empty()) return cudaErrorInvalidValue;
+      return make_tma_map_sw128(map, t, C::kBoxCols, box_rows);
+    };
+    CUtensorMap map_q, map_k, map_v, map_do;
+    err = map_of(&map_k, p.k, p.k_s, p.seqlen_k, p.heads_kv, C::kBlockN);
+    if (err == cudaSuccess) err = map_of(&map_v, p.v, p.v_s, p.seqlen_k, p.heads_kv, C::kBlockN);
+    if (p.seqlen_q > 0) {
+      if (err == cudaSuccess) err = map_of(&map_q, p.q, p.q_s, p.seqlen_q, p.heads_q, C::kBlockM);
+      if (err == cudaSuccess) err = map_of(&map_do, p.dout, p.dout_s, p.seqlen_q, p.heads_q, C::kBlockM);
+    } else {
+      map_q = map_do = map_k;  // no query tile is ever loaded (dk = dv = 0)
+    }
+    if (err != cudaSuccess) return err;
+    BwdKernelArgs a{};
+    a.dk = p.dk, a.dv = p.dv;
+    a.dk_batch = p.dk_s.batch, a.dk_row = p.dk_s.row, a.dk_head = p.dk_s.head;
+    a.dv_batch = p.dv_s.batch, a.dv_row = p.dv_s.row, a.dv_head = p.dv_s.head;
+    a.lse = static_cast<const float*>(p.lse);
+    a.lse_batch = p.lse_batch, a.lse_head = p.lse_head;
+    a.dvec = dvec;
+    a.dq_acc = p.deterministic ? nullptr : dq_acc;
+    a.rows = rows;
+    a.len_q = static_cast<int>(p.seqlen_q), a.len_k = static_cast<int>(p.seqlen_k);
+    a.heads_q = static_cast<int>(p.heads_q), a.group = static_cast<int>(p.group());
+    a.causal = p.window_right == 0 ? 1 : 0;
+    a.offset = p.top_left ? 0 : static_cast<int>(p.seqlen_k - p.seqlen_q);
+    a.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
+    a.scale = static_cast<float>(p.scale);
+    const dim3 grid(static_cast<unsigned>((p.seqlen_k + C::kBlockN - 1) / C::kBlockN),
+                    static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
+    auto launch = [&](auto kernel) {
+      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+      if (e != cudaSuccess) return e;
+      kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(map_q, map_k, map_v, map_do, a);
+      return cudaGetLastError();
+    };
+    err = p.deterministic ? launch(dkdv_kernel<T, kHeadDim, false>) : launch(dkdv_kernel<T, kHeadDim, true>);
+    if (err != cudaSuccess) return err;
+  }
+  if (p.seqlen_q <= 0) return cudaSuccess;
+  return flash2::backward_dq<T, kHeadDim>(p, workspace, stream);
+}
+
+}  // namespace optimized::cuda::hopper
