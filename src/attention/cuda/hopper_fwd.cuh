@@ -15,7 +15,9 @@
 //      device from cu_seqlens) and a persistent schedule (kPersistent: one block per SM walks the
 //      (m block, head, sequence) tiles longest first, and loads the next tile's Q while its
 //      consumers finish the current one).
-//   next: the output staged in shared memory and written by TMA.
+//   v5 (also not yet run): the output staged in shared memory (a tile per consumer warpgroup, the
+//      128-byte swizzle of a TMA box) and written by TMA for fixed-length batches (tma_store), so a
+//      warpgroup starts its next tile while the copy runs; varlen keeps the stores from registers.
 //
 // The block (kThreads = 384: three warpgroups; __launch_bounds__(384, 1), one block per SM):
 //   warpgroup 0, the producer: setmaxnreg.dec to 24 registers; one thread loads, per tile, Q (once
@@ -33,8 +35,9 @@
 //
 // Shared memory (1024-byte aligned, 128-byte swizzle: TMA boxes of 64 columns x 128 rows, each
 // row one 128-byte swizzle row; a 128 x D tile is D / 64 boxes of 16 KiB):
-//   Q (128 x D) | K ring: kStages x (128 x D) | V ring: kStages x (128 x D) | barriers
-// D = 128: 32 + 2 x 2 x 32 = 160 KiB (2 stages); D = 64: 16 + 2 x 3 x 16 = 112 KiB (3 stages).
+//   Q (128 x D) | K ring: kStages x (128 x D) | V ring: kStages x (128 x D) | O staging (128 x D) |
+//   barriers
+// D = 128: 32 + 2 x 2 x 32 + 32 = 192 KiB (2 stages); D = 64: 16 + 2 x 3 x 16 + 16 = 128 KiB (3 stages).
 // K and V have rings of their own (not the GEMM's WgmmaRing, whose stage is A and B together):
 // the consumers release K as soon as S is computed and V after P V, so the producer refills K
 // while the softmax runs.
@@ -95,7 +98,9 @@ struct FwdConfig {
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kTileBytes;
   static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
-  static constexpr int kBarOffset = kVOffset + kStages * kTileBytes;
+  static constexpr int kOOffset = kVOffset + kStages * kTileBytes;  // the output staging (TMA store)
+  static constexpr int kOBoxBytes = 64 * 128;                         // 64 rows x 128 bytes
+  static constexpr int kBarOffset = kOOffset + kConsumers * kBoxes * kOBoxBytes;
   static constexpr int kBarriers = 2 + 4 * kStages;       // q_full, q_empty, k_full, k_empty, v_full, v_empty
   static constexpr int kSmemBytes = kBarOffset + kBarriers * 8 + 1024;  // + slack to align to 1024
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
@@ -105,6 +110,7 @@ struct FwdConfig {
   static constexpr bool kPingPong = true;
   static constexpr int kPingPongBarrier = 1;  // ids 1, 2 (0 is __syncthreads)
   static constexpr int kZeroBarrier = 3;      // the consumers, after zeroing a varlen tail (below)
+  static constexpr int kStoreBarrier = 4;     // ids 4, 5: each consumer warpgroup's output staging
   // Intra-warpgroup overlap: the softmax of key tile n runs while the tensor cores do the PV
   // product of tile n + 1 (the previous one in visiting order); false: S, softmax, PV in turn.
   static constexpr bool kIntraOverlap = true;
@@ -136,6 +142,7 @@ struct FwdArgs {
   const int32_t* cu_seqlens_q;  // varlen (B + 1 device ints); null: fixed length
   const int32_t* cu_seqlens_k;
   int m_blocks, heads, batch;   // the work tiles: (m block, head, sequence)
+  int tma_store;                // out written by TMA from a staging tile (fixed length, out TMA-describable)
 };
 
 // The persistent schedule: tile t of m_blocks x heads x batch, longest first (the m blocks from the
@@ -196,7 +203,8 @@ __device__ __forceinline__ int key_tiles(const FwdArgs& a, const FwdSeq& sq, int
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
-                   const __grid_constant__ CUtensorMap map_v, const __grid_constant__ FwdArgs args) {
+                   const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_o,
+                   const __grid_constant__ FwdArgs args) {
   using C = FwdConfig<kHeadDim>;
   using Tag = std::conditional_t<std::is_same_v<T, __half>, kernels::ptx::F16Tag, kernels::ptx::Bf16Tag>;
   namespace ptx = kernels::ptx;
@@ -494,7 +502,17 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
         if (lane == 0) ptx::mbarrier_arrive(q_empty);
       }
 
-      // Epilogue: l over the row's 4 lanes, O / l stored (rows < len_q), lse.
+      // Epilogue: l over the row's 4 lanes, O / l, lse. Fixed length with a TMA-describable out
+      // (args.tma_store): O goes through this warpgroup's staging tile in shared memory (the 128-byte
+      // swizzle a TMA box has) and one thread stores it by TMA, which clips the rows past S_q; the
+      // warpgroup goes on to the next tile while the copy runs (the staging is reused only once the
+      // previous store has read it). Otherwise (varlen: a tile's last rows are the next sequence's)
+      // rows < len_q are stored from registers.
+      unsigned char* stage = smem + C::kOOffset + c * C::kBoxes * C::kOBoxBytes;
+      if (args.tma_store) {
+        if (tid == 0) ptx::bulk_wait_group_read<0>();  // this thread issued the previous store
+        ptx::named_barrier_sync(C::kStoreBarrier + c, 128);
+      }
       T* out = static_cast<T*>(args.out) + b * args.out_batch + sq.start_q * args.out_row + h * args.out_head;
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
@@ -504,19 +522,38 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
         const bool empty = l == 0.f;  // no visible key (a NaN l is not empty: it propagates, as in flash2)
         const float inv = empty ? 0.f : 1.f / l;
         const int row = row0 + 8 * hh;
-        if (row < sq.len_q) {
+        if (args.tma_store) {
+          const int r = 16 * warp + lane / 4 + 8 * hh;  // row of the warpgroup's 64
+#pragma unroll
+          for (int j = 0; j < kHeadDim / 8; ++j) {
+            const uint32_t v = pack2<T>(o[4 * j + 2 * hh] * inv, o[4 * j + 2 * hh + 1] * inv);
+            *reinterpret_cast<uint32_t*>(stage + (j / 8) * C::kOBoxBytes + r * 128 + (((j % 8) ^ (r % 8)) * 16) +
+                                         col_in * 2) = v;
+          }
+        } else if (row < sq.len_q) {
           T* out_row = out + static_cast<int64_t>(row) * args.out_row;
 #pragma unroll
           for (int j = 0; j < kHeadDim / 8; ++j) {
             const uint32_t v = pack2<T>(o[4 * j + 2 * hh] * inv, o[4 * j + 2 * hh + 1] * inv);
             *reinterpret_cast<uint32_t*>(out_row + 8 * j + col_in) = v;
           }
-          if (args.lse && lane % 4 == 0)
-            args.lse[b * args.lse_batch + h * args.lse_head + sq.start_q + row] =
-                empty ? -INFINITY : (row_max[hh] + kernels::log2_approx(l)) * 0.69314718055994531f;
+        }
+        if (row < sq.len_q && args.lse && lane % 4 == 0)
+          args.lse[b * args.lse_batch + h * args.lse_head + sq.start_q + row] =
+              empty ? -INFINITY : (row_max[hh] + kernels::log2_approx(l)) * 0.69314718055994531f;
+      }
+      if (args.tma_store) {
+        ptx::fence_proxy_async_shared();
+        ptx::named_barrier_sync(C::kStoreBarrier + c, 128);
+        if (tid == 0) {
+#pragma unroll
+          for (int x = 0; x < C::kBoxes; ++x)
+            ptx::tma_store_4d(&map_o, stage + x * C::kOBoxBytes, x * C::kBoxCols, m0 + 64 * c, h, b);
+          ptx::bulk_commit_group();
         }
       }
     }
+    if (args.tma_store && tid == 0) ptx::bulk_wait_group<0>();  // the staging stays until the stores are done
   }
 }
 
@@ -524,7 +561,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
 // but causal, no softcap / ALiBi / mask), the maps made by the launcher (hopper.cu).
 template <typename T, int kHeadDim>
 cudaError_t launch_forward(const CUtensorMap& map_q, const CUtensorMap& map_k, const CUtensorMap& map_v,
-                           const FwdArgs& args, cudaStream_t stream) {
+                           const CUtensorMap& map_o, const FwdArgs& args, cudaStream_t stream) {
   using C = FwdConfig<kHeadDim>;
   auto kernel = forward_kernel<T, kHeadDim>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
@@ -538,7 +575,7 @@ cudaError_t launch_forward(const CUtensorMap& map_q, const CUtensorMap& map_k, c
     if (err != cudaSuccess) return err;
     blocks = tiles < sms ? tiles : sms;  // one block per SM (the shared memory takes it whole)
   }
-  kernel<<<static_cast<unsigned>(blocks), C::kThreads, C::kSmemBytes, stream>>>(map_q, map_k, map_v, args);
+  kernel<<<static_cast<unsigned>(blocks), C::kThreads, C::kSmemBytes, stream>>>(map_q, map_k, map_v, map_o, args);
   return cudaGetLastError();
 }
 
@@ -586,7 +623,15 @@ cudaError_t run_forward(const AttentionParams& p, cudaStream_t stream) {
   a.m_blocks = static_cast<int>((p.seqlen_q + C::kBlockM - 1) / C::kBlockM);
   a.heads = static_cast<int>(p.heads_q), a.batch = static_cast<int>(p.batch);
   if (static_cast<int64_t>(a.m_blocks) * a.heads * a.batch > INT32_MAX) return cudaErrorInvalidValue;
-  return launch_forward<T, kHeadDim>(map_q, map_k, map_v, a, stream);
+  // The output by TMA (boxes of 64 columns x 64 rows: one consumer warpgroup's rows) where its rows
+  // are 16-byte aligned and the batch is fixed-length; else from registers.
+  CUtensorMap map_o = map_q;
+  a.tma_store = 0;
+  if (!varlen) {
+    const TmaTensor4 o{p.out, {p.head_dim, p.seqlen_q, p.heads_q, p.batch}, {p.out_s.row, p.out_s.head, p.out_s.batch}, 2};
+    if (tma_rejects(o, "").empty() && make_tma_map_sw128(&map_o, o, C::kBoxCols, 64) == cudaSuccess) a.tma_store = 1;
+  }
+  return launch_forward<T, kHeadDim>(map_q, map_k, map_v, map_o, a, stream);
 }
 
 }  // namespace optimized::cuda::hopper
