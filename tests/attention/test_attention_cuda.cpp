@@ -368,6 +368,27 @@ TEST_P(HopperAttention, BigSequences) {
   expect_attention_ok(base(1, 257, 4097, 1, 1, 128));
 }
 
+// Sliding windows (the tiles outside every row's window skipped, masks only on the tiles an edge
+// crosses): left and right edges, one-sided, with the causal diagonal, both alignments, across the
+// 128-row / 128-key tiles, both head dims, GQA; and varlen with a window.
+TEST_P(HopperAttention, Windows) {
+  const std::vector<std::pair<int64_t, int64_t>> windows = {{0, 0},  {16, 0},  {127, 0}, {128, 0}, {300, 0},
+                                                            {5, 3},  {100, 50}, {-1, 7}, {40, -1}, {0, 200}};
+  for (int64_t d : {64, 128})
+    for (auto [sq, sk] : std::vector<std::pair<int64_t, int64_t>>{{300, 300}, {129, 700}, {700, 129}})
+      for (auto [wl, wr] : windows)
+        for (bool top_left : {false, true}) {
+          AttnCase c = base(1, sq, sk, 4, 2, d);
+          c.window_left = wl, c.window_right = wr, c.top_left = top_left;
+          expect_attention_ok(c);
+        }
+  AttnCase c = base(1, 1, 1, 4, 1, 64);
+  c.lens_q = {130, 0, 1, 257, 64, 300};
+  c.lens_k = {200, 5, 1, 100, 64, 129};
+  c.window_left = 33, c.window_right = 0;
+  expect_attention_ok(c);
+}
+
 // Varlen: packed sequences of mixed lengths (empty, length 1, across the 128-row tiles, S_q != S_k both
 // ways), both head dims, GQA, each unmasked, causal bottom-right and top-left.
 TEST_P(HopperAttention, Varlen) {

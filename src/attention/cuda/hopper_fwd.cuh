@@ -57,9 +57,10 @@
 // lse = (m + log2 l) ln 2 (-inf there), as flash2 writes it.
 //
 // Masks: key tiles are visited from the last to the first, so the ones that need a mask (the
-// sequence's ragged end: keys >= len_k; causal: keys past a row's diagonal i + offset) come first
-// and the rest run unmasked; causal tiles wholly past the diagonal of the block's last row are
-// never loaded. Rows past len_q read zeros (TMA fills boxes outside the tensor with zeros) and are
+// sequence's ragged end: keys >= len_k; causal / a window's right edge: keys past i + offset +
+// window_right) come first and the rest run unmasked, but for the tiles a window's left edge
+// (i + offset - window_left) crosses, at the end; tiles wholly outside every row's window are never
+// loaded (key_tiles). Rows past len_q read zeros (TMA fills boxes outside the tensor with zeros) and are
 // not written.
 #pragma once
 
@@ -136,8 +137,9 @@ struct FwdArgs {
   int64_t lse_batch, lse_head;
   int len_q, len_k;    // fixed length: S_q, S_k; varlen: the longest (the grid's)
   int group;           // query heads per kv head
-  int causal;          // window_right == 0, window_left unbounded
-  int top_left;        // causal diagonal aligned top-left (offset 0) or bottom-right (S_k - S_q)
+  int window_left;     // query i sees keys j >= i + offset - window_left (-1: unbounded)
+  int window_right;    // ... and j <= i + offset + window_right (-1: unbounded; 0: causal)
+  int top_left;        // the diagonal aligned top-left (offset 0) or bottom-right (S_k - S_q)
   float scale_log2;    // scale * log2(e)
   const int32_t* cu_seqlens_q;  // varlen (B + 1 device ints); null: fixed length
   const int32_t* cu_seqlens_k;
@@ -185,16 +187,31 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
-// The key tiles the block of query rows [m0, m0 + kBlockM) visits: [0, n_end).
+// The key tiles the block of query rows [m0, m0 + kBlockM) visits: [n_begin, n_end): those holding a
+// key some row of the block sees (the window's right edge of the block's last row, its left edge of
+// the first row; the rows past S_q count too: they are computed and not stored).
+struct KeyTiles {
+  int begin, end;
+};
 template <typename C>
-__device__ __forceinline__ int key_tiles(const FwdArgs& a, const FwdSeq& sq, int m0) {
-  int n_end = (sq.len_k + C::kBlockN - 1) / C::kBlockN;
-  if (a.causal) {
-    const int last_key = m0 + C::kBlockM - 1 + sq.offset;  // the block's last row's diagonal
+__device__ __forceinline__ KeyTiles key_tiles(const FwdArgs& a, const FwdSeq& sq, int m0) {
+  int n_end = (sq.len_k + C::kBlockN - 1) / C::kBlockN, n_begin = 0;
+  if (a.window_right >= 0) {
+    const int last_key = m0 + C::kBlockM - 1 + sq.offset + a.window_right;  // the last row's right edge
     const int n_diag = last_key < 0 ? 0 : last_key / C::kBlockN + 1;
     n_end = n_end < n_diag ? n_end : n_diag;
   }
-  return n_end;
+  if (a.window_left >= 0) {
+    const int first_key = m0 + sq.offset - a.window_left;  // the first row's left edge
+    n_begin = first_key <= 0 ? 0 : first_key / C::kBlockN;
+  }
+  return {n_begin, n_end > n_begin ? n_end : n_begin};
+}
+
+// Whether key column col is outside row's window (or past the sequence's keys).
+__device__ __forceinline__ bool key_hidden(const FwdArgs& a, const FwdSeq& sq, int row, int col) {
+  return col >= sq.len_k || (a.window_right >= 0 && col > row + sq.offset + a.window_right) ||
+         (a.window_left >= 0 && col < row + sq.offset - a.window_left);
 }
 
 // ---- kernel ----------------------------------------------------------------------------------
@@ -253,7 +270,8 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
         const FwdSeq sq = sequence(args, w.b);
         const int m0 = w.m_block * C::kBlockM;
         if (m0 >= sq.len_q) continue;  // varlen: past this sequence's end (the consumers skip it too)
-        const int n_end = key_tiles<C>(args, sq, m0), h_kv = w.h / args.group;
+        const KeyTiles kt = key_tiles<C>(args, sq, m0);
+        const int h_kv = w.h / args.group;
         // A fresh empty barrier satisfies the opposite parity: the first waits pass.
         ptx::mbarrier_wait(q_empty, q_phase ^ 1);
         ptx::mbarrier_arrive_expect_tx(q_full, C::kTileBytes);
@@ -262,7 +280,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
           ptx::tma_load_4d(q_tile + x * C::kBoxBytes, &map_q, q_full, x * C::kBoxCols, sq.start_q + m0, w.h,
                            sq.batch_coord);
         q_phase ^= 1;
-        for (int n = n_end - 1; n >= 0; --n) {
+        for (int n = kt.end - 1; n >= kt.begin; --n) {
           ptx::mbarrier_wait(&k_empty[ring.stage], ring.phase ^ 1);
           ptx::mbarrier_arrive_expect_tx(&k_full[ring.stage], C::kTileBytes);
 #pragma unroll
@@ -290,7 +308,8 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
 
     // The tile being computed (set at the top of each; the lambdas below read them).
     FwdSeq sq{};
-    int m0 = 0, row0 = 0, n_end = 0;  // row0: this thread's rows are row0, row0 + 8 (of the sequence)
+    int m0 = 0, row0 = 0;          // row0: this thread's rows are row0, row0 + 8 (of the sequence)
+    int n_begin = 0, n_end = 0;    // the key tiles the tile visits
     float o[kHeadDim / 2];            // O: 64 x D per warpgroup, accumulator layout
     float row_max[2], row_sum[2];     // log2 domain; this thread's partial sums
     // Ping-pong: warpgroup c waits on barrier 1 + c before issuing its S and then lets the other
@@ -333,7 +352,11 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
     // rescaled and grown; alpha[hh] = 2^(m_old - m_new), the factor O still needs.
     auto softmax = [&](float (&s)[C::kBlockN / 2], int n, float (&alpha)[2]) {
       const int n0 = n * C::kBlockN;
-      const bool masked = n0 + C::kBlockN > sq.len_k || (args.causal && n0 + C::kBlockN - 1 > m0 + sq.offset);
+      // A tile needs the per-element test where it crosses S_k or an edge of some row's window: keys
+      // past the first row's right edge, or before the last row's left edge.
+      const bool masked = n0 + C::kBlockN > sq.len_k ||
+                          (args.window_right >= 0 && n0 + C::kBlockN - 1 > m0 + sq.offset + args.window_right) ||
+                          (args.window_left >= 0 && n0 < m0 + C::kBlockM - 1 + sq.offset - args.window_left);
 #pragma unroll
       for (int i = 0; i < C::kBlockN / 2; ++i) s[i] *= args.scale_log2;
       if (masked) {
@@ -345,7 +368,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
             for (int e = 0; e < 2; ++e) {
               const int col = n0 + 8 * j + col_in + e;
               const int row = row0 + 8 * hh;
-              if (col >= sq.len_k || (args.causal && col > row + sq.offset)) s[4 * j + 2 * hh + e] = -INFINITY;
+              if (key_hidden(args, sq, row, col)) s[4 * j + 2 * hh + e] = -INFINITY;
             }
       }
 #pragma unroll
@@ -400,7 +423,8 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
       sq = sequence(args, w.b);
       m0 = w.m_block * C::kBlockM;
       if (m0 >= sq.len_q) continue;  // varlen: past this sequence's end (the producer skips it too)
-      n_end = key_tiles<C>(args, sq, m0);
+      const KeyTiles kt = key_tiles<C>(args, sq, m0);
+      n_begin = kt.begin, n_end = kt.end;
       row0 = m0 + 64 * c + 16 * warp + lane / 4;
       const int h = w.h, b = w.b;
 #pragma unroll
@@ -416,7 +440,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
       // whole 128-byte row of every box: the swizzle permutes 16-byte chunks within a row) before any
       // PV reads them, then order the writes before the tensor cores' reads (proxy fence) and wait for
       // each other. Fixed-length batches need none of it: past S_k the map's bounds zero-fill.
-      if (args.cu_seqlens_q && n_end > 0 && sq.len_k - (n_end - 1) * C::kBlockN < C::kBlockN) {
+      if (args.cu_seqlens_q && n_end > n_begin && sq.len_k - (n_end - 1) * C::kBlockN < C::kBlockN) {
         const int valid = sq.len_k - (n_end - 1) * C::kBlockN;  // rows of the tile in the sequence
         const int rows = C::kBlockN - valid, chunks = rows * 8;  // 16-byte chunks per box
         ptx::mbarrier_wait(&v_full[ring.stage], ring.phase);     // the first tile visited: the ring's next
@@ -435,7 +459,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
         float s[C::kBlockN / 2];
         uint32_t pa[C::kBlockN / 16][4];
         float alpha[2];
-        if (n_end > 0) {
+        if (n_end > n_begin) {
           ptx::mbarrier_wait(&k_full[ring.stage], ring.phase);
           pingpong_wait();
           issue_qk(s, ring.stage);
@@ -446,7 +470,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
           softmax(s, n_end - 1, alpha);  // O is 0: no rescale
           pack_p(s, pa);
         }
-        for (int n = n_end - 2; n >= 0; --n) {
+        for (int n = n_end - 2; n >= n_begin; --n) {
           kernels::RingCursor<C::kStages> prev = ring;  // the tile whose P is in pa
           ring.advance();
           ptx::mbarrier_wait(&k_full[ring.stage], ring.phase);
@@ -467,7 +491,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
           pack_p(s, pa);
         }
         if (lane == 0) ptx::mbarrier_arrive(q_empty);  // every S of the tile is done: Q may be replaced
-        if (n_end > 0) {
+        if (n_end > n_begin) {
           ptx::mbarrier_wait(&v_full[ring.stage], ring.phase);
           issue_pv(pa, ring.stage);
           ptx::wgmma_wait<0>();
@@ -477,7 +501,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
           ring.advance();
         }
       } else {
-        for (int n = n_end - 1; n >= 0; --n) {
+        for (int n = n_end - 1; n >= n_begin; --n) {
           float s[C::kBlockN / 2];
           uint32_t pa[C::kBlockN / 16][4];
           float alpha[2];
@@ -557,8 +581,8 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
   }
 }
 
-// Launches the forward for validated params (head dim kHeadDim exactly, fixed length, no window
-// but causal, no softcap / ALiBi / mask), the maps made by the launcher (hopper.cu).
+// Launches the forward for validated params (head dim kHeadDim exactly, no softcap / ALiBi / mask),
+// the maps made by the launcher (hopper.cu).
 template <typename T, int kHeadDim>
 cudaError_t launch_forward(const CUtensorMap& map_q, const CUtensorMap& map_k, const CUtensorMap& map_v,
                            const CUtensorMap& map_o, const FwdArgs& args, cudaStream_t stream) {
@@ -585,9 +609,7 @@ cudaError_t launch_forward(const CUtensorMap& map_q, const CUtensorMap& map_k, c
 template <typename T, int kHeadDim>
 cudaError_t run_forward(const AttentionParams& p, cudaStream_t stream) {
   using C = FwdConfig<kHeadDim>;
-  if (p.backward || p.head_dim != kHeadDim || p.softcap > 0 || p.alibi || p.mask || p.window_left >= 0 ||
-      p.window_right > 0)
-    return cudaErrorInvalidValue;
+  if (p.backward || p.head_dim != kHeadDim || p.softcap > 0 || p.alibi || p.mask) return cudaErrorInvalidValue;
   // Fixed length: (D, S, H, B) maps, the sequence is the batch coordinate. Varlen: one packed
   // (D, total, H, 1) map, the sequence's rows found from cu_seqlens on the device.
   const bool varlen = p.varlen();
@@ -616,7 +638,8 @@ cudaError_t run_forward(const AttentionParams& p, cudaStream_t stream) {
   a.lse_batch = p.lse_batch, a.lse_head = p.lse_head;
   a.len_q = static_cast<int>(p.seqlen_q), a.len_k = static_cast<int>(p.seqlen_k);
   a.group = static_cast<int>(p.group());
-  a.causal = p.window_right == 0 ? 1 : 0;
+  a.window_left = static_cast<int>(p.window_left < 0 ? -1 : p.window_left);
+  a.window_right = static_cast<int>(p.window_right < 0 ? -1 : p.window_right);
   a.top_left = p.top_left ? 1 : 0;
   a.cu_seqlens_q = p.cu_seqlens_q, a.cu_seqlens_k = p.cu_seqlens_k;
   a.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
