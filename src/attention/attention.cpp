@@ -317,10 +317,6 @@ void check_hopper(const AttentionParams& p, const std::string& what, bool aligne
   if (p.backward && p.varlen())
     unsupported(what + ": hopper's backward runs fixed-length batches only (its varlen backward is not written "
                 "yet); run it on flash2 (variant 'flash2'), which takes the lse this forward writes");
-  if (p.backward && (p.window_left >= 0 || p.window_right > 0))
-    unsupported("window_left / window_right: hopper's backward runs causal or unmasked attention only (its "
-                "sliding windows are not written yet; the forward runs them); given (" +
-                std::to_string(p.window_left) + ", " + std::to_string(p.window_right) + ")" + use);
   if (p.head_dim != 64 && p.head_dim != 128)
     unsupported("head_dim: hopper runs head dims 64 and 128; given " + std::to_string(p.head_dim) + use);
   if (p.softcap > 0) unsupported("softcap: hopper does not run a soft-cap yet; given " + number(p.softcap) + use);

@@ -456,6 +456,17 @@ TEST_P(HopperAttention, Backward) {
     }
 }
 
+// The backward with sliding windows (the query tiles outside every key's window skipped).
+TEST_P(HopperAttention, BackwardWindows) {
+  for (int64_t d : {64, 128})
+    for (auto [wl, wr] : std::vector<std::pair<int64_t, int64_t>>{{16, 0}, {100, 50}, {-1, 7}, {40, -1}, {0, 0}})
+      for (bool top_left : {false, true}) {
+        AttnCase c = make_case(true, GetParam(), AttentionVariant::kHopper, Device::cuda(0), 1, 300, 260, 4, 2, d);
+        c.window_left = wl, c.window_right = wr, c.top_left = top_left;
+        expect_attention_ok(c);
+      }
+}
+
 TEST_P(HopperAttention, BackwardGqaStridedAndDeterministic) {
   for (auto [hq, hkv] : std::vector<std::pair<int64_t, int64_t>>{{8, 1}, {6, 3}, {2, 2}}) {
     AttnCase c = make_case(true, GetParam(), AttentionVariant::kHopper, Device::cuda(0), 1, 190, 190, hq, hkv, 128);

@@ -397,8 +397,8 @@ TEST_F(AttentionErrors, VariantOnTheWrongDevice) {
                  Status::kInvalidArgument, "variant");
 }
 
-// hopper (head dims 64 / 128, no softcap / ALiBi / mask, TMA rows; the backward fixed length without
-// a window) refuses the rest before any device work, naming the feature and the rung that runs it.
+// hopper (head dims 64 / 128, no softcap / ALiBi / mask, TMA rows; the backward fixed length)
+// refuses the rest before any device work, naming the feature and the rung that runs it.
 TEST_F(AttentionErrors, HopperRefusesWhatItDoesNotRunYet) {
   const Device dev = Device::cuda(0);
   const AttentionVariant hop = AttentionVariant::kHopper;
@@ -441,13 +441,6 @@ TEST_F(AttentionErrors, HopperRefusesWhatItDoesNotRunYet) {
     attention_varlen_backward(packed(q_base), packed(q_base), packed(q_base), packed(q_base), cq, cq, 3, 3,
                               packed(q_base), vlse, packed(dq), packed(dq + 2 * 1024), packed(dq + 4 * 1024), {}, hop);
   }, Status::kUnsupported, "hopper", "flash2");
-  // A windowed backward (the forward runs windows).
-  o = {};
-  o.window_left = 2;
-  auto grad = [&](int64_t k) { return raw(dq + 2 * 1024 * k, DType::kF16, dev, {1, 3, 1, 64}, {192, 64, 64, 1}); };
-  const TensorView lse = raw(lse_in_.data(), DType::kF32, dev, {1, 1, 3}, {3, 3, 1});
-  refuses([&] { attention_backward(q(), q(), q(), q(), h4(k16_, 3, 64), lse, grad(0), grad(1), grad(2), o, hop); },
-          Status::kUnsupported, "window_left", "flash2");
 }
 
 // auto's rule for the hopper forward (attention_config.h, from the measured table): eligible forwards

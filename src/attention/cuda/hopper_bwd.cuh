@@ -32,8 +32,8 @@
 // (64 x D) | dO ring 2 x (64 x D) | dSᵀ 2 x (64 x 64) | barriers. D = 128: 32 + 32 + 32 + 32 + 16 =
 // 144 KiB; D = 64: 80 KiB.
 //
-// Fixed length only (varlen is refused by the API, naming flash2), no softcap / ALiBi / mask,
-// causal (either alignment) or unmasked; head dims 64 and 128; fp16 / bf16.
+// Fixed length only (varlen is refused by the API, naming flash2), no softcap / ALiBi / mask; causal,
+// sliding windows (either alignment) or unmasked; head dims 64 and 128; fp16 / bf16.
 #pragma once
 
 #include <cuda.h>
@@ -101,7 +101,10 @@ struct BwdKernelArgs {
   float* dq_acc;       // [rows][H_q][head_dim] fp32; null: deterministic mode (no dQ here)
   int64_t rows;
   int len_q, len_k, heads_q, group;
-  int causal, offset;  // causal: query i sees keys j <= i + offset
+  int offset;                      // query i's diagonal key: i + offset
+  int window_left, window_right;   // i sees keys [i + offset - left, i + offset + right]; an unbounded
+                                   // edge is S_q + S_k (past every key: no test, and no int overflow
+                                   // since S_q + 2 S_k < 2^31)
   float scale_log2;    // scale * log2(e)
   float scale;
 };
@@ -117,17 +120,18 @@ __device__ __forceinline__ uint32_t bwd_pack2(float lo, float hi) {
   }
 }
 
-// The query tiles [m_begin, m_end) that see some key of the tile at n0 (causal: query i sees key j
-// iff j <= i + offset, so the tile's first key n0 is seen from query n0 - offset on).
+// The query tiles [m_begin, m_end) that see some key of the tile [n0, n0 + kBlockN): query i sees
+// key j iff i + offset - window_left <= j <= i + offset + window_right, i.e. the queries
+// [n0 - offset - window_right, n0 + kBlockN - 1 - offset + window_left] (an unbounded edge: all).
 template <typename C>
 __device__ __forceinline__ void query_tiles(const BwdKernelArgs& a, int n0, int& m_begin, int& m_end) {
-  m_end = (a.len_q + C::kBlockM - 1) / C::kBlockM;
-  m_begin = 0;
-  if (a.causal) {
-    const int first = n0 - a.offset;
-    m_begin = first > 0 ? first / C::kBlockM : 0;
-  }
-  if (n0 >= a.len_k) m_begin = m_end;  // (never launched: the grid covers S_k)
+  const int64_t first = int64_t{n0} - a.offset - a.window_right;
+  const int64_t last = int64_t{n0} + C::kBlockN - 1 - a.offset + a.window_left;
+  const int64_t tiles = (a.len_q + C::kBlockM - 1) / C::kBlockM;
+  const int64_t end = last < 0 ? 0 : last / C::kBlockM + 1;
+  m_begin = first > 0 ? static_cast<int>(first / C::kBlockM) : 0;
+  m_end = static_cast<int>(end < tiles ? end : tiles);
+  if (n0 >= a.len_k || m_begin > m_end) m_begin = m_end;
 }
 
 // ---- dK, dV (and dQ by reductions) per key tile ------------------------------------------------
@@ -270,9 +274,10 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
         ptx::wgmma_hold(st);
         ptx::wgmma_hold(dpt);
 
-        // Pᵀ and dSᵀ; masks only where the tile crosses S_k, S_q or the causal diagonal.
+        // Pᵀ and dSᵀ; masks only where the tile crosses S_k, S_q or an edge of some query's window.
         const bool masked = n0 + C::kBlockN > args.len_k || m0 + C::kBlockM > args.len_q ||
-                            (args.causal && n0 + C::kBlockN - 1 > m0 + args.offset);
+                            n0 + C::kBlockN - 1 > m0 + args.offset + args.window_right ||
+                            n0 < m0 + C::kBlockM - 1 + args.offset - args.window_left;
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -283,7 +288,10 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
               float pv = kernels::exp2_approx(st[i] * args.scale_log2 - lse2[2 * j + e]);
               if (masked) {
                 const int key = key0 + 8 * hh, q = m0 + 8 * j + col_in + e;
-                if (key >= args.len_k || q >= args.len_q || (args.causal && key > q + args.offset)) pv = 0.f;
+                const int diag = q + args.offset;
+                if (key >= args.len_k || q >= args.len_q || key > diag + args.window_right ||
+                    key < diag - args.window_left)
+                  pv = 0.f;
               }
               st[i] = pv;
               dpt[i] = pv * (dpt[i] - dd[2 * j + e]);
@@ -402,8 +410,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
 template <typename T, int kHeadDim>
 cudaError_t run_backward(const AttentionParams& p, const Workspace& workspace, cudaStream_t stream) {
   using C = BwdConfig<kHeadDim>;
-  if (!p.backward || p.varlen() || p.head_dim != kHeadDim || p.softcap > 0 || p.alibi || p.mask ||
-      p.window_left >= 0 || p.window_right > 0)
+  if (!p.backward || p.varlen() || p.head_dim != kHeadDim || p.softcap > 0 || p.alibi || p.mask)
     return cudaErrorInvalidValue;
   if (p.batch <= 0 || p.heads_q <= 0 || (p.seqlen_q <= 0 && p.seqlen_k <= 0)) return cudaSuccess;
   float* dvec = nullptr;
@@ -440,8 +447,11 @@ cudaError_t run_backward(const AttentionParams& p, const Workspace& workspace, c
     a.rows = rows;
     a.len_q = static_cast<int>(p.seqlen_q), a.len_k = static_cast<int>(p.seqlen_k);
     a.heads_q = static_cast<int>(p.heads_q), a.group = static_cast<int>(p.group());
-    a.causal = p.window_right == 0 ? 1 : 0;
     a.offset = p.top_left ? 0 : static_cast<int>(p.seqlen_k - p.seqlen_q);
+    const int64_t unbounded = p.seqlen_q + p.seqlen_k;
+    if (2 * unbounded + 2 * C::kBlockN >= (int64_t{1} << 31)) return cudaErrorInvalidValue;  // the int window tests
+    a.window_left = static_cast<int>(p.window_left < 0 ? unbounded : p.window_left);
+    a.window_right = static_cast<int>(p.window_right < 0 ? unbounded : p.window_right);
     a.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
     a.scale = static_cast<float>(p.scale);
     const dim3 grid(static_cast<unsigned>((p.seqlen_k + C::kBlockN - 1) / C::kBlockN),
