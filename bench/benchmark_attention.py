@@ -83,11 +83,10 @@ PEERS = ["flash", "cudnn", "efficient", "math"]
 PEER_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH"}
 HALF_ONLY = {"flash2": ("fp16", "bf16"), "hopper": ("fp16", "bf16")}  # attention.h: tensor-core fp16/bf16
-# Rungs that run a subset (include/optimized/attention.h): hopper is sm_90a code, head dims 64 and 128, its backward
-# fixed length (its varlen backward and the other head dims are refused by the library; skipped rows here say why).
+# Rungs that run a subset (include/optimized/attention.h): hopper is sm_90a code, head dims 64 and 128 (the other
+# head dims are refused by the library; skipped rows here say why).
 FORWARD_ONLY = {}  # every rung runs the backward (hopper's since hopper_bwd.cuh)
 FIXED_LENGTH_ONLY = {}  # every rung runs varlen batches (hopper since its varlen forward)
-VARLEN_FORWARD_ONLY = {"hopper": "hopper's varlen backward is not written yet (flash2 runs it)"}
 HEAD_DIMS_ONLY = {"hopper": (64, 128)}
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
 CHECK_PAIRS = 3
@@ -579,10 +578,6 @@ def attention_group(args, device, timer, log, notes, dname, dtype, elem, shape, 
                 if direction != "fwd":
                     skip[(impl.name, direction)] = ("GQA rows are forward only here (the per-head references check "
                                                     "dk / dv of a kv head against one query head's share)")
-        if impl.variant in VARLEN_FORWARD_ONLY and shape.varlen:
-            for direction in directions:
-                if direction != "fwd":
-                    skip[(impl.name, direction)] = VARLEN_FORWARD_ONLY[impl.variant]
         if impl.variant in FORWARD_ONLY:
             for direction in directions:
                 if direction != "fwd":

@@ -314,9 +314,6 @@ void check_cuda_head_dim(int64_t head_dim) {
 // feature and the rung that runs it; rows TMA cannot describe: kInvalidArgument.
 void check_hopper(const AttentionParams& p, const std::string& what, bool aligned) {
   const std::string use = " (use flash2 or auto, which run it)";
-  if (p.backward && p.varlen())
-    unsupported(what + ": hopper's backward runs fixed-length batches only (its varlen backward is not written "
-                "yet); run it on flash2 (variant 'flash2'), which takes the lse this forward writes");
   if (p.head_dim != 64 && p.head_dim != 128)
     unsupported("head_dim: hopper runs head dims 64 and 128; given " + std::to_string(p.head_dim) + use);
   if (p.softcap > 0) unsupported("softcap: hopper does not run a soft-cap yet; given " + number(p.softcap) + use);

@@ -397,8 +397,7 @@ TEST_F(AttentionErrors, VariantOnTheWrongDevice) {
                  Status::kInvalidArgument, "variant");
 }
 
-// hopper (head dims 64 / 128, no softcap / ALiBi / mask, TMA rows; the backward fixed length)
-// refuses the rest before any device work, naming the feature and the rung that runs it.
+// hopper (head dims 64 / 128, no softcap / ALiBi / mask, TMA rows) refuses the rest before any device work, naming the feature and the rung that runs it.
 TEST_F(AttentionErrors, HopperRefusesWhatItDoesNotRunYet) {
   const Device dev = Device::cuda(0);
   const AttentionVariant hop = AttentionVariant::kHopper;
@@ -431,16 +430,6 @@ TEST_F(AttentionErrors, HopperRefusesWhatItDoesNotRunYet) {
   // An out view one element off a 16-byte boundary: TMA-less rows are the caller's to fix.
   refuses([&] { attention_forward(q(), q(), q(), out(64, 1), kAbsent, {}, hop); }, Status::kInvalidArgument,
           "hopper", "16-byte");
-  // The varlen backward: not written yet, flash2 named (the fixed-length backward runs).
-  auto* dq = static_cast<unsigned char*>(out16_.data());
-  auto packed = [&](unsigned char* base) { return raw(base, DType::kF16, dev, {5, 1, 64}, {64, 64, 1}); };
-  auto* q_base = static_cast<unsigned char*>(const_cast<void*>(static_cast<const void*>(q16_.data())));
-  const TensorView cq = raw(cu_q_.data(), DType::kI32, dev, {3}, {1});
-  const TensorView vlse = raw(lse_in_.data(), DType::kF32, dev, {1, 5}, {5, 1});
-  refuses([&] {
-    attention_varlen_backward(packed(q_base), packed(q_base), packed(q_base), packed(q_base), cq, cq, 3, 3,
-                              packed(q_base), vlse, packed(dq), packed(dq + 2 * 1024), packed(dq + 4 * 1024), {}, hop);
-  }, Status::kUnsupported, "hopper", "flash2");
 }
 
 // auto's rule for the hopper forward (attention_config.h, from the measured table): eligible forwards

@@ -18,8 +18,8 @@ variant        device  what runs
 ``"flash2"``   CUDA    mma.sync tensor cores, cp.async double buffering (FlashAttention-2)
 ``"hopper"``   CUDA    sm_90a (H100 / H200 only): wgmma + TMA, a producer warp and two
                        consumer warpgroups; forward (fixed length or varlen, causal or not,
-                       sliding windows) and backward (fixed length, causal or not, sliding
-                       windows; a varlen backward raises, naming flash2), D 64 or 128, GQA;
+                       sliding windows) and backward (the same: fixed length or varlen,
+                       causal or not, sliding windows), D 64 or 128, GQA / MQA;
                        float16 / bfloat16, 16-byte aligned rows; auto runs it for the
                        forward on an H100 / H200 from 1024 tokens with S_q = S_k, fixed
                        length (the measured rule: src/attention/attention_config.h)

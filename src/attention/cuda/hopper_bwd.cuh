@@ -32,8 +32,9 @@
 // (64 x D) | dO ring 2 x (64 x D) | dSᵀ 2 x (64 x 64) | barriers. D = 128: 32 + 32 + 32 + 32 + 16 =
 // 144 KiB; D = 64: 80 KiB.
 //
-// Fixed length only (varlen is refused by the API, naming flash2), no softcap / ALiBi / mask; causal,
-// sliding windows (either alignment) or unmasked; head dims 64 and 128; fp16 / bf16.
+// Fixed length or varlen (packed maps, the sequence found from cu_seqlens on the device; the rows TMA
+// loads from the next sequence are zeroed in shared memory), no softcap / ALiBi / mask; causal, sliding
+// windows (either alignment) or unmasked; head dims 64 and 128; fp16 / bf16.
 #pragma once
 
 #include <cuda.h>
@@ -83,6 +84,7 @@ struct BwdConfig {
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static constexpr int kReleases = kConsumers * 4;      // lane 0 of every consumer warp
   static constexpr int kDsBarrier = 1;                  // ids 1, 2: each consumer warpgroup's own
+  static constexpr int kZeroBarrier = 3;                // the consumers, after zeroing varlen tail rows
 
   static_assert(kHeadDim == 64 || kHeadDim == 128, "hopper backward: head dims 64 and 128");
   static_assert(kBlockN == 64 * kConsumers, "one m64 wgmma row block of keys per consumer warpgroup");
@@ -100,14 +102,50 @@ struct BwdKernelArgs {
   const float* dvec;   // D: [H_q][rows], rows = b * S_q + i
   float* dq_acc;       // [rows][H_q][head_dim] fp32; null: deterministic mode (no dQ here)
   int64_t rows;
-  int len_q, len_k, heads_q, group;
-  int offset;                      // query i's diagonal key: i + offset
+  int len_q, len_k, heads_q, group;  // fixed length: S_q, S_k; varlen: the longest (the grid's)
+  int top_left;                    // query i's diagonal key: i + offset, offset 0 (top-left) or S_k - S_q
   int window_left, window_right;   // i sees keys [i + offset - left, i + offset + right]; an unbounded
                                    // edge is S_q + S_k (past every key: no test, and no int overflow
                                    // since S_q + 2 S_k < 2^31)
   float scale_log2;    // scale * log2(e)
   float scale;
+  const int32_t* cu_seqlens_q;  // varlen (B + 1 device ints); null: fixed length
+  const int32_t* cu_seqlens_k;
 };
+
+// One sequence of the call (as the forward's FwdSeq): where its rows start in the packed tensors
+// (varlen; 0 for fixed length, whose sequences are the maps' batch coordinate), its lengths, its
+// diagonal, and where its rows start in the [rows] dimension of flash2's D and dq accumulator.
+struct BwdSeq {
+  int start_q, start_k, len_q, len_k, offset, batch_coord;
+  int64_t row0;
+};
+__device__ __forceinline__ BwdSeq bwd_sequence(const BwdKernelArgs& a, int b) {
+  BwdSeq q{0, 0, a.len_q, a.len_k, 0, b, static_cast<int64_t>(b) * a.len_q};
+  if (a.cu_seqlens_q) {
+    q.start_q = a.cu_seqlens_q[b], q.len_q = a.cu_seqlens_q[b + 1] - q.start_q;
+    q.start_k = a.cu_seqlens_k[b], q.len_k = a.cu_seqlens_k[b + 1] - q.start_k;
+    q.batch_coord = 0;
+    q.row0 = q.start_q;
+  }
+  q.offset = a.top_left ? 0 : q.len_k - q.len_q;
+  return q;
+}
+
+// Zeroes rows [from, rows) of a tile of kBoxes boxes of `box_bytes` (128-byte rows: the swizzle
+// permutes 16-byte chunks within a row) by the 256 consumer threads, then orders the writes before the
+// tensor cores' reads and waits for both consumer warpgroups (varlen: rows TMA loaded from the next
+// sequence, whose values must not reach this one's sums through a 0 x Inf).
+template <int kBoxes>
+__device__ __forceinline__ void zero_tail_rows(unsigned char* tile, int box_bytes, int from, int rows, int barrier) {
+  const int chunks = (rows - from) * 8;
+  for (int i = threadIdx.x - 128; i < chunks * kBoxes; i += 256) {
+    const int box = i / chunks, r = (i % chunks) / 8, chunk = i % 8;
+    *reinterpret_cast<uint4*>(tile + box * box_bytes + (from + r) * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
+  }
+  kernels::ptx::fence_proxy_async_shared();
+  kernels::ptx::named_barrier_sync(barrier, 256);
+}
 
 template <typename T>
 __device__ __forceinline__ uint32_t bwd_pack2(float lo, float hi) {
@@ -124,14 +162,15 @@ __device__ __forceinline__ uint32_t bwd_pack2(float lo, float hi) {
 // key j iff i + offset - window_left <= j <= i + offset + window_right, i.e. the queries
 // [n0 - offset - window_right, n0 + kBlockN - 1 - offset + window_left] (an unbounded edge: all).
 template <typename C>
-__device__ __forceinline__ void query_tiles(const BwdKernelArgs& a, int n0, int& m_begin, int& m_end) {
-  const int64_t first = int64_t{n0} - a.offset - a.window_right;
-  const int64_t last = int64_t{n0} + C::kBlockN - 1 - a.offset + a.window_left;
-  const int64_t tiles = (a.len_q + C::kBlockM - 1) / C::kBlockM;
+__device__ __forceinline__ void query_tiles(const BwdKernelArgs& a, const BwdSeq& sq, int n0, int& m_begin,
+                                            int& m_end) {
+  const int64_t first = int64_t{n0} - sq.offset - a.window_right;
+  const int64_t last = int64_t{n0} + C::kBlockN - 1 - sq.offset + a.window_left;
+  const int64_t tiles = (sq.len_q + C::kBlockM - 1) / C::kBlockM;
   const int64_t end = last < 0 ? 0 : last / C::kBlockM + 1;
   m_begin = first > 0 ? static_cast<int>(first / C::kBlockM) : 0;
   m_end = static_cast<int>(end < tiles ? end : tiles);
-  if (n0 >= a.len_k || m_begin > m_end) m_begin = m_end;
+  if (n0 >= sq.len_k || m_begin > m_end) m_begin = m_end;
 }
 
 // ---- dK, dV (and dQ by reductions) per key tile ------------------------------------------------
@@ -160,8 +199,10 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
   const int warpgroup = threadIdx.x / 128;
   const int n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
   const int n0 = n_block * C::kBlockN;
+  const BwdSeq sq = bwd_sequence(args, b);
+  if (n0 >= sq.len_k) return;  // varlen: past this sequence's keys (the whole block; none to write)
   int m_begin, m_end;
-  query_tiles<C>(args, n0, m_begin, m_end);
+  query_tiles<C>(args, sq, n0, m_begin, m_end);
 
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(kv_full, 1);
@@ -184,8 +225,10 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
       ptx::mbarrier_arrive_expect_tx(kv_full, 2 * C::kKvTileBytes);
 #pragma unroll
       for (int x = 0; x < C::kBoxes; ++x) {
-        ptx::tma_load_4d(k_tile + x * C::kKvBoxBytes, &map_k, kv_full, x * C::kBoxCols, n0, h_kv, b);
-        ptx::tma_load_4d(v_tile + x * C::kKvBoxBytes, &map_v, kv_full, x * C::kBoxCols, n0, h_kv, b);
+        ptx::tma_load_4d(k_tile + x * C::kKvBoxBytes, &map_k, kv_full, x * C::kBoxCols, sq.start_k + n0, h_kv,
+                         sq.batch_coord);
+        ptx::tma_load_4d(v_tile + x * C::kKvBoxBytes, &map_v, kv_full, x * C::kBoxCols, sq.start_k + n0, h_kv,
+                         sq.batch_coord);
       }
       kernels::RingCursor<C::kStages> ring;
       for (int g = 0; g < args.group; ++g) {
@@ -197,9 +240,9 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
 #pragma unroll
           for (int x = 0; x < C::kBoxes; ++x) {
             ptx::tma_load_4d(q_tile(ring.stage) + x * C::kQBoxBytes, &map_q, &qdo_full[ring.stage],
-                             x * C::kBoxCols, m * C::kBlockM, h, b);
+                             x * C::kBoxCols, sq.start_q + m * C::kBlockM, h, sq.batch_coord);
             ptx::tma_load_4d(do_tile(ring.stage) + x * C::kQBoxBytes, &map_do, &qdo_full[ring.stage],
-                             x * C::kBoxCols, m * C::kBlockM, h, b);
+                             x * C::kBoxCols, sq.start_q + m * C::kBlockM, h, sq.batch_coord);
           }
           ring.advance();
         }
@@ -221,16 +264,24 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
     for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = dk[i] = 0.f;
 
     ptx::mbarrier_wait(kv_full, 0);
+    // Varlen: K rows past this sequence's keys are the next sequence's (their dS is 0, but dQ = dS K
+    // would still take 0 x an Inf of theirs).
+    if (args.cu_seqlens_q && n0 + C::kBlockN > sq.len_k)
+      zero_tail_rows<C::kBoxes>(k_tile, C::kKvBoxBytes, sq.len_k - n0, C::kBlockN, C::kZeroBarrier);
     kernels::RingCursor<C::kStages> ring;
     for (int g = 0; g < args.group; ++g) {
       const int h = h_kv * args.group + g;
-      const float* lse_h = args.lse + b * args.lse_batch + h * args.lse_head;
-      const float* d_h = args.dvec + static_cast<int64_t>(h) * args.rows + static_cast<int64_t>(b) * args.len_q;
       for (int m = m_begin; m < m_end; ++m) {
         const int m0 = m * C::kBlockM;
         ptx::mbarrier_wait(&qdo_full[ring.stage], ring.phase);
         const unsigned char* qt = q_tile(ring.stage);
         const unsigned char* dot = do_tile(ring.stage);
+        // Varlen: the sequence's last query tile holds the next sequence's rows of Q and dO (their P
+        // is 0, but dV += Pᵀ dO and dK += dSᵀ Q would still take 0 x an Inf of theirs).
+        if (args.cu_seqlens_q && m0 + C::kBlockM > sq.len_q) {
+          zero_tail_rows<C::kBoxes>(q_tile(ring.stage), C::kQBoxBytes, sq.len_q - m0, C::kBlockM, C::kZeroBarrier);
+          zero_tail_rows<C::kBoxes>(do_tile(ring.stage), C::kQBoxBytes, sq.len_q - m0, C::kBlockM, C::kZeroBarrier);
+        }
 
         // Sᵀ = K_c Qᵀ and dPᵀ = V_c dOᵀ (64 keys x 64 queries each), two groups.
         float st[32], dpt[32];
@@ -252,8 +303,14 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
         }
         ptx::wgmma_commit();
 
-        // While they run: lse (log2 domain; +inf past S_q and for rows that saw no key, so P = 0)
-        // and D of this thread's 16 query columns.
+        ptx::wgmma_wait<0>();
+        ptx::wgmma_hold(st);
+        ptx::wgmma_hold(dpt);
+        const float* lse_h = args.lse + b * args.lse_batch + h * args.lse_head + sq.start_q;
+        const float* d_h = args.dvec + static_cast<int64_t>(h) * args.rows + sq.row0;
+        // lse (log2 domain; +inf past S_q and for rows that saw no key, so P = 0) and D of this
+        // thread's 16 query columns (read once the GEMMs are done: loaded while they run, the 32
+        // values pushed the d128 kernel past its 240 registers).
         float lse2[16], dd[16];
 #pragma unroll
         for (int j = 0; j < 8; ++j)
@@ -261,7 +318,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
           for (int e = 0; e < 2; ++e) {
             const int q = m0 + 8 * j + col_in + e;
             float l = INFINITY, dval = 0.f;
-            if (q < args.len_q) {
+            if (q < sq.len_q) {
               const float raw = lse_h[q];
               l = raw == -INFINITY ? INFINITY : raw * kLog2e;
               dval = d_h[q];
@@ -270,14 +327,11 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
             dd[2 * j + e] = dval;
           }
 
-        ptx::wgmma_wait<0>();
-        ptx::wgmma_hold(st);
-        ptx::wgmma_hold(dpt);
 
         // Pᵀ and dSᵀ; masks only where the tile crosses S_k, S_q or an edge of some query's window.
-        const bool masked = n0 + C::kBlockN > args.len_k || m0 + C::kBlockM > args.len_q ||
-                            n0 + C::kBlockN - 1 > m0 + args.offset + args.window_right ||
-                            n0 < m0 + C::kBlockM - 1 + args.offset - args.window_left;
+        const bool masked = n0 + C::kBlockN > sq.len_k || m0 + C::kBlockM > sq.len_q ||
+                            n0 + C::kBlockN - 1 > m0 + sq.offset + args.window_right ||
+                            n0 < m0 + C::kBlockM - 1 + sq.offset - args.window_left;
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -286,15 +340,15 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
             for (int e = 0; e < 2; ++e) {
               const int i = 4 * j + 2 * hh + e;
               float pv = kernels::exp2_approx(st[i] * args.scale_log2 - lse2[2 * j + e]);
-              if (masked) {
+              float ds = pv * (dpt[i] - dd[2 * j + e]);
+              if (masked) {  // hidden pairs: P = dS = 0 selected (a NaN of a hidden key's dP stays out)
                 const int key = key0 + 8 * hh, q = m0 + 8 * j + col_in + e;
-                const int diag = q + args.offset;
-                if (key >= args.len_k || q >= args.len_q || key > diag + args.window_right ||
-                    key < diag - args.window_left)
-                  pv = 0.f;
+                const int diag = q + sq.offset;
+                if (key >= sq.len_k || q >= sq.len_q || key > diag + args.window_right || key < diag - args.window_left)
+                  pv = ds = 0.f;
               }
               st[i] = pv;
-              dpt[i] = pv * (dpt[i] - dd[2 * j + e]);
+              dpt[i] = ds;
             }
 
         // Pᵀ and dSᵀ as register A operands (4 k-steps of 16 queries).
@@ -346,9 +400,16 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
             }
           ptx::fence_proxy_async_shared();
           ptx::named_barrier_sync(C::kDsBarrier + c, 128);
+          // The dV / dK groups are done before the dQ accumulators are live: Pᵀ and dSᵀ's registers
+          // are free by then (the register file holds dV, dK and one dQ chunk, not all five).
+          ptx::wgmma_wait<0>();
+          ptx::wgmma_hold(dv);
+          ptx::wgmma_hold(dk);
+          ptx::wgmma_hold(pa);
+          ptx::wgmma_hold(sa);
 
           // dQ_c = dS_c K_c (64 queries x D) in 64-column chunks, each added into the accumulator.
-          const int64_t q_row0 = static_cast<int64_t>(b) * args.len_q + m0;
+          const int64_t q_row0 = sq.row0 + m0;
 #pragma unroll
           for (int cg = 0; cg < C::kBoxes; ++cg) {
             float dq[32];
@@ -366,7 +427,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
               const int q = m0 + 16 * warp + lane / 4 + 8 * hh;
-              if (q >= args.len_q) continue;
+              if (q >= sq.len_q) continue;
               float* dst = args.dq_acc + ((q_row0 + 16 * warp + lane / 4 + 8 * hh) * args.heads_q + h) * kHeadDim +
                            cg * 64 + col_in;
 #pragma unroll
@@ -385,12 +446,12 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
     }
 
     // Epilogue: dK * scale and dV for keys < S_k, from registers.
-    T* dk_out = static_cast<T*>(args.dk) + b * args.dk_batch + h_kv * args.dk_head;
-    T* dv_out = static_cast<T*>(args.dv) + b * args.dv_batch + h_kv * args.dv_head;
+    T* dk_out = static_cast<T*>(args.dk) + b * args.dk_batch + sq.start_k * args.dk_row + h_kv * args.dk_head;
+    T* dv_out = static_cast<T*>(args.dv) + b * args.dv_batch + sq.start_k * args.dv_row + h_kv * args.dv_head;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int key = key0 + 8 * hh;
-      if (key >= args.len_k) continue;
+      if (key >= sq.len_k) continue;
       T* dk_row = dk_out + static_cast<int64_t>(key) * args.dk_row;
       T* dv_row = dv_out + static_cast<int64_t>(key) * args.dv_row;
 #pragma unroll
@@ -410,28 +471,31 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
 template <typename T, int kHeadDim>
 cudaError_t run_backward(const AttentionParams& p, const Workspace& workspace, cudaStream_t stream) {
   using C = BwdConfig<kHeadDim>;
-  if (!p.backward || p.varlen() || p.head_dim != kHeadDim || p.softcap > 0 || p.alibi || p.mask)
-    return cudaErrorInvalidValue;
+  if (!p.backward || p.head_dim != kHeadDim || p.softcap > 0 || p.alibi || p.mask) return cudaErrorInvalidValue;
+  const bool varlen = p.varlen();
   if (p.batch <= 0 || p.heads_q <= 0 || (p.seqlen_q <= 0 && p.seqlen_k <= 0)) return cudaSuccess;
+  // Varlen: packed (D, total, H, 1) maps, the rows of each sequence found from cu_seqlens on the device.
+  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   float* dvec = nullptr;
   float* dq_acc = nullptr;
   int64_t rows = 0;
   cudaError_t err = flash2::backward_prologue<T, kHeadDim>(p, workspace, &dvec, &dq_acc, &rows, stream);
   if (err != cudaSuccess) return err;
 
-  if (p.seqlen_k > 0) {
+  if (p.seqlen_k > 0 && rows_k > 0) {
     auto map_of = [&](CUtensorMap* map, const void* data, const AttentionStrides& st, int64_t rows_, int64_t heads,
                       int box_rows) {
-      const TmaTensor4 t{data, {p.head_dim, rows_, heads, p.batch}, {st.row, st.head, st.batch}, 2};
+      const TmaTensor4 t = varlen ? TmaTensor4{data, {p.head_dim, rows_, heads, 1}, {st.row, st.head, 0}, 2}
+                                  : TmaTensor4{data, {p.head_dim, rows_, heads, p.batch}, {st.row, st.head, st.batch}, 2};
       if (!tma_rejects(t, "").empty()) return cudaErrorInvalidValue;
       return make_tma_map_sw128(map, t, C::kBoxCols, box_rows);
     };
     CUtensorMap map_q, map_k, map_v, map_do;
-    err = map_of(&map_k, p.k, p.k_s, p.seqlen_k, p.heads_kv, C::kBlockN);
-    if (err == cudaSuccess) err = map_of(&map_v, p.v, p.v_s, p.seqlen_k, p.heads_kv, C::kBlockN);
-    if (p.seqlen_q > 0) {
-      if (err == cudaSuccess) err = map_of(&map_q, p.q, p.q_s, p.seqlen_q, p.heads_q, C::kBlockM);
-      if (err == cudaSuccess) err = map_of(&map_do, p.dout, p.dout_s, p.seqlen_q, p.heads_q, C::kBlockM);
+    err = map_of(&map_k, p.k, p.k_s, rows_k, p.heads_kv, C::kBlockN);
+    if (err == cudaSuccess) err = map_of(&map_v, p.v, p.v_s, rows_k, p.heads_kv, C::kBlockN);
+    if (p.seqlen_q > 0 && rows_q > 0) {
+      if (err == cudaSuccess) err = map_of(&map_q, p.q, p.q_s, rows_q, p.heads_q, C::kBlockM);
+      if (err == cudaSuccess) err = map_of(&map_do, p.dout, p.dout_s, rows_q, p.heads_q, C::kBlockM);
     } else {
       map_q = map_do = map_k;  // no query tile is ever loaded (dk = dv = 0)
     }
@@ -447,7 +511,8 @@ cudaError_t run_backward(const AttentionParams& p, const Workspace& workspace, c
     a.rows = rows;
     a.len_q = static_cast<int>(p.seqlen_q), a.len_k = static_cast<int>(p.seqlen_k);
     a.heads_q = static_cast<int>(p.heads_q), a.group = static_cast<int>(p.group());
-    a.offset = p.top_left ? 0 : static_cast<int>(p.seqlen_k - p.seqlen_q);
+    a.top_left = p.top_left ? 1 : 0;
+    a.cu_seqlens_q = p.cu_seqlens_q, a.cu_seqlens_k = p.cu_seqlens_k;
     const int64_t unbounded = p.seqlen_q + p.seqlen_k;
     if (2 * unbounded + 2 * C::kBlockN >= (int64_t{1} << 31)) return cudaErrorInvalidValue;  // the int window tests
     a.window_left = static_cast<int>(p.window_left < 0 ? unbounded : p.window_left);
