@@ -21,8 +21,8 @@ cudaError_t attention_flash(const AttentionParams& p, const Workspace& workspace
 cudaError_t attention_flash2(const AttentionParams& p, const Workspace& workspace, cudaStream_t stream);
 // sm_90a builds only (OPTIMIZED_WITH_SM90A): forward and backward on wgmma / TMA (the backward's
 // workspace: attention_hopper_workspace). Params the API's hopper checks passed (attention.cpp:
-// head dim 64 / 128, causal or no mask, TMA-describable rows; the backward fixed length); anything
-// else is cudaErrorInvalidValue.
+// head dim 64 / 128, no softcap / ALiBi / mask, TMA-describable rows); anything else is
+// cudaErrorInvalidValue.
 cudaError_t attention_hopper(const AttentionParams& p, const Workspace& workspace, cudaStream_t stream);
 
 cudaError_t attention_naive_workspace(const AttentionParams& p, size_t* bytes);
