@@ -139,6 +139,7 @@ __device__ __forceinline__ BwdSeq bwd_sequence(const BwdKernelArgs& a, int b) {
 template <int kBoxes>
 __device__ __forceinline__ void zero_tail_rows(unsigned char* tile, int box_bytes, int from, int rows, int barrier) {
   const int chunks = (rows - from) * 8;
+#pragma unroll 1
   for (int i = threadIdx.x - 128; i < chunks * kBoxes; i += 256) {
     const int box = i / chunks, r = (i % chunks) / 8, chunk = i % 8;
     *reinterpret_cast<uint4*>(tile + box * box_bytes + (from + r) * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
