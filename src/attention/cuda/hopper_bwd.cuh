@@ -148,17 +148,6 @@ __device__ __forceinline__ void zero_tail_rows(unsigned char* tile, int box_byte
   kernels::ptx::named_barrier_sync(barrier, 256);
 }
 
-template <typename T>
-__device__ __forceinline__ uint32_t bwd_pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<T, __half>) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-}
-
 // The query tiles [m_begin, m_end) that see some key of the tile [n0, n0 + kBlockN): query i sees
 // key j iff i + offset - window_left <= j <= i + offset + window_right, i.e. the queries
 // [n0 - offset - window_right, n0 + kBlockN - 1 - offset + window_left] (an unbounded edge: all).
@@ -358,8 +347,8 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
         for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
           for (int r = 0; r < 4; ++r) {
-            pa[kk][r] = bwd_pack2<T>(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
-            sa[kk][r] = bwd_pack2<T>(dpt[8 * kk + 2 * r], dpt[8 * kk + 2 * r + 1]);
+            pa[kk][r] = kernels::pack2<T>(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
+            sa[kk][r] = kernels::pack2<T>(dpt[8 * kk + 2 * r], dpt[8 * kk + 2 * r + 1]);
           }
 
         // dV_c += Pᵀ dO and dK_c += dSᵀ Q (B = dO / Q: 64 queries x D, MN-major).
@@ -396,7 +385,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
               const int row = 16 * warp + lane / 4 + 8 * hh, col = 8 * j + col_in;
-              const uint32_t v = bwd_pack2<T>(dpt[4 * j + 2 * hh], dpt[4 * j + 2 * hh + 1]);
+              const uint32_t v = kernels::pack2<T>(dpt[4 * j + 2 * hh], dpt[4 * j + 2 * hh + 1]);
               *reinterpret_cast<uint32_t*>(ds_tile + row * 128 + ((j ^ (row % 8)) * 16) + (col % 8) * 2) = v;
             }
           ptx::fence_proxy_async_shared();
@@ -458,8 +447,8 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
 #pragma unroll
       for (int j = 0; j < kHeadDim / 8; ++j) {
         *reinterpret_cast<uint32_t*>(dk_row + 8 * j + col_in) =
-            bwd_pack2<T>(dk[4 * j + 2 * hh] * args.scale, dk[4 * j + 2 * hh + 1] * args.scale);
-        *reinterpret_cast<uint32_t*>(dv_row + 8 * j + col_in) = bwd_pack2<T>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]);
+            kernels::pack2<T>(dk[4 * j + 2 * hh] * args.scale, dk[4 * j + 2 * hh + 1] * args.scale);
+        *reinterpret_cast<uint32_t*>(dv_row + 8 * j + col_in) = kernels::pack2<T>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]);
       }
     }
   }

@@ -176,17 +176,6 @@ __device__ __forceinline__ FwdSeq sequence(const FwdArgs& a, int b) {
   return q;
 }
 
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<T, __half>) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-}
-
 // The key tiles the block of query rows [m0, m0 + kBlockM) visits: [n_begin, n_end): those holding a
 // key some row of the block sees (the window's right edge of the block's last row, its left edge of
 // the first row; the rows past S_q count too: they are computed and not stored).
@@ -407,7 +396,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < C::kBlockN / 16; ++kk)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) pa[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+        for (int r = 0; r < 4; ++r) pa[kk][r] = kernels::pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
     };
     auto pingpong_wait = [&] {
       if constexpr (C::kPingPong) ptx::named_barrier_sync(C::kPingPongBarrier + c, 256);
@@ -550,7 +539,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
           const int r = 16 * warp + lane / 4 + 8 * hh;  // row of the warpgroup's 64
 #pragma unroll
           for (int j = 0; j < kHeadDim / 8; ++j) {
-            const uint32_t v = pack2<T>(o[4 * j + 2 * hh] * inv, o[4 * j + 2 * hh + 1] * inv);
+            const uint32_t v = kernels::pack2<T>(o[4 * j + 2 * hh] * inv, o[4 * j + 2 * hh + 1] * inv);
             *reinterpret_cast<uint32_t*>(stage + (j / 8) * C::kOBoxBytes + r * 128 + (((j % 8) ^ (r % 8)) * 16) +
                                          col_in * 2) = v;
           }
@@ -558,7 +547,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
           T* out_row = out + static_cast<int64_t>(row) * args.out_row;
 #pragma unroll
           for (int j = 0; j < kHeadDim / 8; ++j) {
-            const uint32_t v = pack2<T>(o[4 * j + 2 * hh] * inv, o[4 * j + 2 * hh + 1] * inv);
+            const uint32_t v = kernels::pack2<T>(o[4 * j + 2 * hh] * inv, o[4 * j + 2 * hh + 1] * inv);
             *reinterpret_cast<uint32_t*>(out_row + 8 * j + col_in) = v;
           }
         }
