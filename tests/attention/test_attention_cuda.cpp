@@ -407,10 +407,12 @@ TEST_P(HopperAttention, Varlen) {
 }
 
 // Varlen: sequence 0's last key tile (keys 128..255 of the packed k / v) runs into sequence 1's rows,
-// which TMA loads too. Sequence 1's key 0 (packed row 130: a NaN and an Inf in v, an Inf in k) and
-// its last query row (a NaN in q; packed row 109, inside sequence 0's query tile) must stay out of
-// sequence 0; every row of sequence 1 sees its key 0, its last row every key, so there both rules of
-// CudaAttention.NanAndInf agree.
+// which TMA loads too. Sequence 1's keys 0 and 1 (packed rows 130 and 131: a NaN and an Inf in v, an
+// Inf in k) and its last query row (a NaN in q; packed row 109, inside sequence 0's query tile) must
+// stay out of sequence 0; every row of sequence 1 sees its key 0 (a finite score), its last row every
+// key, so there both rules of CudaAttention.NanAndInf agree. (The Inf in k sits on key 1: on key 0 it
+// could make the top-left row 0's only score -inf, a row the reference calls empty (out 0) while
+// P = 0 times v's NaN gives NaN.)
 TEST_P(HopperAttention, VarlenNeighboursSpecialValues) {
   for (int64_t d : {64, 128}) {
     AttnCase c = base(1, 1, 1, 2, 1, d);
@@ -422,7 +424,7 @@ TEST_P(HopperAttention, VarlenNeighboursSpecialValues) {
       AttnOperands o(c);
       o.set_data(kV, 130, 0, 3, std::nan(""));
       o.set_data(kV, 130, 0, 9, INFINITY);
-      o.set_data(kK, 130, 0, 1, INFINITY);
+      o.set_data(kK, 131, 0, 1, INFINITY);
       o.set_data(kQ, 109, 1, 0, std::nan(""));
       expect_operands_ok(o);
     }
@@ -521,7 +523,7 @@ TEST_P(HopperAttention, VarlenBackwardNeighboursSpecialValues) {
     // Sequence 1's key 0 (packed row 130) and its last query row (packed row 109), which every row of
     // sequence 1 sees / which sees every key of it: both rules agree there (CudaAttention.NanAndInf).
     o.set_data(kV, 130, 0, 3, std::nan(""));
-    o.set_data(kK, 130, 0, 1, INFINITY);
+    o.set_data(kK, 131, 0, 1, INFINITY);
     o.set_data(kQ, 109, 1, 0, std::nan(""));
     o.set_data(kDout, 109, 0, 2, INFINITY);
     o.refresh_forward();

@@ -69,6 +69,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -144,19 +145,27 @@ struct FwdArgs {
   const int32_t* cu_seqlens_q;  // varlen (B + 1 device ints); null: fixed length
   const int32_t* cu_seqlens_k;
   int m_blocks, heads, batch;   // the work tiles: (m block, head, sequence)
+  int chunk;                    // (head, sequence) pairs per L2 chunk of the persistent schedule (tile_of)
   int tma_store;                // out written by TMA from a staging tile (fixed length, out TMA-describable)
 };
 
-// The persistent schedule: tile t of m_blocks x heads x batch, longest first (the m blocks from the
-// last, which under a causal mask visit the most key tiles; all heads and sequences of one m block
-// before the next), each block taking tiles blockIdx.x, + gridDim.x, ... (static: the producer and
-// the consumers walk the same list without talking).
+// The persistent schedule: tile t of m_blocks x heads x batch, each block taking tiles blockIdx.x,
+// + gridDim.x, ... (static: the producer and the consumers walk the same list without talking).
+// The (head, sequence) pairs go in chunks of `chunk` pairs whose K and V fit in L2 together (the
+// query heads of one kv head adjacent); within a chunk the tiles go longest first (the m blocks from
+// the last, which under a causal mask visit the most key tiles), all pairs of one m block before the
+// next. So the ~SM-count tiles in flight share a few heads' K / V from L2, instead of every tile
+// streaming its head's K / V from DRAM (all heads of one m block first: 0.55-0.9x of the
+// one-block-per-tile grid on the H100, bench/results/h100/logs/issue18/v4).
 struct FwdTile {
   int m_block, h, b;
 };
 __device__ __forceinline__ FwdTile tile_of(const FwdArgs& a, int t) {
-  const int hb = a.heads * a.batch;
-  return {a.m_blocks - 1 - t / hb, (t % hb) % a.heads, (t % hb) / a.heads};
+  const int hb = a.heads * a.batch, per_chunk = a.chunk * a.m_blocks;
+  const int c = t / per_chunk, r = t - c * per_chunk;
+  const int first = c * a.chunk, size = hb - first < a.chunk ? hb - first : a.chunk;  // the last chunk may be short
+  const int pair = first + r % size;
+  return {a.m_blocks - 1 - r / size, pair % a.heads, pair / a.heads};
 }
 
 // One sequence of the call: where its rows start in the packed tensors (0 for fixed length, whose
@@ -635,6 +644,13 @@ cudaError_t run_forward(const AttentionParams& p, cudaStream_t stream) {
   a.m_blocks = static_cast<int>((p.seqlen_q + C::kBlockM - 1) / C::kBlockM);
   a.heads = static_cast<int>(p.heads_q), a.batch = static_cast<int>(p.batch);
   if (static_cast<int64_t>(a.m_blocks) * a.heads * a.batch > INT32_MAX) return cudaErrorInvalidValue;
+  // Pairs per L2 chunk: their K and V (S_k x D x 2 tensors x 2 bytes per kv head, shared by `group`
+  // query heads) within 32 MiB of the H100's 50 MiB L2, whole kv groups.
+  {
+    const int64_t kv_bytes = std::max<int64_t>(1, p.seqlen_k) * kHeadDim * 2 * 2;
+    const int64_t kv_heads = std::max<int64_t>(1, (int64_t{32} << 20) / kv_bytes);
+    a.chunk = static_cast<int>(std::min<int64_t>(kv_heads * a.group, static_cast<int64_t>(a.heads) * a.batch));
+  }
   // The output by TMA (boxes of 64 columns x 64 rows: one consumer warpgroup's rows) where its rows
   // are 16-byte aligned and the batch is fixed-length; else from registers.
   CUtensorMap map_o = map_q;
