@@ -475,7 +475,7 @@ def attention_target_summary(results):
             var, var_met = var + 1, var_met + (t == "met")
         else:
             fixed, fixed_met = fixed + 1, fixed_met + (t == "met")
-            if worst is None or h["vs_baseline"] < worst[0]:
+            if h.get("vs_baseline") is not None and (worst is None or h["vs_baseline"] < worst[0]):
                 worst = (h["vs_baseline"], f"{h['direction']} {h['shape_label']}{' causal' if h.get('causal') else ''}")
     parts = []
     if fixed:

@@ -645,10 +645,10 @@ cudaError_t run_forward(const AttentionParams& p, cudaStream_t stream) {
   a.heads = static_cast<int>(p.heads_q), a.batch = static_cast<int>(p.batch);
   if (static_cast<int64_t>(a.m_blocks) * a.heads * a.batch > INT32_MAX) return cudaErrorInvalidValue;
   // Pairs per L2 chunk: their K and V (S_k x D x 2 tensors x 2 bytes per kv head, shared by `group`
-  // query heads) within 32 MiB of the H100's 50 MiB L2, whole kv groups.
+  // query heads) within 8 MiB (about one wave of tiles: the SM-count tiles in flight share them), whole kv groups.
   {
     const int64_t kv_bytes = std::max<int64_t>(1, p.seqlen_k) * kHeadDim * 2 * 2;
-    const int64_t kv_heads = std::max<int64_t>(1, (int64_t{32} << 20) / kv_bytes);
+    const int64_t kv_heads = std::max<int64_t>(1, (int64_t{8} << 20) / kv_bytes);
     a.chunk = static_cast<int>(std::min<int64_t>(kv_heads * a.group, static_cast<int64_t>(a.heads) * a.batch));
   }
   // The output by TMA (boxes of 64 columns x 64 rows: one consumer warpgroup's rows) where its rows
