@@ -10,7 +10,7 @@
 // dkdv_kernel without dQ and flash2's dq_kernel. The workspace is flash2's (the same layout).
 //
 // dkdv_kernel: one block per (key tile of 128 keys, kv head, batch); 3 warpgroups:
-//   warpgroup 0, the producer (setmaxnreg 32): one thread loads the block's K and V tiles once
+//   warpgroup 0, the producer (setmaxnreg 24): one thread loads the block's K and V tiles once
 //     (TMA boxes of 64 columns x 128 rows), then, for each query head of the group and each
 //     64-row query tile that sees a key of the tile, Q and dO into a 2-stage ring (boxes of 64 x 64);
 //     its warp 1 writes the tile's lse (log2 domain, +inf where P must be 0) and D into the same
@@ -86,8 +86,9 @@ struct BwdConfig {
   static constexpr int kBarOffset = kStatsOffset + kStages * kStatsBytes;
   static constexpr int kBarriers = 1 + 2 * kStages;     // kv_full, qdo_full[s], qdo_empty[s]
   static constexpr int kSmemBytes = kBarOffset + kBarriers * 8 + 1024;
-  // 32 for the producer (the stats warp spilled at 24): 32 x 128 + 240 x 256 = the 65536 of the SM.
-  static constexpr int kProducerRegs = 32, kConsumerRegs = 240;
+  // setmaxnreg moves registers within the block's launch allocation (168 x 384): 24 x 128 + 240 x 256
+  // takes all of it (32 for the producer deadlocked: the consumers' increase never completed).
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static constexpr int kReleases = kConsumers * 4;      // lane 0 of every consumer warp
   static constexpr int kFullArrivals = 1 + 32;          // the TMA thread, the stats warp's 32 lanes
   static constexpr int kDsBarrier = 1;                  // ids 1, 2: each consumer warpgroup's own
@@ -251,30 +252,29 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
       // release of the lane's own writes).
       const int lane = threadIdx.x % 32;
       constexpr float kLog2e = 1.4426950408889634f;
+      // One flat loop over (head of the group, query tile), the row offsets made per tile from the
+      // kernel's parameters: state kept across it spilled at the producer's 24 registers.
       kernels::RingCursor<C::kStages> ring;
-      for (int g = 0; g < args.group; ++g) {
-        const int h = h_kv * args.group + g;
-        for (int m = m_begin; m < m_end; ++m) {
-          ptx::mbarrier_wait(&qdo_empty[ring.stage], ring.phase ^ 1);
-          float* st = stats(ring.stage);
-          // (The row pointers made here, not per head: kept across the loop, they spilled at 24 registers.)
-          const float* lse_h = args.lse + b * args.lse_batch + h * args.lse_head + sq.start_q;
-          const float* d_h = args.dvec + static_cast<int64_t>(h) * args.rows + sq.row0;
+      const int tiles = m_end - m_begin;
+#pragma unroll 1
+      for (int t = 0; t < args.group * tiles; ++t) {
+        const int h = h_kv * args.group + t / tiles, m0 = (m_begin + t % tiles) * C::kBlockM;
+        ptx::mbarrier_wait(&qdo_empty[ring.stage], ring.phase ^ 1);
+        float* st = stats(ring.stage);
 #pragma unroll
-          for (int r = lane; r < C::kBlockM; r += 32) {
-            const int q = m * C::kBlockM + r;
-            float l = INFINITY, dval = 0.f;
-            if (q < sq.len_q) {
-              const float raw = lse_h[q];
-              l = raw == -INFINITY ? INFINITY : raw * kLog2e;
-              dval = d_h[q];
-            }
-            st[r] = l;
-            st[C::kBlockM + r] = dval;
+        for (int r = lane; r < C::kBlockM; r += 32) {
+          const int q = m0 + r;
+          float l = INFINITY, dval = 0.f;
+          if (q < sq.len_q) {
+            const float raw = args.lse[b * args.lse_batch + h * args.lse_head + sq.start_q + q];
+            l = raw == -INFINITY ? INFINITY : raw * kLog2e;
+            dval = args.dvec[static_cast<int64_t>(h) * args.rows + sq.row0 + q];
           }
-          ptx::mbarrier_arrive(&qdo_full[ring.stage]);
-          ring.advance();
+          st[r] = l;
+          st[C::kBlockM + r] = dval;
         }
+        ptx::mbarrier_arrive(&qdo_full[ring.stage]);
+        ring.advance();
       }
     }
   } else {
