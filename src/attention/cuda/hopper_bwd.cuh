@@ -457,7 +457,9 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
         ptx::wgmma_hold(dk);
         ptx::wgmma_hold(pa);
         ptx::wgmma_hold(sa);
-        if (lane == 0) ptx::mbarrier_arrive(&qdo_empty[ring.stage]);  // Q and dO are read
+        // Q, dO, lse and D are read: every lane's reads before lane 0's release of the stage.
+        __syncwarp();
+        if (lane == 0) ptx::mbarrier_arrive(&qdo_empty[ring.stage]);
         ring.advance();
       }
     }

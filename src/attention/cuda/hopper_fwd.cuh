@@ -156,7 +156,8 @@ struct FwdArgs {
 // the last, which under a causal mask visit the most key tiles), all pairs of one m block before the
 // next. So the ~SM-count tiles in flight share a few heads' K / V from L2, instead of every tile
 // streaming its head's K / V from DRAM (all heads of one m block first: 0.55-0.9x of the
-// one-block-per-tile grid on the H100, bench/results/h100/logs/issue18/v4).
+// one-block-per-tile grid on the H100, bench/results/h100/logs/issue18/v4). The chunk's size: the
+// launcher's (run_forward).
 struct FwdTile {
   int m_block, h, b;
 };
@@ -645,10 +646,18 @@ cudaError_t run_forward(const AttentionParams& p, cudaStream_t stream) {
   a.heads = static_cast<int>(p.heads_q), a.batch = static_cast<int>(p.batch);
   if (static_cast<int64_t>(a.m_blocks) * a.heads * a.batch > INT32_MAX) return cudaErrorInvalidValue;
   // Pairs per L2 chunk: their K and V (S_k x D x 2 tensors x 2 bytes per kv head, shared by `group`
-  // query heads) within 8 MiB (about one wave of tiles: the SM-count tiles in flight share them), whole kv groups.
+  // query heads) within a budget, whole kv groups. Tiles of one length (no mask, fixed length):
+  // 8 MiB, about one wave of tiles (the SM-count tiles in flight share them). Tiles of many lengths
+  // (causal, windows, varlen): 32 MiB, so that longest first runs over more of the work -- with a
+  // chunk about one wave long, the static stride hands each block the same place in every chunk,
+  // the longest tiles to the same blocks. H100, d128 (bench/results/h100/logs/issue18/v4): 8 MiB
+  // gave 539 / 578 TFLOP/s unmasked at N = 1k / 16k (32 MiB: 463 / 559) but 263 / 393 causal (32 MiB:
+  // 350 / 499).
   {
+    const bool uneven = a.window_left >= 0 || a.window_right >= 0 || varlen;
+    const int64_t budget = (uneven ? int64_t{32} : int64_t{8}) << 20;
     const int64_t kv_bytes = std::max<int64_t>(1, p.seqlen_k) * kHeadDim * 2 * 2;
-    const int64_t kv_heads = std::max<int64_t>(1, (int64_t{8} << 20) / kv_bytes);
+    const int64_t kv_heads = std::max<int64_t>(1, budget / kv_bytes);
     a.chunk = static_cast<int>(std::min<int64_t>(kv_heads * a.group, static_cast<int64_t>(a.heads) * a.batch));
   }
   // The output by TMA (boxes of 64 columns x 64 rows: one consumer warpgroup's rows) where its rows
