@@ -90,7 +90,12 @@ struct BwdConfig {
   // takes all of it (32 for the producer deadlocked: the consumers' increase never completed).
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static constexpr int kReleases = kConsumers * 4;      // lane 0 of every consumer warp
-  static constexpr int kFullArrivals = 1 + 32;          // the TMA thread, the stats warp's 32 lanes
+  // The stats slots' handshake: named barriers (the stats warp and both consumer warpgroups), ids
+  // 4, 5 (full, per stage) and 6, 7 (empty, per stage). Through the Q / dO mbarriers it was correct
+  // (each lane's release, a __syncwarp before the consumers' release) but racecheck does not see
+  // mbarrier ordering between generic accesses and reported every slot.
+  static constexpr int kStatsFullBarrier = 4, kStatsEmptyBarrier = 4 + kStages;
+  static constexpr int kStatsThreads = 32 + 128 * kConsumers;
   static constexpr int kDsBarrier = 1;                  // ids 1, 2: each consumer warpgroup's own
   static constexpr int kZeroBarrier = 3;                // the consumers, after zeroing varlen tail rows
 
@@ -206,7 +211,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(kv_full, 1);
     for (int s = 0; s < C::kStages; ++s) {
-      ptx::mbarrier_init(&qdo_full[s], C::kFullArrivals);
+      ptx::mbarrier_init(&qdo_full[s], 1);
       ptx::mbarrier_init(&qdo_empty[s], C::kReleases);
     }
     ptx::fence_barrier_init();
@@ -248,8 +253,8 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
       }
     } else if (threadIdx.x / 32 == 1) {
       // Warp 1: the stage's lse (log2 domain; +inf past S_q and for rows that saw no key, so P = 0)
-      // and D, 64 rows each, written before its 32 arrivals on the stage's full barrier (each a
-      // release of the lane's own writes).
+      // and D, 64 rows each, between the stage's empty barrier (the consumers' reads of the tile
+      // kStages back) and its full barrier.
       const int lane = threadIdx.x % 32;
       constexpr float kLog2e = 1.4426950408889634f;
       // One flat loop over (head of the group, query tile), the row offsets made per tile from the
@@ -259,7 +264,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
 #pragma unroll 1
       for (int t = 0; t < args.group * tiles; ++t) {
         const int h = h_kv * args.group + t / tiles, m0 = (m_begin + t % tiles) * C::kBlockM;
-        ptx::mbarrier_wait(&qdo_empty[ring.stage], ring.phase ^ 1);
+        if (t >= C::kStages) ptx::named_barrier_sync(C::kStatsEmptyBarrier + ring.stage, C::kStatsThreads);
         float* st = stats(ring.stage);
 #pragma unroll
         for (int r = lane; r < C::kBlockM; r += 32) {
@@ -273,7 +278,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
           st[r] = l;
           st[C::kBlockM + r] = dval;
         }
-        ptx::mbarrier_arrive(&qdo_full[ring.stage]);
+        ptx::named_barrier_arrive(C::kStatsFullBarrier + ring.stage, C::kStatsThreads);
         ring.advance();
       }
     }
@@ -297,6 +302,8 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
     if (args.cu_seqlens_q && n0 + C::kBlockN > sq.len_k)
       zero_tail_rows<C::kBoxes>(k_tile, C::kKvBoxBytes, sq.len_k - n0, C::kBlockN, C::kZeroBarrier);
     kernels::RingCursor<C::kStages> ring;
+    const int total = args.group * (m_end - m_begin);  // query tiles this block visits
+    int t = 0;
     for (int g = 0; g < args.group; ++g) {
       const int h = h_kv * args.group + g;
       for (int m = m_begin; m < m_end; ++m) {
@@ -335,6 +342,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
         ptx::wgmma_hold(st);
         ptx::wgmma_hold(dpt);
         // lse (log2 domain) and D of this thread's 16 query columns, from the stage (the stats warp's).
+        ptx::named_barrier_sync(C::kStatsFullBarrier + ring.stage, C::kStatsThreads);
         const float* stage_stats = stats(ring.stage);
         float lse2[16], dd[16];
 #pragma unroll
@@ -457,9 +465,11 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
         ptx::wgmma_hold(dk);
         ptx::wgmma_hold(pa);
         ptx::wgmma_hold(sa);
-        // Q, dO, lse and D are read: every lane's reads before lane 0's release of the stage.
-        __syncwarp();
+        // Q, dO, lse and D are read. The stats slot's release is skipped for the last kStages tiles,
+        // which the stats warp does not wait for (every barrier phase completes before the exit).
         if (lane == 0) ptx::mbarrier_arrive(&qdo_empty[ring.stage]);
+        if (++t + C::kStages <= total)
+          ptx::named_barrier_arrive(C::kStatsEmptyBarrier + ring.stage, C::kStatsThreads);
         ring.advance();
       }
     }
