@@ -278,6 +278,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
           st[r] = l;
           st[C::kBlockM + r] = dval;
         }
+        __syncwarp();  // bar.arrive is .aligned: the lanes reconverged after the row tests
         ptx::named_barrier_arrive(C::kStatsFullBarrier + ring.stage, C::kStatsThreads);
         ring.advance();
       }
@@ -342,6 +343,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
         ptx::wgmma_hold(st);
         ptx::wgmma_hold(dpt);
         // lse (log2 domain) and D of this thread's 16 query columns, from the stage (the stats warp's).
+        __syncwarp();  // bar.sync is .aligned: the lanes leave mbarrier_wait's try-wait loop apart
         ptx::named_barrier_sync(C::kStatsFullBarrier + ring.stage, C::kStatsThreads);
         const float* stage_stats = stats(ring.stage);
         float lse2[16], dd[16];
@@ -468,6 +470,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
         // Q, dO, lse and D are read. The stats slot's release is skipped for the last kStages tiles,
         // which the stats warp does not wait for (every barrier phase completes before the exit).
         if (lane == 0) ptx::mbarrier_arrive(&qdo_empty[ring.stage]);
+        __syncwarp();
         if (++t + C::kStages <= total)
           ptx::named_barrier_arrive(C::kStatsEmptyBarrier + ring.stage, C::kStatsThreads);
         ring.advance();
