@@ -12,10 +12,7 @@
 // dkdv_kernel: one block per (key tile of 128 keys, kv head, batch); 3 warpgroups:
 //   warpgroup 0, the producer (setmaxnreg 24): one thread loads the block's K and V tiles once
 //     (TMA boxes of 64 columns x 128 rows), then, for each query head of the group and each
-//     64-row query tile that sees a key of the tile, Q and dO into a 2-stage ring (boxes of 64 x 64);
-//     its warp 1 writes the tile's lse (log2 domain, +inf where P must be 0) and D into the same
-//     stage (v1 had each consumer thread load its 32 values from global memory after the S GEMMs:
-//     ncu, d128 N=16k: long-scoreboard stalls 7.5 of 13.6 cycles per issued instruction).
+//     64-row query tile that sees a key of the tile, Q and dO into a 2-stage ring (boxes of 64 x 64).
 //   warpgroups 1 and 2, the consumers (setmaxnreg 240): warpgroup c owns keys [64c, 64c + 64) of
 //     the tile and their dK, dV accumulators (64 x D each, in registers). Per query tile:
 //       Sᵀ = K_c Qᵀ and dPᵀ = V_c dOᵀ   (wgmma m64n64, both operands K-major from shared memory:
@@ -32,8 +29,8 @@
 // in registers (deterministic in both modes, as flash2's).
 //
 // Shared memory (1024-byte aligned, 128-byte swizzle): K (128 x D) | V (128 x D) | Q ring 2 x
-// (64 x D) | dO ring 2 x (64 x D) | dSᵀ 2 x (64 x 64) | lse and D 2 x (2 x 64 floats) | barriers.
-// D = 128: 32 + 32 + 32 + 32 + 16 + 1 = 145 KiB; D = 64: 81 KiB.
+// (64 x D) | dO ring 2 x (64 x D) | dSᵀ 2 x (64 x 64) | barriers. D = 128: 32 + 32 + 32 + 32 + 16 =
+// 144 KiB; D = 64: 80 KiB.
 //
 // Fixed length or varlen (packed maps, the sequence found from cu_seqlens on the device; the rows TMA
 // loads from the next sequence are zeroed in shared memory), no softcap / ALiBi / mask; causal, sliding
@@ -81,21 +78,11 @@ struct BwdConfig {
   static constexpr int kQOffset = 2 * kKvTileBytes;
   static constexpr int kDoOffset = kQOffset + kStages * kQTileBytes;
   static constexpr int kDsOffset = kDoOffset + kStages * kQTileBytes;
-  static constexpr int kStatsOffset = kDsOffset + kConsumers * kDsBytes;
-  static constexpr int kStatsBytes = 2 * kBlockM * 4;   // per stage: lse (log2 domain) and D of 64 rows
-  static constexpr int kBarOffset = kStatsOffset + kStages * kStatsBytes;
+  static constexpr int kBarOffset = kDsOffset + kConsumers * kDsBytes;
   static constexpr int kBarriers = 1 + 2 * kStages;     // kv_full, qdo_full[s], qdo_empty[s]
   static constexpr int kSmemBytes = kBarOffset + kBarriers * 8 + 1024;
-  // setmaxnreg moves registers within the block's launch allocation (168 x 384): 24 x 128 + 240 x 256
-  // takes all of it (32 for the producer deadlocked: the consumers' increase never completed).
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static constexpr int kReleases = kConsumers * 4;      // lane 0 of every consumer warp
-  // The stats slots' handshake: named barriers (the stats warp and both consumer warpgroups), ids
-  // 4, 5 (full, per stage) and 6, 7 (empty, per stage). Through the Q / dO mbarriers it was correct
-  // (each lane's release, a __syncwarp before the consumers' release) but racecheck does not see
-  // mbarrier ordering between generic accesses and reported every slot.
-  static constexpr int kStatsFullBarrier = 4, kStatsEmptyBarrier = 4 + kStages;
-  static constexpr int kStatsThreads = 32 + 128 * kConsumers;
   static constexpr int kDsBarrier = 1;                  // ids 1, 2: each consumer warpgroup's own
   static constexpr int kZeroBarrier = 3;                // the consumers, after zeroing varlen tail rows
 
@@ -194,7 +181,6 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
   unsigned char* v_tile = smem + C::kVOffset;
   auto q_tile = [&](int s) { return smem + C::kQOffset + s * C::kQTileBytes; };
   auto do_tile = [&](int s) { return smem + C::kDoOffset + s * C::kQTileBytes; };
-  auto stats = [&](int s) { return reinterpret_cast<float*>(smem + C::kStatsOffset + s * C::kStatsBytes); };
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + C::kBarOffset);
   uint64_t* kv_full = bars;
   uint64_t* qdo_full = bars + 1;
@@ -251,37 +237,6 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
           ring.advance();
         }
       }
-    } else if (threadIdx.x / 32 == 1) {
-      // Warp 1: the stage's lse (log2 domain; +inf past S_q and for rows that saw no key, so P = 0)
-      // and D, 64 rows each, between the stage's empty barrier (the consumers' reads of the tile
-      // kStages back) and its full barrier.
-      const int lane = threadIdx.x % 32;
-      constexpr float kLog2e = 1.4426950408889634f;
-      // One flat loop over (head of the group, query tile), the row offsets made per tile from the
-      // kernel's parameters: state kept across it spilled at the producer's 24 registers.
-      kernels::RingCursor<C::kStages> ring;
-      const int tiles = m_end - m_begin;
-#pragma unroll 1
-      for (int t = 0; t < args.group * tiles; ++t) {
-        const int h = h_kv * args.group + t / tiles, m0 = (m_begin + t % tiles) * C::kBlockM;
-        if (t >= C::kStages) ptx::named_barrier_sync(C::kStatsEmptyBarrier + ring.stage, C::kStatsThreads);
-        float* st = stats(ring.stage);
-#pragma unroll
-        for (int r = lane; r < C::kBlockM; r += 32) {
-          const int q = m0 + r;
-          float l = INFINITY, dval = 0.f;
-          if (q < sq.len_q) {
-            const float raw = args.lse[b * args.lse_batch + h * args.lse_head + sq.start_q + q];
-            l = raw == -INFINITY ? INFINITY : raw * kLog2e;
-            dval = args.dvec[static_cast<int64_t>(h) * args.rows + sq.row0 + q];
-          }
-          st[r] = l;
-          st[C::kBlockM + r] = dval;
-        }
-        __syncwarp();  // bar.arrive is .aligned: the lanes reconverged after the row tests
-        ptx::named_barrier_arrive(C::kStatsFullBarrier + ring.stage, C::kStatsThreads);
-        ring.advance();
-      }
     }
   } else {
     // ---- consumers ----
@@ -292,6 +247,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
     const int key0 = n0 + 64 * c + 16 * warp + lane / 4;  // this thread's keys: key0, key0 + 8
     const int col_in = 2 * (lane % 4);                    // + 8j + e: its query columns of a tile
     unsigned char* ds_tile = smem + C::kDsOffset + c * C::kDsBytes;
+    constexpr float kLog2e = 1.4426950408889634f;
 
     float dv[kHeadDim / 2], dk[kHeadDim / 2];  // 64 keys x D per warpgroup, accumulator layout
 #pragma unroll
@@ -303,8 +259,6 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
     if (args.cu_seqlens_q && n0 + C::kBlockN > sq.len_k)
       zero_tail_rows<C::kBoxes>(k_tile, C::kKvBoxBytes, sq.len_k - n0, C::kBlockN, C::kZeroBarrier);
     kernels::RingCursor<C::kStages> ring;
-    const int total = args.group * (m_end - m_begin);  // query tiles this block visits
-    int t = 0;
     for (int g = 0; g < args.group; ++g) {
       const int h = h_kv * args.group + g;
       for (int m = m_begin; m < m_end; ++m) {
@@ -342,18 +296,27 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
         ptx::wgmma_wait<0>();
         ptx::wgmma_hold(st);
         ptx::wgmma_hold(dpt);
-        // lse (log2 domain) and D of this thread's 16 query columns, from the stage (the stats warp's).
-        __syncwarp();  // bar.sync is .aligned: the lanes leave mbarrier_wait's try-wait loop apart
-        ptx::named_barrier_sync(C::kStatsFullBarrier + ring.stage, C::kStatsThreads);
-        const float* stage_stats = stats(ring.stage);
+        const float* lse_h = args.lse + b * args.lse_batch + h * args.lse_head + sq.start_q;
+        const float* d_h = args.dvec + static_cast<int64_t>(h) * args.rows + sq.row0;
+        // lse (log2 domain; +inf past S_q and for rows that saw no key, so P = 0) and D of this
+        // thread's 16 query columns (read once the GEMMs are done: loaded while they run, the 32
+        // values pushed the d128 kernel past its 240 registers).
         float lse2[16], dd[16];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float2 l = *reinterpret_cast<const float2*>(stage_stats + 8 * j + col_in);
-          const float2 d2 = *reinterpret_cast<const float2*>(stage_stats + C::kBlockM + 8 * j + col_in);
-          lse2[2 * j] = l.x, lse2[2 * j + 1] = l.y;
-          dd[2 * j] = d2.x, dd[2 * j + 1] = d2.y;
-        }
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int q = m0 + 8 * j + col_in + e;
+            float l = INFINITY, dval = 0.f;
+            if (q < sq.len_q) {
+              const float raw = lse_h[q];
+              l = raw == -INFINITY ? INFINITY : raw * kLog2e;
+              dval = d_h[q];
+            }
+            lse2[2 * j + e] = l;
+            dd[2 * j + e] = dval;
+          }
+
 
         // Pᵀ and dSᵀ; masks only where the tile crosses S_k, S_q or an edge of some query's window.
         const bool masked = n0 + C::kBlockN > sq.len_k || m0 + C::kBlockM > sq.len_q ||
@@ -467,12 +430,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kThreads, 1)
         ptx::wgmma_hold(dk);
         ptx::wgmma_hold(pa);
         ptx::wgmma_hold(sa);
-        // Q, dO, lse and D are read. The stats slot's release is skipped for the last kStages tiles,
-        // which the stats warp does not wait for (every barrier phase completes before the exit).
-        if (lane == 0) ptx::mbarrier_arrive(&qdo_empty[ring.stage]);
-        __syncwarp();
-        if (++t + C::kStages <= total)
-          ptx::named_barrier_arrive(C::kStatsEmptyBarrier + ring.stage, C::kStatsThreads);
+        if (lane == 0) ptx::mbarrier_arrive(&qdo_empty[ring.stage]);  // Q and dO are read
         ring.advance();
       }
     }
