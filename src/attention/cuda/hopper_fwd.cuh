@@ -126,17 +126,6 @@ struct FwdArgs {
   float scale_log2;    // scale * log2(e)
 };
 
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<T, __half>) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-}
-
 // The key tiles the block of query rows [m0, m0 + kBlockM) visits: [0, n_end).
 template <typename C>
 __device__ __forceinline__ int key_tiles(const FwdArgs& a, int m0) {
@@ -327,7 +316,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < C::kBlockN / 16; ++kk)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) pa[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+        for (int r = 0; r < 4; ++r) pa[kk][r] = kernels::pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
     };
     auto pingpong_wait = [&] {
       if constexpr (C::kPingPong) ptx::named_barrier_sync(C::kPingPongBarrier + c, 256);
@@ -422,7 +411,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, 1)
         T* out_row = out + static_cast<int64_t>(row) * args.out_row;
 #pragma unroll
         for (int j = 0; j < kHeadDim / 8; ++j) {
-          const uint32_t v = pack2<T>(o[4 * j + 2 * hh] * inv, o[4 * j + 2 * hh + 1] * inv);
+          const uint32_t v = kernels::pack2<T>(o[4 * j + 2 * hh] * inv, o[4 * j + 2 * hh + 1] * inv);
           *reinterpret_cast<uint32_t*>(out_row + 8 * j + col_in) = v;
         }
         if (args.lse && lane % 4 == 0)
