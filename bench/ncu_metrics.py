@@ -388,10 +388,12 @@ def attach(report, argv, script, log, device):
         m = mapping.get("ceilings", {}).get(c["name"])
         if m is None:
             continue
-        c["metrics"] = metrics_of(m, c.get("bytes") or 0)
-        if c["name"] == "device_copy" and c["metrics"].get("status") == "failed" and m in profiled \
-                and profiled.index(m) < len(segments) and not segments[profiled.index(m)]:
-            # torch's contiguous copy_ is a cudaMemcpyAsync: the driver's copy, not a kernel ncu profiles
-            c["metrics"] = skipped("a cudaMemcpyAsync device-to-device copy: no kernel for ncu to profile")
+        if m in profiled and profiled.index(m) < len(segments) and not segments[profiled.index(m)]:
+            # a ceiling measured by a driver call, e.g. the device copy (torch's contiguous copy_ is a
+            # cudaMemcpyAsync): no kernel for ncu to profile
+            c["metrics"] = skipped("no kernel in the measurement (a cudaMemcpyAsync device-to-device copy: the "
+                                   "driver's, not a kernel ncu profiles)")
+        else:
+            c["metrics"] = metrics_of(m, c.get("bytes") or 0)
     report["notes"].append(f"--metrics: Nsight Compute ({ncu}), one profiled call of each measurement in a child "
                            "process; memory_efficiency = min_bytes / (DRAM bytes read + written)")

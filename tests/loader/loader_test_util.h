@@ -210,4 +210,26 @@ inline ChildResult run_in_child(const std::function<int()>& fn, double timeout_s
     }                                                                                         \
   } while (0)
 
+// A dataset description without files, for read plans: shards of `counts` records of `record_bytes`,
+// the data after the header, the record table after the data (page-aligned), as the writer lays them out.
+inline DatasetInfo fake_info(uint64_t record_bytes, std::vector<uint64_t> counts) {
+  DatasetInfo info;
+  info.record_bytes = record_bytes;
+  uint64_t first = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    ShardInfo s;
+    s.file = "shard" + std::to_string(i);
+    s.index = static_cast<uint32_t>(i);
+    s.first_record = first;
+    s.record_count = counts[i];
+    s.data_offset = kShardHeaderBytes;
+    s.table_offset = kShardHeaderBytes + ((counts[i] * record_bytes + 4095) / 4096) * 4096;
+    s.file_bytes = s.table_offset + 4096;
+    first += counts[i];
+    info.shards.push_back(s);
+  }
+  info.num_records = first;
+  return info;
+}
+
 }  // namespace optimized::loader_test

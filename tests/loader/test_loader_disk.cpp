@@ -289,26 +289,6 @@ TEST(UringEngine, RegistrationRefusedByTheEnvironment) {
 
 // ---- coalescing read plans ----------------------------------------------------------------------
 
-DatasetInfo fake_info(uint64_t record_bytes, std::vector<uint64_t> counts) {
-  DatasetInfo info;
-  info.record_bytes = record_bytes;
-  uint64_t first = 0;
-  for (size_t i = 0; i < counts.size(); ++i) {
-    ShardInfo s;
-    s.file = "shard" + std::to_string(i);
-    s.index = static_cast<uint32_t>(i);
-    s.first_record = first;
-    s.record_count = counts[i];
-    s.data_offset = kShardHeaderBytes;
-    s.table_offset = kShardHeaderBytes + ((counts[i] * record_bytes + 4095) / 4096) * 4096;
-    s.file_bytes = s.table_offset + 4096;
-    first += counts[i];
-    info.shards.push_back(s);
-  }
-  info.num_records = first;
-  return info;
-}
-
 // Carries out a plan on in-memory "files" (byte j of shard s is a hash of (s, j)) and checks that
 // every record is where record_src says, that reads are aligned and inside the files, and that no
 // staging byte is written twice.

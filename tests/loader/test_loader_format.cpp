@@ -196,24 +196,6 @@ TEST(LoaderOrder, SequentialOrderIsTheIdentity) {
 
 // ---- read plans ---------------------------------------------------------------------------------
 
-DatasetInfo fake_info(uint64_t record_bytes, std::vector<uint64_t> counts) {
-  DatasetInfo info;
-  info.record_bytes = record_bytes;
-  uint64_t first = 0;
-  for (size_t i = 0; i < counts.size(); ++i) {
-    ShardInfo s;
-    s.file = "shard" + std::to_string(i);
-    s.index = static_cast<uint32_t>(i);
-    s.first_record = first;
-    s.record_count = counts[i];
-    s.data_offset = kShardHeaderBytes;
-    first += counts[i];
-    info.shards.push_back(s);
-  }
-  info.num_records = first;
-  return info;
-}
-
 TEST(ReadPlan, SequentialBatchIsOneAlignedRunPerShard) {
   const DatasetInfo info = fake_info(1000, {10, 10});
   loader::ReadPlan plan;

@@ -66,4 +66,13 @@ CutlassKernelReport kernel_report(KernelFn kernel, std::string name, int threads
   return r;
 }
 
+// The table entry of a config run by Runner<Config> (Sm80Runner, Sm90Runner): `peer` with in / out
+// dtypes, B's layout, the config's alignments, and the runner made for a problem over the sets.
+template <template <class> class Runner, class Config>
+Entry runner_entry(const char* peer, optimized::DType in, optimized::DType out, bool b_k_major) {
+  auto make = [](const CutlassProblem& p, const std::vector<CutlassOperands>& sets,
+                 void* stream) -> std::unique_ptr<CutlassGemm> { return std::make_unique<Runner<Config>>(p, sets, stream); };
+  return Entry{peer, in, out, b_k_major, Config::kAlignAB, Config::kAlignC, make};
+}
+
 }  // namespace bench::cutlass_kernels

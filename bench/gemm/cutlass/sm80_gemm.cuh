@@ -90,14 +90,8 @@ class Sm80Runner final : public CutlassGemm {
 };
 
 template <class Config>
-std::unique_ptr<CutlassGemm> make_sm80(const CutlassProblem& p, const std::vector<CutlassOperands>& sets,
-                                       void* stream) {
-  return std::make_unique<Sm80Runner<Config>>(p, sets, stream);
-}
-
-template <class Config>
 Entry sm80_entry(const char* peer, optimized::DType in, optimized::DType out, bool b_k_major) {
-  return Entry{peer, in, out, b_k_major, Config::kAlignAB, Config::kAlignC, &make_sm80<Config>};
+  return runner_entry<Sm80Runner, Config>(peer, in, out, b_k_major);
 }
 
 }  // namespace bench::cutlass_kernels

@@ -158,15 +158,8 @@ class Sm90Runner final : public CutlassGemm {
 };
 
 template <class Config>
-std::unique_ptr<CutlassGemm> make_sm90(const CutlassProblem& p, const std::vector<CutlassOperands>& sets,
-                                       void* stream) {
-  return std::make_unique<Sm90Runner<Config>>(p, sets, stream);
-}
-
-// The table entry of a config: `peer` with in / out dtypes, B's layout from the config.
-template <class Config>
 Entry sm90_entry(const char* peer, optimized::DType in, optimized::DType out, bool b_k_major) {
-  return Entry{peer, in, out, b_k_major, Config::kAlignAB, Config::kAlignC, &make_sm90<Config>};
+  return runner_entry<Sm90Runner, Config>(peer, in, out, b_k_major);
 }
 
 }  // namespace bench::cutlass_kernels

@@ -26,20 +26,9 @@ import triton
 import triton.language as tl
 
 from . import _compat  # noqa: F401  (the interpreter under NumPy >= 2.4)
+from ._rows import num_warps as _num_warps, row_block as _block
 
-kMaxSingle = 8192  # longest row held in registers
-kChunk = 4096  # chunk of the streamed path
 kColumns = 256  # columns per program of the stage-2 column sum
-
-
-def _num_warps(block: int) -> int:
-    return 4 if block <= 2048 else (8 if block <= 4096 else 16)
-
-
-def _block(n: int) -> tuple[int, bool]:
-    if n <= kMaxSingle:
-        return triton.next_power_of_2(max(n, 1)), True
-    return kChunk, False
 
 
 @triton.jit

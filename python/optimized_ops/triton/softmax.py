@@ -21,13 +21,8 @@ import triton
 import triton.language as tl
 
 from . import _compat  # noqa: F401  (the interpreter under NumPy >= 2.4)
+from ._rows import num_warps as _num_warps, row_block as _block
 
-kMaxSingle = 8192  # longest row held in registers (fp32: 8192 values over 16 warps = 16 per thread)
-kChunk = 4096  # chunk of the streamed path
-
-
-def _num_warps(block: int) -> int:
-    return 4 if block <= 2048 else (8 if block <= 4096 else 16)
 
 
 @triton.jit
@@ -96,12 +91,6 @@ def _softmax_bwd_kernel(y_ptr, dy_ptr, dx_ptr, n, stride_y, stride_dy, stride_dx
             y = tl.load(y_row + c, mask=mask, other=0.0).to(tl.float32)
             dy = tl.load(dy_row + c, mask=mask, other=0.0).to(tl.float32)
             tl.store(dx_row + c, (scale * y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask)
-
-
-def _block(n: int) -> tuple[int, bool]:
-    if n <= kMaxSingle:
-        return triton.next_power_of_2(max(n, 1)), True
-    return kChunk, False
 
 
 def softmax_fwd(x: torch.Tensor, scale: float) -> torch.Tensor:
