@@ -22,7 +22,8 @@ variant        device  what runs
                        causal or not, sliding windows), D 64 or 128, GQA / MQA;
                        float16 / bfloat16, 16-byte aligned rows; auto runs it for the
                        forward on an H100 / H200 from 1024 tokens with S_q = S_k, fixed
-                       length (the measured rule: src/attention/attention_config.h)
+                       length (the measured rule: src/attention/attention_config.h);
+                       the backward of auto is flash2's (hopper's v1 is slower)
 ``"triton"``   CUDA    FlashAttention-2 written in Triton (optimized_ops/triton/attention.py):
                        causal or not, softmax_scale, GQA / MQA, forward and backward
                        (``flash_attention`` only; CPU tensors under ``TRITON_INTERPRET=1``; not
@@ -158,7 +159,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
         Also return the log-sum-exp of every row, ``(B, H_q, S_q)`` float32 (float64 for float64
         inputs), without gradient.
     variant : str
-        ``"auto"``, ``"cpu"``, ``"naive"``, ``"flash"``, ``"flash2"``, ``"hopper"`` (sm_90a forward; see
+        ``"auto"``, ``"cpu"``, ``"naive"``, ``"flash"``, ``"flash2"``, ``"hopper"`` (sm_90a; see
         the table above) or ``"triton"`` (causal,
         softmax_scale and GQA only: window_size, softcap and alibi_slopes raise
         NotImplementedError there; deterministic always).

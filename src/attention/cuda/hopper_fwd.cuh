@@ -11,13 +11,14 @@
 //   v3: the intra-warpgroup overlap (kIntraOverlap): S of tile n and P V of tile n + 1 issued
 //      together, the softmax of S_n computed while the PV group runs. Measured on the H100: d128
 //      N = 16k 526 -> 592 TFLOP/s (docs/perf-notes/attention.md).
-//   v4 (this one; not yet run on a GPU): varlen (packed tensor maps, the sequence found on the
-//      device from cu_seqlens) and a persistent schedule (kPersistent: one block per SM walks the
-//      (m block, head, sequence) tiles longest first, and loads the next tile's Q while its
+//   v4: varlen (packed tensor maps, the sequence found on the device from cu_seqlens) and a
+//      persistent schedule (kPersistent: one block per SM walks the (m block, head, sequence)
+//      tiles in L2 chunks, longest first within a chunk, and loads the next tile's Q while its
 //      consumers finish the current one).
-//   v5 (also not yet run): the output staged in shared memory (a tile per consumer warpgroup, the
-//      128-byte swizzle of a TMA box) and written by TMA for fixed-length batches (tma_store), so a
-//      warpgroup starts its next tile while the copy runs; varlen keeps the stores from registers.
+//   v5: the output staged in shared memory (a tile per consumer warpgroup, the 128-byte swizzle of
+//      a TMA box) and written by TMA for fixed-length batches (tma_store), so a warpgroup starts its
+//      next tile while the copy runs; varlen keeps the stores from registers. v4 + v5 measured on
+//      the H100: d128 0.89-0.95x cuDNN unmasked, 0.76-0.90x causal (N = 1k unmasked 443 -> 531).
 //
 // The block (kThreads = 384: three warpgroups; __launch_bounds__(384, 1), one block per SM):
 //   warpgroup 0, the producer: setmaxnreg.dec to 24 registers; one thread loads, per tile, Q (once
