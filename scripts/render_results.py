@@ -763,7 +763,7 @@ def row_field(r, key):
     return str(r.get(key))
 
 
-OTHER_SCHEMAS = {"optimized-ops-build-cost/1"}  # JSON under bench/results that holds no benchmark run
+OTHER_SCHEMAS = {"optimized-ops-build-cost/1", "optimized-ops-scaling/1"}  # JSON under bench/results that holds no benchmark run
 
 
 def is_run(path):
