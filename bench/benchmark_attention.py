@@ -531,20 +531,14 @@ def attention_rows(args, device, timer, ceilings, log, notes):
                                            variants, peers, directions, peaks.get(dname), bw)
                     if not shape.varlen and shape.group == 1:
                         fixed_rows = {(r["variant"], r["direction"]): r for r in rows}
-                    elif not shape.varlen:  # GQA: time per query head against the same shape's MHA row
+                    else:  # varlen: against the same shape at fixed length; GQA: per query head, against MHA
+                        ref, ratio = ("fixed_length", "vs_fixed") if shape.varlen else ("mha", "vs_mha")
                         for r in rows:
                             f = fixed_rows.get((r["variant"], r["direction"]))
                             if r["status"] == "ok" and f and f["status"] == "ok" and f["tflops"]:
-                                r["mha"] = {"shape_label": f["shape_label"], "tflops": f["tflops"],
-                                            "time_ms": f["time_ms"]}
-                                r["vs_mha"] = r["tflops"] / f["tflops"]
-                    else:
-                        for r in rows:
-                            f = fixed_rows.get((r["variant"], r["direction"]))
-                            if r["status"] == "ok" and f and f["status"] == "ok" and f["tflops"]:
-                                r["fixed_length"] = {"shape_label": f["shape_label"], "tflops": f["tflops"],
-                                                     "time_ms": f["time_ms"]}
-                                r["vs_fixed"] = r["tflops"] / f["tflops"]
+                                r[ref] = {"shape_label": f["shape_label"], "tflops": f["tflops"],
+                                          "time_ms": f["time_ms"]}
+                                r[ratio] = r["tflops"] / f["tflops"]
                     rows_out += rows
     return rows_out
 

@@ -142,6 +142,13 @@ def parse_args(argv):
     return args
 
 
+def _broadcast_obj(obj):
+    """rank 0's ``obj`` on every rank (a Python object)."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 class Bench:
     def __init__(self, args, device, world, rank):
         self.args, self.device, self.world, self.rank = args, device, world, rank
@@ -195,9 +202,7 @@ class Bench:
                 if done:
                     break
             stats = runner.summarize(xs)
-        obj = [stats]
-        dist.broadcast_object_list(obj, src=0)
-        return obj[0]
+        return _broadcast_obj(stats)
 
 
 def row(op, case, direction, variant, dname, shape, label, world, flops, min_bytes, comm_bytes, formulas, *,
@@ -640,13 +645,6 @@ def ddp_rows(b: Bench, dname, log):
         f"{r['time_ms']['median']:.2f} ms"
         + (f"; all-reduce share {r['allreduce_share']:.3f}" if r.get("allreduce_share") is not None else ""))
     return rows
-
-
-def _broadcast_obj(obj):
-    """rank 0's ``obj`` on every rank (a Python object)."""
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def main(argv=None):

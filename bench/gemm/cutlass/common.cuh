@@ -1,4 +1,5 @@
-// What the CUTLASS peers' runners share: status checks, the workspace, the kernel report.
+// What the CUTLASS peers' runners share: status checks, the workspace, the set of initialized Gemms,
+// the kernel report.
 // Included by the kernel translation units only (they need the CUTLASS headers).
 #pragma once
 
@@ -7,6 +8,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cutlass/cutlass.h"
@@ -46,6 +48,36 @@ class Workspace {
  private:
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+};
+
+// A runner's device Gemm objects, one per rotating operand set (the arguments of each), each checked
+// with can_implement and initialized once over one shared workspace (the largest any set asks for);
+// run(set) is one launch of that set's Gemm, its status and the launch checked.
+template <class Gemm>
+class GemmSet {
+ public:
+  GemmSet(const std::vector<typename Gemm::Arguments>& args, void* stream, std::string what)
+      : gemms_(args.size()), what_(std::move(what)) {
+    size_t bytes = 0;
+    for (const auto& a : args) {
+      check_cutlass(Gemm::can_implement(a), what_ + ": can_implement");
+      bytes = std::max(bytes, Gemm::get_workspace_size(a));
+    }
+    void* ws = workspace_.reserve(bytes);
+    for (size_t i = 0; i < args.size(); ++i)
+      check_cutlass(gemms_[i].initialize(args[i], ws, static_cast<cudaStream_t>(stream)), what_ + ": initialize");
+  }
+
+  void run(int set, void* stream) {
+    Gemm& g = gemms_[static_cast<size_t>(set) % gemms_.size()];
+    check_cutlass(g.run(static_cast<cudaStream_t>(stream)), what_ + ": run");
+    check_cudart(cudaPeekAtLastError(), what_ + ": launch");
+  }
+
+ private:
+  std::vector<Gemm> gemms_;
+  Workspace workspace_;
+  std::string what_;
 };
 
 // The report of `kernel` (a __global__ function): registers, static smem, local memory per thread.

@@ -51,33 +51,9 @@ class Sm80Runner final : public CutlassGemm {
 
  public:
   Sm80Runner(const CutlassProblem& p, const std::vector<CutlassOperands>& sets, void* stream)
-      : gemms_(sets.size()) {
-    const cutlass::gemm::GemmCoord size(static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k));
-    const auto mode = p.batch > 1 ? cutlass::gemm::GemmUniversalMode::kBatched : cutlass::gemm::GemmUniversalMode::kGemm;
-    using Params = typename Config::Epilogue::Params;
-    const Params epilogue = p.alpha_device ? Params(p.alpha_device) : Params(p.alpha, p.beta);
-    // Leading dimensions: A (M, K) row-major: K; B row-major (K, N): N, stored (N, K) column-major: K; C: N.
-    const int64_t ldb = std::is_same_v<typename Gemm::LayoutB, cutlass::layout::ColumnMajor> ? p.k : p.n;
-    std::vector<typename Gemm::Arguments> args;
-    size_t workspace = 0;
-    for (const CutlassOperands& o : sets) {
-      typename Gemm::Arguments a(mode, size, static_cast<int>(p.batch), epilogue, o.a, o.b, o.c, o.c, p.m * p.k,
-                                 p.k * p.n, p.m * p.n, p.m * p.n, p.k, ldb, p.n, p.n);
-      check_cutlass(Gemm::can_implement(a), Config::description() + ": can_implement");
-      workspace = std::max(workspace, Gemm::get_workspace_size(a));
-      args.push_back(a);
-    }
-    void* ws = workspace_.reserve(workspace);
-    for (size_t i = 0; i < args.size(); ++i)
-      check_cutlass(gemms_[i].initialize(args[i], ws, static_cast<cudaStream_t>(stream)),
-                    Config::description() + ": initialize");
-  }
+      : set_(arguments(p, sets), stream, Config::description()) {}
 
-  void run(int set, void* stream) override {
-    Gemm& g = gemms_[static_cast<size_t>(set) % gemms_.size()];
-    check_cutlass(g.run(static_cast<cudaStream_t>(stream)), Config::description() + ": run");
-    check_cudart(cudaPeekAtLastError(), Config::description() + ": launch");
-  }
+  void run(int set, void* stream) override { set_.run(set, stream); }
 
   CutlassKernelReport report() const override {
     return kernel_report(cutlass::Kernel2<Kernel>, Config::description(), Kernel::kThreadCount,
@@ -85,8 +61,25 @@ class Sm80Runner final : public CutlassGemm {
   }
 
  private:
-  std::vector<Gemm> gemms_;
-  Workspace workspace_;
+  // The arguments of each set.
+  static std::vector<typename Gemm::Arguments> arguments(const CutlassProblem& p,
+                                                         const std::vector<CutlassOperands>& sets) {
+    const cutlass::gemm::GemmCoord size(static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k));
+    const auto mode = p.batch > 1 ? cutlass::gemm::GemmUniversalMode::kBatched : cutlass::gemm::GemmUniversalMode::kGemm;
+    using Params = typename Config::Epilogue::Params;
+    const Params epilogue = p.alpha_device ? Params(p.alpha_device) : Params(p.alpha, p.beta);
+    // Leading dimensions: A (M, K) row-major: K; B row-major (K, N): N, stored (N, K) column-major: K; C: N.
+    const int64_t ldb = std::is_same_v<typename Gemm::LayoutB, cutlass::layout::ColumnMajor> ? p.k : p.n;
+    std::vector<typename Gemm::Arguments> args;
+    for (const CutlassOperands& o : sets) {
+      typename Gemm::Arguments a(mode, size, static_cast<int>(p.batch), epilogue, o.a, o.b, o.c, o.c, p.m * p.k,
+                                 p.k * p.n, p.m * p.n, p.m * p.n, p.k, ldb, p.n, p.n);
+      args.push_back(a);
+    }
+    return args;
+  }
+
+  GemmSet<Gemm> set_;
 };
 
 template <class Config>

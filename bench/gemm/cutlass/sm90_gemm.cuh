@@ -107,7 +107,19 @@ class Sm90Runner final : public CutlassGemm {
 
  public:
   Sm90Runner(const CutlassProblem& p, const std::vector<CutlassOperands>& sets, void* stream)
-      : gemms_(sets.size()) {
+      : set_(arguments(p, sets), stream, Config::description()) {}
+
+  void run(int set, void* stream) override { set_.run(set, stream); }
+
+  CutlassKernelReport report() const override {
+    return kernel_report(cutlass::device_kernel<Kernel>, Config::description(), Kernel::MaxThreadsPerBlock,
+                         Kernel::SharedStorageSize);
+  }
+
+ private:
+  // The arguments of each set.
+  static std::vector<typename Gemm::Arguments> arguments(const CutlassProblem& p,
+                                                         const std::vector<CutlassOperands>& sets) {
     cutlass::KernelHardwareInfo hw;
     check_cudart(cudaGetDevice(&hw.device_id), "cudaGetDevice");
     hw.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(hw.device_id);
@@ -122,7 +134,6 @@ class Sm90Runner final : public CutlassGemm {
     using EC = typename Gemm::ElementC;
     using ED = typename Gemm::ElementD;
     std::vector<typename Gemm::Arguments> args;
-    size_t workspace = 0;
     for (const CutlassOperands& o : sets) {
       typename Gemm::Arguments a{cutlass::gemm::GemmUniversalMode::kGemm,
                                  {m, n, k, l},
@@ -132,29 +143,12 @@ class Sm90Runner final : public CutlassGemm {
       a.epilogue.thread.alpha = p.alpha;
       a.epilogue.thread.beta = p.beta;
       a.epilogue.thread.alpha_ptr = p.alpha_device;
-      check_cutlass(Gemm::can_implement(a), Config::description() + ": can_implement");
-      workspace = std::max(workspace, Gemm::get_workspace_size(a));
       args.push_back(a);
     }
-    void* ws = workspace_.reserve(workspace);
-    for (size_t i = 0; i < args.size(); ++i)
-      check_cutlass(gemms_[i].initialize(args[i], ws, static_cast<cudaStream_t>(stream)),
-                    Config::description() + ": initialize");
+    return args;
   }
 
-  void run(int set, void* stream) override {
-    Gemm& g = gemms_[static_cast<size_t>(set) % gemms_.size()];
-    check_cutlass(g.run(static_cast<cudaStream_t>(stream)), Config::description() + ": run");
-  }
-
-  CutlassKernelReport report() const override {
-    return kernel_report(cutlass::device_kernel<Kernel>, Config::description(), Kernel::MaxThreadsPerBlock,
-                         Kernel::SharedStorageSize);
-  }
-
- private:
-  std::vector<Gemm> gemms_;  // one per rotating set: initialized once, each timed call a launch
-  Workspace workspace_;
+  GemmSet<Gemm> set_;  // one Gemm per rotating set: initialized once, each timed call a launch
 };
 
 template <class Config>

@@ -48,7 +48,7 @@ from typing import Optional
 import torch
 
 from ..moe import grouped_mm, grouped_mm_swiglu, moe_combine, moe_gather, moe_permute, moe_route
-from ..moe.layer import MoEMetrics, check_dtypes_top_k_scoring, moe_capacity, router_logits
+from ..moe.layer import MoEMetrics, _check, moe_capacity, router_logits
 from ._comm import all_gather_rows, all_to_all, group_rank, group_size, reduce_from_parallel_region, wait
 
 __all__ = ["moe_layer_ep", "ExpertParallelMoE", "expert_range"]
@@ -117,20 +117,8 @@ def moe_layer_ep(x: torch.Tensor, router_weight: torch.Tensor, w13: torch.Tensor
     rows kept, for the benchmark.
     """
     w, r = group_size(group), group_rank(group)
-    if x.dim() < 1:
-        raise ValueError("x: expected a tensor (..., d_model); given a 0-D tensor")
-    d = x.shape[-1]
-    if router_weight.dim() != 2 or router_weight.shape[1] != d:
-        raise ValueError(f"router_weight: expected (E, d_model = {d}); given shape {list(router_weight.shape)}")
-    e = router_weight.shape[0]
+    d, e = _check(x, router_weight, w13, w2, top_k, scoring, lambda e: expert_range(e, group)[1])
     first, ne = expert_range(e, group)
-    if w13.dim() != 3 or tuple(w13.shape[:2]) != (ne, d) or w13.shape[2] % 2:
-        raise ValueError(f"w13: expected this rank's experts (E / W = {ne}, d_model = {d}, 2 * d_ff); given shape "
-                         f"{list(w13.shape)}")
-    f = w13.shape[2] // 2
-    if tuple(w2.shape) != (ne, f, d):
-        raise ValueError(f"w2: expected (E / W, d_ff, d_model) = {[ne, f, d]}; given shape {list(w2.shape)}")
-    check_dtypes_top_k_scoring(x, w13, w2, top_k, e, scoring)
     k = top_k
     shape = x.shape
     x2 = x.reshape(-1, d)

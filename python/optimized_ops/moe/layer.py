@@ -110,20 +110,23 @@ def router_logits(x: torch.Tensor, router_weight: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.linear(x.float(), router_weight.float())
 
 
-def _check(x, router_weight, w13, w2, top_k, scoring):
-    """The shapes and dtypes the steps assume, named (the ops check the rest)."""
+def _check(x, router_weight, w13, w2, top_k, scoring, local_experts=None):
+    """The shapes and dtypes the steps assume, named (the ops check the rest). ``local_experts(E)``: the experts
+    w13 / w2 hold (expert parallelism: this rank's ``E / W``); default all ``E``. Returns (d_model, E)."""
     if x.dim() < 1:
         raise ValueError("x: expected a tensor (..., d_model); given a 0-D tensor")
     d = x.shape[-1]
     if router_weight.dim() != 2 or router_weight.shape[1] != d:
         raise ValueError(f"router_weight: expected (E, d_model = {d}); given shape {list(router_weight.shape)}")
     e = router_weight.shape[0]
-    if w13.dim() != 3 or w13.shape[0] != e or w13.shape[1] != d or w13.shape[2] % 2:
-        raise ValueError(f"w13: expected (E = {e}, d_model = {d}, 2 * d_ff); given shape {list(w13.shape)}")
+    ne, name = (e, "E") if local_experts is None else (local_experts(e), "E / W")
+    if w13.dim() != 3 or w13.shape[0] != ne or w13.shape[1] != d or w13.shape[2] % 2:
+        raise ValueError(f"w13: expected ({name} = {ne}, d_model = {d}, 2 * d_ff); given shape {list(w13.shape)}")
     d_ff = w13.shape[2] // 2
-    if w2.dim() != 3 or tuple(w2.shape) != (e, d_ff, d):
-        raise ValueError(f"w2: expected (E, d_ff, d_model) = {[e, d_ff, d]}; given shape {list(w2.shape)}")
+    if w2.dim() != 3 or tuple(w2.shape) != (ne, d_ff, d):
+        raise ValueError(f"w2: expected ({name}, d_ff, d_model) = {[ne, d_ff, d]}; given shape {list(w2.shape)}")
     check_dtypes_top_k_scoring(x, w13, w2, top_k, e, scoring)
+    return d, e
 
 
 def _moe_forward(x, router_weight, top_k, experts, *, capacity_factor, scoring, normalize, aux_loss_coef,

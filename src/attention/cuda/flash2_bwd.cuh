@@ -750,76 +750,80 @@ cudaError_t launch_batched(Kernel kernel, int64_t x_blocks, int64_t y_blocks, in
   return cudaSuccess;
 }
 
+// Whether the scores take the general path (soft-cap, ALiBi or a mask) of the kGeneral kernels.
+inline bool general_scores(const AttentionParams& p) {
+  return p.softcap > 0.0 || p.alibi != nullptr || p.mask != nullptr;
+}
+
+// The workspace's D and dq accumulator and the rows they hold, into args; false when the workspace is
+// too small.
+inline bool workspace_args(const AttentionParams& p, const Workspace& workspace, BwdArgs* args) {
+  WorkspaceArena arena(workspace);
+  carve_workspace(arena, p, &args->dvec, &args->dq_acc);
+  args->rows = query_rows(p);
+  return arena.ok();
+}
+
+// The first step of every backward: D = rowsum(dout * out) into the workspace, the dq accumulator zeroed.
+template <typename T, int kHeadDim>
+cudaError_t launch_preprocess(const AttentionParams& p, const BwdArgs& args, cudaStream_t stream) {
+  constexpr int kRowsPerPrep = kPrepThreads / threads_per_row<kHeadDim>();
+  return launch_batched(preprocess_kernel<T, kHeadDim>, kernels::ceil_div(p.seqlen_q, kRowsPerPrep), p.heads_q,
+                        kPrepThreads, 0, p, args, stream);
+}
+
+// The last step: dq from the accumulator (dq = scale * acc), or, deterministic, the dq kernel.
+template <typename T, int kHeadDim, bool kGeneral>
+cudaError_t launch_dq_step(const AttentionParams& p, const BwdArgs& args, cudaStream_t stream) {
+  using S = Shape<kHeadDim>;
+  if (p.deterministic)
+    return launch_batched(dq_kernel<T, kHeadDim, kGeneral>, kernels::ceil_div(p.seqlen_q, kBlockM), p.heads_q,
+                          S::kDqThreads, S::kDqSmemBytes, p, args, stream);
+  constexpr int kRowsPerPrep = kPrepThreads / threads_per_row<kHeadDim>();
+  return launch_batched(convert_dq_kernel<T, kHeadDim>, kernels::ceil_div(p.seqlen_q, kRowsPerPrep), p.heads_q,
+                        kPrepThreads, 0, p, args, stream);
+}
+
 template <typename T, int kHeadDim, bool kGeneral>
 cudaError_t run_backward_impl(const AttentionParams& p, const BwdArgs& args, cudaStream_t stream) {
   using S = Shape<kHeadDim>;
-  constexpr int kRowsPerPrep = kPrepThreads / threads_per_row<kHeadDim>();
-  const int64_t q_blocks_prep = kernels::ceil_div(p.seqlen_q, kRowsPerPrep);
-  const int64_t k_blocks = kernels::ceil_div(p.seqlen_k, S::kBlockN);
-  const int64_t q_blocks = kernels::ceil_div(p.seqlen_q, kBlockM);
-
-  cudaError_t err = launch_batched(preprocess_kernel<T, kHeadDim>, q_blocks_prep, p.heads_q, kPrepThreads, 0, p,
-                                   args, stream);
+  cudaError_t err = launch_preprocess<T, kHeadDim>(p, args, stream);
   if (err != cudaSuccess) return err;
-  if (p.deterministic) {
-    err = launch_batched(dkdv_kernel<T, kHeadDim, kGeneral, false>, k_blocks, p.heads_kv, S::kThreads,
-                         S::smem_bytes(false), p, args, stream);
-    if (err != cudaSuccess) return err;
-    return launch_batched(dq_kernel<T, kHeadDim, kGeneral>, q_blocks, p.heads_q, S::kDqThreads, S::kDqSmemBytes, p,
-                          args, stream);
-  }
-  err = launch_batched(dkdv_kernel<T, kHeadDim, kGeneral, true>, k_blocks, p.heads_kv, S::kThreads,
-                       S::smem_bytes(true), p, args, stream);
+  // dK, dV (and, in the fast mode, dq into the accumulator by atomics), then the dq step.
+  const bool accum = !p.deterministic;
+  err = accum ? launch_batched(dkdv_kernel<T, kHeadDim, kGeneral, true>, kernels::ceil_div(p.seqlen_k, S::kBlockN),
+                               p.heads_kv, S::kThreads, S::smem_bytes(true), p, args, stream)
+              : launch_batched(dkdv_kernel<T, kHeadDim, kGeneral, false>, kernels::ceil_div(p.seqlen_k, S::kBlockN),
+                               p.heads_kv, S::kThreads, S::smem_bytes(false), p, args, stream);
   if (err != cudaSuccess) return err;
-  return launch_batched(convert_dq_kernel<T, kHeadDim>, q_blocks_prep, p.heads_q, kPrepThreads, 0, p, args, stream);
+  return launch_dq_step<T, kHeadDim, kGeneral>(p, args, stream);
 }
 
 }  // namespace bwd
 
 template <typename T, int kHeadDim>
 cudaError_t run_backward(const AttentionParams& p, const Workspace& workspace, cudaStream_t stream) {
-  WorkspaceArena arena(workspace);
   bwd::BwdArgs args;
-  bwd::carve_workspace(arena, p, &args.dvec, &args.dq_acc);
-  if (!arena.ok()) return cudaErrorInvalidValue;
-  args.rows = bwd::query_rows(p);
-  const bool general = p.softcap > 0.0 || p.alibi != nullptr || p.mask != nullptr;
-  return general ? bwd::run_backward_impl<T, kHeadDim, true>(p, args, stream)
-                 : bwd::run_backward_impl<T, kHeadDim, false>(p, args, stream);
+  if (!bwd::workspace_args(p, workspace, &args)) return cudaErrorInvalidValue;
+  return bwd::general_scores(p) ? bwd::run_backward_impl<T, kHeadDim, true>(p, args, stream)
+                                : bwd::run_backward_impl<T, kHeadDim, false>(p, args, stream);
 }
 
 template <typename T, int kHeadDim>
 cudaError_t backward_prologue(const AttentionParams& p, const Workspace& workspace, float** dvec, float** dq_acc,
                               int64_t* rows, cudaStream_t stream) {
-  WorkspaceArena arena(workspace);
   bwd::BwdArgs args;
-  bwd::carve_workspace(arena, p, &args.dvec, &args.dq_acc);
-  if (!arena.ok()) return cudaErrorInvalidValue;
-  args.rows = bwd::query_rows(p);
+  if (!bwd::workspace_args(p, workspace, &args)) return cudaErrorInvalidValue;
   *dvec = args.dvec, *dq_acc = args.dq_acc, *rows = args.rows;
-  constexpr int kRowsPerPrep = bwd::kPrepThreads / bwd::threads_per_row<kHeadDim>();
-  return bwd::launch_batched(bwd::preprocess_kernel<T, kHeadDim>, kernels::ceil_div(p.seqlen_q, kRowsPerPrep),
-                             p.heads_q, bwd::kPrepThreads, 0, p, args, stream);
+  return bwd::launch_preprocess<T, kHeadDim>(p, args, stream);
 }
 
 template <typename T, int kHeadDim>
 cudaError_t backward_dq(const AttentionParams& p, const Workspace& workspace, cudaStream_t stream) {
-  WorkspaceArena arena(workspace);
   bwd::BwdArgs args;
-  bwd::carve_workspace(arena, p, &args.dvec, &args.dq_acc);
-  if (!arena.ok()) return cudaErrorInvalidValue;
-  args.rows = bwd::query_rows(p);
-  using S = bwd::Shape<kHeadDim>;
-  if (p.deterministic) {
-    const bool general = p.softcap > 0.0 || p.alibi != nullptr || p.mask != nullptr;
-    return general ? bwd::launch_batched(bwd::dq_kernel<T, kHeadDim, true>, kernels::ceil_div(p.seqlen_q, bwd::kBlockM),
-                                         p.heads_q, S::kDqThreads, S::kDqSmemBytes, p, args, stream)
-                   : bwd::launch_batched(bwd::dq_kernel<T, kHeadDim, false>, kernels::ceil_div(p.seqlen_q, bwd::kBlockM),
-                                         p.heads_q, S::kDqThreads, S::kDqSmemBytes, p, args, stream);
-  }
-  constexpr int kRowsPerPrep = bwd::kPrepThreads / bwd::threads_per_row<kHeadDim>();
-  return bwd::launch_batched(bwd::convert_dq_kernel<T, kHeadDim>, kernels::ceil_div(p.seqlen_q, kRowsPerPrep),
-                             p.heads_q, bwd::kPrepThreads, 0, p, args, stream);
+  if (!bwd::workspace_args(p, workspace, &args)) return cudaErrorInvalidValue;
+  return bwd::general_scores(p) ? bwd::launch_dq_step<T, kHeadDim, true>(p, args, stream)
+                                : bwd::launch_dq_step<T, kHeadDim, false>(p, args, stream);
 }
 
 }  // namespace optimized::cuda::flash2
